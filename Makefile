@@ -1,0 +1,40 @@
+# The front door. `make demo` and `make test` each set everything up first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: dev demo run test lint typecheck pytest proto clean help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+dev: $(STAMP) ## create .venv with the package and every dev tool
+
+demo: $(STAMP) ## run the agent's embedded default: a simulated kubelet and its snapshot
+	$(BIN)/pod-resources-watcher demo
+
+test: lint typecheck pytest ## everything CI runs: lint, type check, tests
+
+lint: $(STAMP) ## ruff
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP) ## mypy --strict on the package
+	$(BIN)/mypy
+
+pytest: $(STAMP) ## the test suite
+	$(BIN)/pytest
+
+proto: $(STAMP) ## regenerate watcher/kubeletapi from proto/
+	$(BIN)/python proto/generate.py
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

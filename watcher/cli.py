@@ -1,0 +1,195 @@
+"""The `pod-resources-watcher` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from watcher import __version__, errors
+from watcher.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT, PodResourcesClient
+from watcher.fake_kubelet import FakeKubelet
+from watcher.snapshot import format_json, format_table, take_snapshot
+
+__all__ = ["main", "build_parser"]
+
+PROG = "pod-resources-watcher"
+
+EXIT_CODES = """\
+exit codes:
+  0  success
+  1  the kubelet could not be queried (the message on stderr says why and what to do)
+  2  bad command line or configuration
+  130  interrupted
+"""
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Watch the kubelet's pod-resources API and report every device, CPU, memory "
+        "and allocation change on this node.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    snap = sub.add_parser(
+        "snapshot",
+        help="print the node's current inventory once",
+        description="Query GetAllocatableResources and List once and print the normalized inventory: "
+        "per resource and NUMA node what is allocatable, allocated and free, CPUs, memory, and what "
+        "each pod holds. `--output json` prints the canonical model and its content hash.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    snap.add_argument(
+        "--socket",
+        default=DEFAULT_SOCKET,
+        help=f"the kubelet's pod-resources socket (default: {DEFAULT_SOCKET})",
+    )
+    snap.add_argument("--output", "-o", choices=("table", "json"), default="table", help="default: table")
+    snap.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT,
+        help=f"deadline per call in seconds (default: {DEFAULT_TIMEOUT:g})",
+    )
+    snap.add_argument(
+        "--max-receive-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_RECEIVE_BYTES,
+        help=f"largest response accepted (default: {DEFAULT_MAX_RECEIVE_BYTES} = 64 MiB)",
+    )
+
+    fake = sub.add_parser(
+        "fake-kubelet",
+        help="serve a simulated kubelet (for demos and tests)",
+        description="Serve the pod-resources v1 API like a real kubelet, quirks included (shuffled "
+        "answers, one entry per device per NUMA node, a 100/s global rate limit), for a built-in node "
+        "with 8 GPUs on 2 NUMA nodes, SR-IOV NICs, 92 allocatable CPUs, hugepages and a few pods. The "
+        "socket is ROOT/pod-resources/kubelet.sock; the device-plugin checkpoint and CPU/memory manager "
+        "state files are written under ROOT. Runs until interrupted.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    fake.add_argument("--root", required=True, type=Path, help="stand-in for /var/lib/kubelet")
+    fake.add_argument("--seed", type=int, default=None, help="seed for the answer shuffling")
+    fake.add_argument(
+        "--rate", type=_positive_float, default=100.0, help="rate limit, requests/s (default: 100)"
+    )
+    fake.add_argument("--burst", type=_positive_int, default=10, help="rate limit burst (default: 10)")
+
+    sub.add_parser(
+        "demo",
+        help="start a simulated kubelet and show what the watcher sees",
+        description="Start a simulated kubelet on a temporary socket and print its snapshot. "
+        "Needs nothing but this package.",
+    )
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return code
+
+
+async def _snapshot(args: argparse.Namespace) -> int:
+    async with PodResourcesClient(
+        args.socket, timeout=args.timeout, max_receive_bytes=args.max_receive_bytes
+    ) as client:
+        snap = await take_snapshot(client)
+    if snap.degraded and args.output == "json":
+        print(f"{PROG}: warning: {snap.degraded}", file=sys.stderr)
+    print(format_json(snap) if args.output == "json" else format_table(snap))
+    return 0
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _fake_kubelet(args: argparse.Namespace) -> int:
+    kubelet = FakeKubelet(args.root, seed=args.seed, rate=args.rate, burst=args.burst)
+    await kubelet.start()
+    print(f"fake kubelet serving {kubelet.socket_path}; stop with Ctrl-C", file=sys.stderr, flush=True)
+    try:
+        await _until_signalled()
+    finally:
+        await kubelet.stop(remove_socket=True)
+    print("fake kubelet stopped", file=sys.stderr)
+    return 0
+
+
+async def _demo() -> int:
+    # A short path: unix socket paths are limited to 107 bytes.
+    with tempfile.TemporaryDirectory(prefix="prw-demo-") as root:
+        async with FakeKubelet(root) as kubelet:
+            print(f"Simulated kubelet serving {kubelet.socket_path}\n")
+            async with PodResourcesClient(str(kubelet.socket_path)) as client:
+                snap = await take_snapshot(client)
+            print(format_table(snap))
+            print(
+                f"\nTry it yourself: {PROG} fake-kubelet --root /tmp/kubelet &  "
+                f"{PROG} snapshot --socket /tmp/kubelet/pod-resources/kubelet.sock"
+            )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "snapshot":
+            return asyncio.run(_snapshot(args))
+        if args.command == "fake-kubelet":
+            return asyncio.run(_fake_kubelet(args))
+        if args.command == "demo":
+            return asyncio.run(_demo())
+        print(f"{PROG} {__version__}")  # the only command left: version
+        return 0
+    except errors.WatcherError as err:
+        return _fail(str(err))
+    except KeyboardInterrupt:
+        return 130
+    except OSError as err:
+        return _fail(f"{err.strerror or err}: {err.filename or ''}".rstrip(": "))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())

@@ -1,0 +1,428 @@
+"""A simulated kubelet: a real grpc.aio server of the pod-resources v1 API on a unix socket.
+
+It keeps the real kubelet's quirks, because tests against a polite fake prove
+nothing (see shared/reference/kubelet-podresources.md):
+
+- the socket is created by unlink, listen on a temporary name, rename into
+  place: a new file on every start; a stopped kubelet leaves its stale socket;
+- every answer comes in a fresh random order, one device entry per device per
+  NUMA node;
+- unhealthy or unplugged devices vanish from allocatable but stay in the pods'
+  allocations;
+- one global token bucket (100/s, burst 10) rejects with RESOURCE_EXHAUSTED;
+- methods can be disabled (UNKNOWN "... disabled") or absent (UNIMPLEMENTED);
+- `device-plugins/kubelet_internal_checkpoint`, `cpu_manager_state` and
+  `memory_manager_state` are rewritten (temp file + rename) on every change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import secrets
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from watcher.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
+from watcher.inventory import cpuset_string
+from watcher.kubeletapi.v1 import api_pb2
+
+__all__ = ["FakeKubelet", "TokenBucket", "METHODS"]
+
+METHODS = ("List", "GetAllocatableResources", "Get")
+_SERVICE = "v1.PodResourcesLister"
+
+
+class TokenBucket:
+    """The kubelet's rate limiter: one bucket shared by every client of the socket."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._tokens = float(burst)
+        self._last = clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+def _topology(numa: Iterable[int]) -> api_pb2.TopologyInfo:
+    return api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in numa])
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class FakeKubelet:
+    """Serve `node` under `root` (a stand-in for /var/lib/kubelet), scriptable from Python.
+
+    Mutations take effect on the next call and rewrite the state files at once;
+    CPU and memory changes take effect across `restart()`, as on a real node.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        node: FakeNode | None = None,
+        *,
+        rate: float = 100.0,
+        burst: int = 10,
+        seed: int | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.node = node if node is not None else default_node()
+        self.socket_dir = self.root / "pod-resources"
+        self.socket_path = self.socket_dir / "kubelet.sock"
+        self.checkpoint_path = self.root / "device-plugins" / "kubelet_internal_checkpoint"
+        self.cpu_state_path = self.root / "cpu_manager_state"
+        self.memory_state_path = self.root / "memory_manager_state"
+        self.rate = rate
+        self.burst = burst
+        self.bucket = TokenBucket(rate, burst)
+        self.disabled: set[str] = set()
+        self.absent: set[str] = set()
+        self.delays: dict[str, float] = {}
+        self.calls: Counter[str] = Counter()
+        self.rejected = 0
+        self.starts = 0
+        self._rng = random.Random(seed)
+        self._server: aio.Server | None = None
+
+    # -- lifecycle --
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    async def start(self) -> None:
+        """Unlink the old socket, listen on a temporary name, rename it into place."""
+        if self._server is not None:
+            raise RuntimeError("fake kubelet already running")
+        self.socket_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+        self.socket_path.unlink(missing_ok=True)
+        tmp = self.socket_dir / f"kubelet.sock.{secrets.token_hex(3)}.tmp"
+        server = aio.server(options=[("grpc.so_reuseport", 0)])
+        server.add_generic_rpc_handlers((self._handler(),))
+        if server.add_insecure_port(f"unix:{tmp}") == 0:
+            raise RuntimeError(f"fake kubelet could not listen on {tmp}")
+        await server.start()
+        os.rename(tmp, self.socket_path)
+        self._server = server
+        self.bucket = TokenBucket(self.rate, self.burst)
+        self.starts += 1
+        self.write_state_files()
+
+    async def stop(self, *, remove_socket: bool = False) -> None:
+        """Stop serving. Like a killed kubelet, leave the stale socket unless told otherwise."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace=None)
+        if remove_socket:
+            self.socket_path.unlink(missing_ok=True)
+
+    async def restart(
+        self,
+        downtime: float = 0.0,
+        *,
+        cpu_ids: Iterable[int] | None = None,
+        memory: Iterable[FakeMemory] | None = None,
+    ) -> None:
+        """Stop, stay down for `downtime` seconds, optionally change CPUs/memory, start again."""
+        await self.stop()
+        if downtime > 0:
+            await asyncio.sleep(downtime)
+        if cpu_ids is not None:
+            self.node.cpu_ids = set(cpu_ids)
+        if memory is not None:
+            self.node.memory = list(memory)
+        await self.start()
+
+    async def __aenter__(self) -> FakeKubelet:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(remove_socket=True)
+
+    # -- scripting --
+
+    def _changed(self) -> None:
+        if self.running:
+            self.write_state_files()
+
+    def add_device(self, resource: str, device_id: str, numa: Iterable[int] = ()) -> None:
+        """Hot-plug a device (or a device plugin registering one)."""
+        self.node.add_device(FakeDevice(resource, device_id, tuple(numa)))
+        self._changed()
+
+    def remove_device(self, resource: str, device_id: str) -> None:
+        """Unplug a device. Pods that hold it keep it in their allocations."""
+        del self.node.devices[(resource, device_id)]
+        self._changed()
+
+    def set_healthy(self, resource: str, device_id: str, healthy: bool) -> None:
+        self.node.devices[(resource, device_id)].healthy = healthy
+        self._changed()
+
+    def make_unhealthy(self, resource: str, device_id: str) -> None:
+        self.set_healthy(resource, device_id, False)
+
+    def heal(self, resource: str, device_id: str) -> None:
+        self.set_healthy(resource, device_id, True)
+
+    def allocate(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        *,
+        devices: dict[str, list[str]] | None = None,
+        cpu_ids: Iterable[int] = (),
+        memory: Iterable[FakeMemory] = (),
+    ) -> None:
+        """Give a container devices, CPUs or memory, creating the pod and container if needed."""
+        fake_pod = self.node.pods.get((namespace, pod))
+        if fake_pod is None:
+            fake_pod = FakePod(namespace, pod)
+            self.node.add_pod(fake_pod)
+        c = fake_pod.container(container)
+        for resource, ids in (devices or {}).items():
+            held = c.devices.setdefault(resource, [])
+            held.extend(i for i in ids if i not in held)
+        c.cpu_ids.update(cpu_ids)
+        c.memory.extend(memory)
+        self._changed()
+
+    def free(self, namespace: str, pod: str) -> None:
+        """The pod ended: its allocations are released."""
+        del self.node.pods[(namespace, pod)]
+        self._changed()
+
+    def add_pod(self, pod: FakePod) -> None:
+        self.node.add_pod(pod)
+        self._changed()
+
+    def disable(self, method: str) -> None:
+        """Feature gate off: the method answers UNKNOWN "... disabled"."""
+        self.disabled.add(self._method(method))
+
+    def make_absent(self, method: str) -> None:
+        """A kubelet older than the method: UNIMPLEMENTED."""
+        self.absent.add(self._method(method))
+
+    def enable(self, method: str) -> None:
+        self.disabled.discard(method)
+        self.absent.discard(method)
+
+    def set_delay(self, method: str, seconds: float) -> None:
+        """Make the method take `seconds` before answering (a hung kubelet)."""
+        self.delays[self._method(method)] = seconds
+
+    @staticmethod
+    def _method(method: str) -> str:
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+        return method
+
+    # -- the wire --
+
+    def allocatable_response(self) -> api_pb2.AllocatableResourcesResponse:
+        entries = []
+        for dev in self.node.devices.values():
+            if not dev.healthy:
+                continue
+            entries.extend(self._device_entries(dev.resource, dev.id, dev.numa))
+        cpus = list(self.node.cpu_ids)
+        memory = [self._memory(m) for m in self.node.memory]
+        for seq in (entries, cpus, memory):
+            self._rng.shuffle(seq)
+        return api_pb2.AllocatableResourcesResponse(devices=entries, cpu_ids=cpus, memory=memory)
+
+    def list_response(self) -> api_pb2.ListPodResourcesResponse:
+        pods = [self._pod(p) for p in self.node.pods.values()]
+        self._rng.shuffle(pods)
+        return api_pb2.ListPodResourcesResponse(pod_resources=pods)
+
+    def _device_entries(
+        self, resource: str, device_id: str, numa: tuple[int, ...]
+    ) -> list[api_pb2.ContainerDevices]:
+        if not numa:
+            return [api_pb2.ContainerDevices(resource_name=resource, device_ids=[device_id])]
+        return [
+            api_pb2.ContainerDevices(resource_name=resource, device_ids=[device_id], topology=_topology([n]))
+            for n in numa
+        ]
+
+    def _memory(self, m: FakeMemory) -> api_pb2.ContainerMemory:
+        if not m.numa:
+            return api_pb2.ContainerMemory(memory_type=m.type, size=m.size)
+        return api_pb2.ContainerMemory(memory_type=m.type, size=m.size, topology=_topology(m.numa))
+
+    def _pod(self, pod: FakePod) -> api_pb2.PodResources:
+        containers = []
+        for c in pod.containers:
+            devices = [
+                entry
+                for resource, ids in c.devices.items()
+                for dev_id in ids
+                for entry in self._device_entries(resource, dev_id, self.node.device_numa(resource, dev_id))
+            ]
+            cpus = list(c.cpu_ids)
+            memory = [self._memory(m) for m in c.memory]
+            dynamic = [
+                api_pb2.DynamicResource(
+                    claim_name=claim.name,
+                    claim_namespace=claim.namespace,
+                    claim_resources=[
+                        api_pb2.ClaimResource(
+                            cdi_devices=[api_pb2.CDIDevice(name=n) for n in d.cdi_devices],
+                            driver_name=d.driver,
+                            pool_name=d.pool,
+                            device_name=d.device,
+                            share_id=d.share_id,
+                        )
+                        for d in claim.devices
+                    ],
+                )
+                for claim in c.claims
+            ]
+            for seq in (devices, cpus, memory, dynamic):
+                self._rng.shuffle(seq)
+            containers.append(
+                api_pb2.ContainerResources(
+                    name=c.name, devices=devices, cpu_ids=cpus, memory=memory, dynamic_resources=dynamic
+                )
+            )
+        # The kubelet lists sidecars before app containers, but it is a map
+        # underneath and consumers must not rely on any order: shuffle.
+        self._rng.shuffle(containers)
+        pod_cpus = list(pod.cpu_ids)
+        self._rng.shuffle(pod_cpus)
+        return api_pb2.PodResources(
+            name=pod.name,
+            namespace=pod.namespace,
+            containers=containers,
+            cpu_ids=pod_cpus,
+            memory=[self._memory(m) for m in pod.memory],
+        )
+
+    def _handler(self) -> grpc.GenericRpcHandler:
+        def unary(method: str, build: Callable[[bytes], Any]) -> grpc.RpcMethodHandler[bytes, bytes]:
+            async def handle(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
+                return await self._serve(method, request, context, build)
+
+            return grpc.unary_unary_rpc_method_handler(handle)  # raw bytes in and out
+
+        return grpc.method_handlers_generic_handler(
+            _SERVICE,
+            {
+                "List": unary("List", lambda _req: self.list_response()),
+                "GetAllocatableResources": unary(
+                    "GetAllocatableResources", lambda _req: self.allocatable_response()
+                ),
+                "Get": unary("Get", self._get),
+            },
+        )
+
+    def _get(self, request: bytes) -> api_pb2.GetPodResourcesResponse:
+        req = api_pb2.GetPodResourcesRequest.FromString(request)
+        pod = self.node.pods.get((req.pod_namespace, req.pod_name))
+        if pod is None:
+            raise LookupError(f"pod {req.pod_namespace}/{req.pod_name} not found")
+        return api_pb2.GetPodResourcesResponse(pod_resources=self._pod(pod))
+
+    async def _serve(
+        self,
+        method: str,
+        request: bytes,
+        context: aio.ServicerContext[bytes, bytes],
+        build: Callable[[bytes], Any],
+    ) -> bytes:
+        # The kubelet's limiter is an interceptor in front of every method.
+        if not self.bucket.take():
+            self.rejected += 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
+        if method in self.absent:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, f"unknown method {method} for service {_SERVICE}"
+            )
+        if method in self.disabled:
+            await context.abort(grpc.StatusCode.UNKNOWN, f"PodResources API {method} disabled")
+        delay = self.delays.get(method, 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        try:
+            message = build(request)
+        except LookupError as err:
+            await context.abort(grpc.StatusCode.UNKNOWN, str(err))
+        self.calls[method] += 1
+        data: bytes = message.SerializeToString()
+        return data
+
+    # -- state files --
+
+    def write_state_files(self) -> None:
+        """Rewrite the checkpoint and manager state files the way the kubelet does."""
+        entries = []
+        cpu_entries: dict[str, dict[str, str]] = {}
+        memory_entries: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        allocated_cpus: set[int] = set()
+        for pod in self.node.pods.values():
+            for c in pod.containers:
+                for resource, ids in c.devices.items():
+                    by_numa: dict[str, list[str]] = {}
+                    for dev_id in ids:
+                        for n in self.node.device_numa(resource, dev_id) or (-1,):
+                            by_numa.setdefault(str(n), []).append(dev_id)
+                    entries.append(
+                        {
+                            "PodUID": pod.uid,
+                            "ContainerName": c.name,
+                            "ResourceName": resource,
+                            "DeviceIDs": by_numa,
+                            "AllocResp": "",
+                        }
+                    )
+                if c.cpu_ids:
+                    cpu_entries.setdefault(pod.uid, {})[c.name] = cpuset_string(c.cpu_ids)
+                    allocated_cpus.update(c.cpu_ids)
+                if c.memory:
+                    memory_entries.setdefault(pod.uid, {})[c.name] = [
+                        {"numaAffinity": list(m.numa), "type": m.type, "size": m.size} for m in c.memory
+                    ]
+        registered: dict[str, list[str]] = {}
+        for dev in self.node.devices.values():
+            if dev.healthy:
+                registered.setdefault(dev.resource, []).append(dev.id)
+        data = {"PodDeviceEntries": entries, "RegisteredDevices": registered}
+        body = json.dumps(data, sort_keys=True).encode()
+        checkpoint = {"Data": data, "Checksum": zlib.crc32(body)}
+        _write_atomically(self.checkpoint_path, json.dumps(checkpoint).encode())
+        cpu_state = {
+            "policyName": "static",
+            "defaultCpuSet": cpuset_string(self.node.cpu_ids - allocated_cpus),
+            "entries": cpu_entries,
+        }
+        _write_atomically(self.cpu_state_path, json.dumps(cpu_state).encode())
+        memory_state = {"policyName": "Static", "entries": memory_entries}
+        _write_atomically(self.memory_state_path, json.dumps(memory_state).encode())

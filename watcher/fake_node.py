@@ -1,0 +1,242 @@
+"""The state a fake kubelet serves: devices, CPUs, memory and pods, plus a built-in node.
+
+Plain mutable data, scripted by tests, the demo and the benchmarks through
+`watcher.fake_kubelet.FakeKubelet`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+__all__ = [
+    "FakeDevice",
+    "FakeMemory",
+    "FakeClaimDevice",
+    "FakeClaim",
+    "FakeContainer",
+    "FakePod",
+    "FakeNode",
+    "GIB",
+    "default_node",
+    "large_node",
+]
+
+GIB = 1024**3
+
+
+@dataclass
+class FakeDevice:
+    resource: str
+    id: str
+    numa: tuple[int, ...] = ()
+    healthy: bool = True
+
+
+@dataclass
+class FakeMemory:
+    type: str
+    size: int
+    numa: tuple[int, ...] = ()
+
+
+@dataclass
+class FakeClaimDevice:
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: list[str] = field(default_factory=list)
+    share_id: str | None = None
+
+
+@dataclass
+class FakeClaim:
+    namespace: str
+    name: str
+    devices: list[FakeClaimDevice] = field(default_factory=list)
+
+
+@dataclass
+class FakeContainer:
+    name: str
+    # resource name -> device ids held
+    devices: dict[str, list[str]] = field(default_factory=dict)
+    cpu_ids: set[int] = field(default_factory=set)
+    memory: list[FakeMemory] = field(default_factory=list)
+    claims: list[FakeClaim] = field(default_factory=list)
+
+
+@dataclass
+class FakePod:
+    namespace: str
+    name: str
+    containers: list[FakeContainer] = field(default_factory=list)
+    # Pod-level exclusive allocations; newest kubelets only.
+    cpu_ids: set[int] = field(default_factory=set)
+    memory: list[FakeMemory] = field(default_factory=list)
+
+    @property
+    def uid(self) -> str:
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"pod/{self.namespace}/{self.name}"))
+
+    def container(self, name: str) -> FakeContainer:
+        for c in self.containers:
+            if c.name == name:
+                return c
+        c = FakeContainer(name)
+        self.containers.append(c)
+        return c
+
+
+@dataclass
+class FakeNode:
+    devices: dict[tuple[str, str], FakeDevice] = field(default_factory=dict)
+    cpu_ids: set[int] = field(default_factory=set)
+    memory: list[FakeMemory] = field(default_factory=list)
+    pods: dict[tuple[str, str], FakePod] = field(default_factory=dict)
+
+    def add_device(self, device: FakeDevice) -> None:
+        self.devices[(device.resource, device.id)] = device
+
+    def add_pod(self, pod: FakePod) -> None:
+        self.pods[(pod.namespace, pod.name)] = pod
+
+    def device_numa(self, resource: str, device_id: str) -> tuple[int, ...]:
+        dev = self.devices.get((resource, device_id))
+        return dev.numa if dev is not None else ()
+
+
+def _gpu_id(index: int) -> str:
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"fake-gpu/{index}"))
+
+
+def default_node() -> FakeNode:
+    """A node that looks real: 8 GPUs on 2 NUMA nodes, SR-IOV NICs, 96 CPUs, hugepages, a few pods."""
+    node = FakeNode()
+    for i in range(8):
+        node.add_device(FakeDevice("nvidia.com/gpu", _gpu_id(i), (i // 4,)))
+    for numa, bus in ((0, "3b"), (1, "86")):
+        for fn in range(3):
+            node.add_device(FakeDevice("intel.com/sriov_netdevice", f"0000:{bus}:02.{fn}", (numa,)))
+    # Devices without topology: one entry each, no `topology`.
+    for i in range(4):
+        node.add_device(FakeDevice("smarter-devices/fuse", f"fuse{i}"))
+    # 2 sockets x 48 CPUs; 0, 1, 48, 49 reserved for the system.
+    node.cpu_ids = set(range(96)) - {0, 1, 48, 49}
+    for numa in (0, 1):
+        node.memory.append(FakeMemory("memory", 180 * GIB, (numa,)))
+        node.memory.append(FakeMemory("hugepages-1Gi", 32 * GIB, (numa,)))
+        node.memory.append(FakeMemory("hugepages-2Mi", 2 * GIB, (numa,)))
+
+    trainer = FakeContainer(
+        "trainer",
+        devices={"nvidia.com/gpu": [_gpu_id(i) for i in range(4)]},
+        cpu_ids=set(range(2, 18)),
+        memory=[FakeMemory("memory", 64 * GIB, (0,)), FakeMemory("hugepages-1Gi", 8 * GIB, (0,))],
+    )
+    node.add_pod(
+        FakePod(
+            "ml",
+            "trainer-0",
+            # A restartable init ("sidecar") container is listed like any other.
+            [FakeContainer("log-shipper"), trainer],
+            cpu_ids=set(range(2, 18)),
+            memory=[FakeMemory("memory", 64 * GIB, (0,)), FakeMemory("hugepages-1Gi", 8 * GIB, (0,))],
+        )
+    )
+    node.add_pod(
+        FakePod(
+            "ml",
+            "inference-7f9c",
+            [
+                FakeContainer(
+                    "server",
+                    devices={
+                        "nvidia.com/gpu": [_gpu_id(4)],
+                        "intel.com/sriov_netdevice": ["0000:86:02.0"],
+                    },
+                    cpu_ids={50, 51, 52, 53},
+                )
+            ],
+        )
+    )
+    node.add_pod(
+        FakePod(
+            "net",
+            "dpdk-router",
+            [
+                FakeContainer(
+                    "router",
+                    devices={"intel.com/sriov_netdevice": ["0000:3b:02.0", "0000:3b:02.1"]},
+                    cpu_ids={18, 19, 20, 21},
+                    memory=[FakeMemory("hugepages-1Gi", 4 * GIB, (0,))],
+                ),
+                FakeContainer("envoy"),
+            ],
+        )
+    )
+    node.add_pod(
+        FakePod(
+            "dra",
+            "claimed-gpu",
+            [
+                FakeContainer(
+                    "app",
+                    claims=[
+                        FakeClaim(
+                            "dra",
+                            "gpu-claim",
+                            [
+                                FakeClaimDevice(
+                                    "gpu.example.com",
+                                    "node-a",
+                                    "gpu-8",
+                                    ["gpu.example.com/gpu=gpu-8"],
+                                    share_id="2f7c3c1e-6c1d-4e55-9d0f-8a6d2b1f0c11",
+                                )
+                            ],
+                        )
+                    ],
+                )
+            ],
+        )
+    )
+    node.add_pod(FakePod("kube-system", "node-exporter-x2x9q", [FakeContainer("node-exporter")]))
+    return node
+
+
+def large_node(
+    *,
+    cpus: int = 512,
+    numa_nodes: int = 8,
+    resources: int = 4,
+    devices_per_resource: int = 64,
+    pods: int = 250,
+    containers_per_pod: int = 4,
+) -> FakeNode:
+    """A synthetic node at the scale of the biggest machines, for scripts and benchmarks."""
+    node = FakeNode()
+    node.cpu_ids = set(range(cpus))
+    for r in range(resources):
+        for d in range(devices_per_resource):
+            node.add_device(FakeDevice(f"vendor{r}.example.com/dev", f"dev-{r}-{d}", (d % numa_nodes,)))
+    for n in range(numa_nodes):
+        node.memory.append(FakeMemory("memory", 256 * GIB, (n,)))
+        node.memory.append(FakeMemory("hugepages-1Gi", 64 * GIB, (n,)))
+    cpu = 0
+    device_cursor = 0
+    total_devices = resources * devices_per_resource
+    for p in range(pods):
+        pod = FakePod(f"ns-{p % 20}", f"pod-{p}")
+        for c in range(containers_per_pod):
+            container = FakeContainer(f"c{c}")
+            if c == 0 and device_cursor < total_devices:
+                r, d = divmod(device_cursor, devices_per_resource)
+                container.devices[f"vendor{r}.example.com/dev"] = [f"dev-{r}-{d}"]
+                device_cursor += 1
+            container.cpu_ids = {cpu % cpus}
+            cpu += 1
+            container.memory = [FakeMemory("memory", GIB, ((p + c) % numa_nodes,))]
+            pod.containers.append(container)
+        node.add_pod(pod)
+    return node

@@ -1,0 +1,155 @@
+"""One-shot snapshot: query both RPCs, build the inventory, render it for people or machines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from watcher import errors
+from watcher.client import PodResourcesClient
+from watcher.inventory import Inventory, Memory, build, cpuset_string
+from watcher.kubeletapi.v1 import api_pb2
+
+__all__ = ["Snapshot", "take_snapshot", "format_table", "format_json", "format_bytes"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    inventory: Inventory
+    # Why allocatable is unknown (method disabled or absent); None when it is known.
+    degraded: str | None = None
+
+
+async def take_snapshot(client: PodResourcesClient) -> Snapshot:
+    """Query GetAllocatableResources and List; fall back to List-only if the former is unavailable."""
+    alloc_task = asyncio.ensure_future(client.allocatable())
+    try:
+        pods = await client.list()
+    except BaseException:
+        alloc_task.cancel()
+        await asyncio.gather(alloc_task, return_exceptions=True)
+        raise
+    degraded: str | None = None
+    allocatable: api_pb2.AllocatableResourcesResponse | None
+    try:
+        allocatable = await alloc_task
+    except (errors.MethodDisabledError, errors.MethodNotImplementedError) as err:
+        allocatable = None
+        degraded = str(err)
+    return Snapshot(build(allocatable, pods), degraded)
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+def _num(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _numa(nodes: tuple[int, ...] | int | None) -> str:
+    if nodes is None or nodes == ():
+        return "-"
+    if isinstance(nodes, int):
+        return str(nodes)
+    return ",".join(str(n) for n in nodes)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return [line(headers), *(line(r) for r in rows)]
+
+
+def _holdings(cpu_ids: tuple[int, ...], memory: tuple[Memory, ...], prefix: str = "") -> str:
+    parts = []
+    if cpu_ids:
+        parts.append(f"{prefix}cpus {cpuset_string(cpu_ids)}")
+    if memory:
+        parts.append(
+            f"{prefix}memory "
+            + ", ".join(f"{m.type} {format_bytes(m.size)} on numa {_numa(m.numa)}" for m in memory)
+        )
+    return ("  " + "; ".join(parts)) if parts else ""
+
+
+def format_table(snap: Snapshot) -> str:
+    inv = snap.inventory
+    out: list[str] = [f"inventory {inv.content_hash}"]
+    if snap.degraded:
+        out.append(f"note: allocatable unknown, showing allocations only: {snap.degraded}")
+
+    out += ["", "DEVICES"]
+    rows: list[list[str]] = []
+    for cap in inv.capacity:
+        rows.append([cap.resource, "all", _num(cap.allocatable), str(cap.allocated), _num(cap.free)])
+        if len(cap.per_numa) > 1 or (cap.per_numa and cap.per_numa[0].numa is not None):
+            for n in cap.per_numa:
+                rows.append(["", _numa(n.numa), _num(n.allocatable), str(n.allocated), _num(n.free)])
+    out += _table(["RESOURCE", "NUMA", "ALLOCATABLE", "ALLOCATED", "FREE"], rows) if rows else ["(none)"]
+
+    if inv.missing_devices:
+        out += ["", "ALLOCATED BUT NOT ALLOCATABLE (failed or vanished while in use)"]
+        out += _table(
+            ["RESOURCE", "DEVICE", "NUMA", "HELD BY"],
+            [[m.resource, m.id, _numa(m.numa), ", ".join(m.holders)] for m in inv.missing_devices],
+        )
+
+    cpus = inv.cpus
+    out += ["", "CPUS"]
+    out += _table(
+        ["ALLOCATABLE", "ALLOCATED", "FREE", "ALLOCATABLE IDS"],
+        [[_num(cpus.allocatable), str(cpus.allocated), _num(cpus.free), cpuset_string(inv.cpu_ids) or "-"]],
+    )
+
+    out += ["", "MEMORY"]
+    mem_rows = [
+        [
+            m.type,
+            _numa(m.numa),
+            "?" if m.allocatable is None else format_bytes(m.allocatable),
+            format_bytes(m.allocated),
+            "?" if m.free is None else format_bytes(m.free),
+        ]
+        for m in inv.memory_capacity
+    ]
+    out += _table(["TYPE", "NUMA", "ALLOCATABLE", "ALLOCATED", "FREE"], mem_rows) if mem_rows else ["(none)"]
+
+    out += ["", "PODS (exclusive holdings)"]
+    if not inv.pods:
+        out.append("(none)")
+    for pod in inv.pods:
+        out.append(pod.key + _holdings(pod.cpu_ids, pod.memory, "pod-level "))
+        for c in pod.containers:
+            out.append(f"  {c.name}" + (_holdings(c.cpu_ids, c.memory) or "  -"))
+            held: dict[str, list[str]] = {}
+            for d in c.devices:
+                held.setdefault(d.resource, []).append(d.id)
+            out += [f"    {res}: {', '.join(ids)}" for res, ids in held.items()]
+            for cl in c.claims:
+                devices = ", ".join(
+                    f"{d.driver}/{d.pool}/{d.device}" + (f" (share {d.share_id})" if d.share_id else "")
+                    for d in cl.devices
+                )
+                out.append(f"    claim {cl.namespace}/{cl.name}: {devices}")
+    return "\n".join(out)
+
+
+def format_json(snap: Snapshot) -> str:
+    inv = snap.inventory
+    doc: dict[str, Any] = {
+        "hash": inv.content_hash,
+        "degraded": snap.degraded,
+        "inventory": inv.canonical,
+        "derived": inv.derived(),
+    }
+    return json.dumps(doc, indent=2, sort_keys=True)
