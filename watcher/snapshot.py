@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from watcher import errors
+from watcher.backoff import Backoff, retry
 from watcher.client import PodResourcesClient
 from watcher.inventory import Inventory, Memory, build, cpuset_string
 from watcher.kubeletapi.v1 import api_pb2
 
 __all__ = ["Snapshot", "take_snapshot", "format_table", "format_json", "format_bytes"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -22,11 +26,23 @@ class Snapshot:
     degraded: str | None = None
 
 
+# The kubelet's bucket is shared by every client on the node: a one-shot
+# snapshot rides out a busy moment instead of failing on it.
+RATE_LIMIT_ATTEMPTS = 6
+RATE_LIMIT_BACKOFF = Backoff(base=0.05, cap=1.0)
+
+
+async def _patiently(call: Callable[[], Awaitable[T]]) -> T:
+    return await retry(
+        call, retry_on=(errors.RateLimitedError,), attempts=RATE_LIMIT_ATTEMPTS, backoff=RATE_LIMIT_BACKOFF
+    )
+
+
 async def take_snapshot(client: PodResourcesClient) -> Snapshot:
     """Query GetAllocatableResources and List; fall back to List-only if the former is unavailable."""
-    alloc_task = asyncio.ensure_future(client.allocatable())
+    alloc_task = asyncio.ensure_future(_patiently(client.allocatable))
     try:
-        pods = await client.list()
+        pods = await _patiently(client.list)
     except BaseException:
         alloc_task.cancel()
         await asyncio.gather(alloc_task, return_exceptions=True)

@@ -1,0 +1,49 @@
+"""Shared fixtures: short socket directories, a running fake kubelet, and a task-leak guard."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from watcher.fake_kubelet import FakeKubelet
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temp dir with a short path: unix socket paths are limited to 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="prw-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet(short_tmp: Path) -> AsyncIterator[FakeKubelet]:
+    """A fake kubelet serving the built-in node under `short_tmp`."""
+    fake = FakeKubelet(short_tmp, seed=1234)
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop(remove_socket=True)
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves asyncio tasks running behind it."""
+    before = asyncio.all_tasks()
+    yield
+    current = asyncio.current_task()
+    # Let cancelled tasks finish unwinding before judging.
+    for _ in range(3):
+        await asyncio.sleep(0)
+    leaked = [t for t in asyncio.all_tasks() - before if t is not current and not t.done()]
+    for t in leaked:
+        t.cancel()
+    assert not leaked, f"test leaked tasks: {leaked}"

@@ -1,0 +1,227 @@
+"""The command line: snapshot against a real fake kubelet, clear one-line errors, help."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from watcher.cli import main
+from watcher.fake_kubelet import FakeKubelet
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ThreadedKubelet:
+    """A FakeKubelet on its own loop in a thread, so synchronous CLI code can call it."""
+
+    def __init__(self, root: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.fake = self.run(self._make(root))
+
+    @staticmethod
+    async def _make(root: Path) -> FakeKubelet:
+        fake = FakeKubelet(root, seed=7)
+        await fake.start()
+        return fake
+
+    def run(self, coro: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=20)  # type: ignore[arg-type]
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        async def go() -> None:
+            fn(*args)
+
+        self.run(go())
+
+    def close(self) -> None:
+        self.run(self.fake.stop(remove_socket=True))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+@pytest.fixture
+def threaded(short_tmp: Path) -> Iterator[ThreadedKubelet]:
+    tk = ThreadedKubelet(short_tmp)
+    try:
+        yield tk
+    finally:
+        tk.close()
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def test_snapshot_json_hash_is_stable_across_20_shuffled_calls(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Runs the real `fake-kubelet` command in its own process."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "watcher", "fake-kubelet", "--root", str(short_tmp)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # printed once the socket is in place
+        assert "fake kubelet serving" in line, line
+        socket = short_tmp / "pod-resources" / "kubelet.sock"
+        hashes = set()
+        for _ in range(20):
+            assert main(["snapshot", "--socket", str(socket), "--output", "json"]) == 0
+            doc = json.loads(capfd.readouterr().out)
+            hashes.add(doc["hash"])
+        assert len(hashes) == 1
+        assert doc["derived"]["cpus"]["allocatable"] == 92
+        assert doc["hash"].startswith("sha256:") and len(doc["hash"]) == 7 + 64
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert proc.stderr is not None
+        assert "fake kubelet stopped" in proc.stderr.read()
+        proc.stderr.close()
+    assert not (short_tmp / "pod-resources" / "kubelet.sock").exists()
+
+
+def test_snapshot_table(threaded: ThreadedKubelet, capfd: pytest.CaptureFixture[str]) -> None:
+    assert main(["snapshot", "--socket", str(threaded.fake.socket_path)]) == 0
+    out = capfd.readouterr().out
+    assert "nvidia.com/gpu" in out and "ALLOCATABLE" in out
+    assert "ml/trainer-0" in out and "claim dra/gpu-claim" in out
+
+
+def test_snapshot_shows_failed_device_still_in_use(
+    threaded: ThreadedKubelet, capfd: pytest.CaptureFixture[str]
+) -> None:
+    gpu = threaded.fake.node.pods[("ml", "inference-7f9c")].container("server").devices["nvidia.com/gpu"][0]
+    threaded.call(threaded.fake.make_unhealthy, "nvidia.com/gpu", gpu)
+    assert main(["snapshot", "--socket", str(threaded.fake.socket_path)]) == 0
+    out = capfd.readouterr().out
+    assert "ALLOCATED BUT NOT ALLOCATABLE" in out
+    assert gpu in out and "ml/inference-7f9c/server" in out
+
+
+def test_snapshot_list_only_when_allocatable_disabled(
+    threaded: ThreadedKubelet, capfd: pytest.CaptureFixture[str]
+) -> None:
+    threaded.call(threaded.fake.disable, "GetAllocatableResources")
+    assert main(["snapshot", "--socket", str(threaded.fake.socket_path), "-o", "json"]) == 0
+    captured = capfd.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["inventory"]["allocatable"]["known"] is False
+    assert "disabled" in doc["degraded"]
+    assert captured.err.count("\n") == 1 and "warning" in captured.err
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("pod-resources-watcher: error: ")
+    return lines[0]
+
+
+def test_missing_socket_is_one_line_in_a_real_process(short_tmp: Path) -> None:
+    """A fresh interpreter: proves gRPC's C-core prints nothing of its own either."""
+    result = subprocess.run(
+        [sys.executable, "-m", "watcher", "snapshot", "--socket", str(short_tmp / "kubelet.sock")],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "does not exist" in _one_error_line(result.stderr)
+
+
+def test_stale_socket_is_one_line_in_a_real_process(threaded: ThreadedKubelet) -> None:
+    threaded.run(threaded.fake.stop())
+    result = subprocess.run(
+        [sys.executable, "-m", "watcher", "snapshot", "--socket", str(threaded.fake.socket_path)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "not answering" in _one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        (lambda f: f.disable("List"), "List is disabled"),
+        (lambda f: f.make_absent("List"), "does not implement List"),
+        (lambda f: f.set_delay("List", 3), "did not answer within 0.5 s"),
+    ],
+    ids=["disabled", "unimplemented", "deadline"],
+)
+def test_kubelet_failures_are_one_line(
+    threaded: ThreadedKubelet,
+    capfd: pytest.CaptureFixture[str],
+    script: Callable[[FakeKubelet], None],
+    expected: str,
+) -> None:
+    threaded.call(script, threaded.fake)
+    code = main(["snapshot", "--socket", str(threaded.fake.socket_path), "--timeout", "0.5"])
+    captured = capfd.readouterr()
+    assert code == 1
+    assert expected in _one_error_line(captured.err)
+
+
+def test_not_a_socket_and_too_large(
+    threaded: ThreadedKubelet, short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    regular = short_tmp / "file.sock"
+    regular.write_text("")
+    assert main(["snapshot", "--socket", str(regular)]) == 1
+    assert "not a unix socket" in _one_error_line(capfd.readouterr().err)
+    assert main(["snapshot", "--socket", str(threaded.fake.socket_path), "--max-receive-bytes", "100"]) == 1
+    assert "receive limit" in _one_error_line(capfd.readouterr().err)
+
+
+def test_bad_arguments_exit_2(capfd: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["snapshot", "--timeout", "-1"])
+    assert info.value.code == 2
+    assert "must be greater than 0" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [[], ["snapshot"], ["fake-kubelet"], ["demo"]])
+def test_help_everywhere(argv: list[str], capfd: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--help"])
+    assert info.value.code == 0
+    out = capfd.readouterr().out
+    assert out.startswith("usage: pod-resources-watcher")
+
+
+def test_demo_runs(capfd: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capfd.readouterr().out
+    assert "Simulated kubelet serving" in out and "inventory sha256:" in out
+
+
+def test_version(capfd: pytest.CaptureFixture[str]) -> None:
+    from watcher import __version__
+
+    assert main(["version"]) == 0
+    assert capfd.readouterr().out.strip() == f"pod-resources-watcher {__version__}"

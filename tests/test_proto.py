@@ -1,0 +1,111 @@
+"""The committed generated code matches proto/, and proto/ matches the kubelet's wire contract."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from google.protobuf.descriptor import FieldDescriptor
+
+from watcher.kubeletapi.v1 import api_pb2
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _generator():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("proto_generate", ROOT / "proto" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_generated_code_is_fresh(tmp_path: Path) -> None:
+    pytest.importorskip("grpc_tools", reason="grpcio-tools is a dev dependency")
+    gen = _generator()
+    stale = [
+        path.name
+        for path in gen.generate(tmp_path)
+        if path.read_bytes() != (gen.OUTPUT_DIR / path.name).read_bytes()
+    ]
+    assert not stale, f"run `make proto`: committed output differs for {stale}"
+
+
+REP, ONE = True, False  # repeated or singular
+T = FieldDescriptor
+# (message, field) -> (number, type, repeated): the reference's wire contract.
+CONTRACT = {
+    ("AllocatableResourcesResponse", "devices"): (1, T.TYPE_MESSAGE, REP),
+    ("AllocatableResourcesResponse", "cpu_ids"): (2, T.TYPE_INT64, REP),
+    ("AllocatableResourcesResponse", "memory"): (3, T.TYPE_MESSAGE, REP),
+    ("ListPodResourcesResponse", "pod_resources"): (1, T.TYPE_MESSAGE, REP),
+    ("PodResources", "name"): (1, T.TYPE_STRING, ONE),
+    ("PodResources", "namespace"): (2, T.TYPE_STRING, ONE),
+    ("PodResources", "containers"): (3, T.TYPE_MESSAGE, REP),
+    ("PodResources", "cpu_ids"): (4, T.TYPE_INT64, REP),
+    ("PodResources", "memory"): (5, T.TYPE_MESSAGE, REP),
+    ("ContainerResources", "name"): (1, T.TYPE_STRING, ONE),
+    ("ContainerResources", "devices"): (2, T.TYPE_MESSAGE, REP),
+    ("ContainerResources", "cpu_ids"): (3, T.TYPE_INT64, REP),
+    ("ContainerResources", "memory"): (4, T.TYPE_MESSAGE, REP),
+    ("ContainerResources", "dynamic_resources"): (5, T.TYPE_MESSAGE, REP),
+    ("ContainerDevices", "resource_name"): (1, T.TYPE_STRING, ONE),
+    ("ContainerDevices", "device_ids"): (2, T.TYPE_STRING, REP),
+    ("ContainerDevices", "topology"): (3, T.TYPE_MESSAGE, ONE),
+    ("ContainerMemory", "memory_type"): (1, T.TYPE_STRING, ONE),
+    ("ContainerMemory", "size"): (2, T.TYPE_UINT64, ONE),
+    ("ContainerMemory", "topology"): (3, T.TYPE_MESSAGE, ONE),
+    ("TopologyInfo", "nodes"): (1, T.TYPE_MESSAGE, REP),
+    ("NUMANode", "ID"): (1, T.TYPE_INT64, ONE),
+    ("DynamicResource", "claim_name"): (2, T.TYPE_STRING, ONE),
+    ("DynamicResource", "claim_namespace"): (3, T.TYPE_STRING, ONE),
+    ("DynamicResource", "claim_resources"): (4, T.TYPE_MESSAGE, REP),
+    ("ClaimResource", "cdi_devices"): (1, T.TYPE_MESSAGE, REP),
+    ("ClaimResource", "driver_name"): (2, T.TYPE_STRING, ONE),
+    ("ClaimResource", "pool_name"): (3, T.TYPE_STRING, ONE),
+    ("ClaimResource", "device_name"): (4, T.TYPE_STRING, ONE),
+    ("ClaimResource", "share_id"): (5, T.TYPE_STRING, ONE),
+    ("CDIDevice", "name"): (1, T.TYPE_STRING, ONE),
+    ("GetPodResourcesRequest", "pod_name"): (1, T.TYPE_STRING, ONE),
+    ("GetPodResourcesRequest", "pod_namespace"): (2, T.TYPE_STRING, ONE),
+    ("GetPodResourcesResponse", "pod_resources"): (1, T.TYPE_MESSAGE, ONE),
+}
+
+
+def test_messages_match_the_wire_contract() -> None:
+    file = api_pb2.DESCRIPTOR
+    assert file.package == "v1"
+    seen = set()
+    for name, message in file.message_types_by_name.items():
+        for field in message.fields:
+            key = (name, field.name)
+            seen.add(key)
+            assert key in CONTRACT, f"{name}.{field.name} is not in the kubelet's API"
+            number, type_, label = CONTRACT[key]
+            assert (field.number, field.type, field.is_repeated) == (number, type_, label), key
+    assert seen == set(CONTRACT)
+    assert set(file.message_types_by_name) >= {"AllocatableResourcesRequest", "ListPodResourcesRequest"}
+
+
+def test_dynamic_resource_field_1_is_reserved_and_share_id_is_optional() -> None:
+    from google.protobuf import descriptor_pb2
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    api_pb2.DESCRIPTOR.CopyToProto(proto)
+    dynamic = next(m for m in proto.message_type if m.name == "DynamicResource")
+    assert [(r.start, r.end) for r in dynamic.reserved_range] == [(1, 2)]
+    share = api_pb2.ClaimResource.DESCRIPTOR.fields_by_name["share_id"]
+    assert share.has_presence  # proto3 `optional`: unset and "" differ
+    assert not api_pb2.ClaimResource().HasField("share_id")
+
+
+def test_service_methods() -> None:
+    service = api_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert service.full_name == "v1.PodResourcesLister"
+    methods = {m.name: (m.input_type.name, m.output_type.name) for m in service.methods}
+    assert methods == {
+        "List": ("ListPodResourcesRequest", "ListPodResourcesResponse"),
+        "GetAllocatableResources": ("AllocatableResourcesRequest", "AllocatableResourcesResponse"),
+        "Get": ("GetPodResourcesRequest", "GetPodResourcesResponse"),
+    }
