@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 
 from watcher.client import PodResourcesClient
-from watcher.fake_kubelet import FakeKubelet, TokenBucket
+from watcher.fake_kubelet import FakeKubelet
 from watcher.fake_node import FakeDevice, FakeNode, FakePod, default_node
 from watcher.inventory import build
+from watcher.ratelimit import TokenBucket
 
 GPU = "nvidia.com/gpu"
 

@@ -5,15 +5,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
+import dataclasses
+import json
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from watcher import __version__, errors
+from watcher.agent import Agent
 from watcher.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT, PodResourcesClient
 from watcher.fake_kubelet import FakeKubelet
+from watcher.logs import configure_logging
+from watcher.running import stop_on_signals
+from watcher.settings import ConfigError, Settings, load_settings
+from watcher.sinks import build_sinks
 from watcher.snapshot import format_json, format_table, take_snapshot
 
 __all__ = ["main", "build_parser"]
@@ -105,6 +111,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fake.add_argument("--burst", type=_positive_int, default=10, help="rate limit burst (default: 10)")
 
+    run = sub.add_parser(
+        "run",
+        help="run the watcher (the node agent)",
+        description="Watch the kubelet's pod-resources socket and report every change as an event to "
+        "the configured sinks, until SIGINT or SIGTERM. Without --config, the built-in defaults are "
+        "used: the kubelet's default socket, state in /var/lib/pod-resources-watcher, events as JSON "
+        "lines on stdout.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("--config", "-c", type=Path, help="TOML config file (see config.example.toml)")
+
+    check = sub.add_parser(
+        "check-config",
+        help="validate a config file and print the settings it gives",
+        description="Load FILE as `run` would and print the resulting settings; exit 2 with one line "
+        "naming the bad key if it is invalid.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument("file", type=Path)
+
     sub.add_parser(
         "demo",
         help="start a simulated kubelet and show what the watcher sees",
@@ -133,14 +161,8 @@ async def _snapshot(args: argparse.Namespace) -> int:
 
 async def _until_signalled() -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    with stop_on_signals(stop):
         await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
 
 
 async def _fake_kubelet(args: argparse.Namespace) -> int:
@@ -170,10 +192,34 @@ async def _demo() -> int:
     return 0
 
 
+def _settings(path: Path | None) -> Settings:
+    return load_settings(path) if path is not None else Settings()
+
+
+async def _run(settings: Settings) -> int:
+    configure_logging(settings.log.level, settings.log.format)
+    stop = asyncio.Event()
+    agent = Agent(settings, build_sinks(settings.sinks), stop=stop)
+    with stop_on_signals(stop):
+        await agent.run()
+    return 0
+
+
+def _check_config(path: Path) -> int:
+    settings = load_settings(path)
+    print(f"{path}: OK")
+    print(json.dumps(dataclasses.asdict(settings), indent=2, default=str))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "run":
+            return asyncio.run(_run(_settings(args.config)))
+        if args.command == "check-config":
+            return _check_config(args.file)
         if args.command == "snapshot":
             return asyncio.run(_snapshot(args))
         if args.command == "fake-kubelet":
@@ -182,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_demo())
         print(f"{PROG} {__version__}")  # the only command left: version
         return 0
+    except ConfigError as err:
+        return _fail(str(err), 2)
     except errors.WatcherError as err:
         return _fail(str(err))
     except KeyboardInterrupt:

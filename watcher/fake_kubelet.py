@@ -22,7 +22,6 @@ import json
 import os
 import random
 import secrets
-import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -35,31 +34,12 @@ from grpc import aio
 from watcher.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
 from watcher.inventory import cpuset_string
 from watcher.kubeletapi.v1 import api_pb2
+from watcher.ratelimit import TokenBucket
 
-__all__ = ["FakeKubelet", "TokenBucket", "METHODS"]
+__all__ = ["FakeKubelet", "METHODS"]
 
 METHODS = ("List", "GetAllocatableResources", "Get")
 _SERVICE = "v1.PodResourcesLister"
-
-
-class TokenBucket:
-    """The kubelet's rate limiter: one bucket shared by every client of the socket."""
-
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self.burst = burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._last = clock()
-
-    def take(self) -> bool:
-        now = self._clock()
-        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.rate)
-        self._last = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False
 
 
 def _topology(numa: Iterable[int]) -> api_pb2.TopologyInfo:

@@ -1,0 +1,79 @@
+"""The value types of change: kinds, severities and the Change record. Pure."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["Kind", "Severity", "Change", "LIFECYCLE_KINDS", "DIFF_KINDS"]
+
+
+class Kind(enum.StrEnum):
+    """Every event kind the watcher emits; the string is the public `kind` field."""
+
+    DEVICE_ADDED = "device.added"
+    DEVICE_REMOVED = "device.removed"
+    DEVICE_TOPOLOGY_CHANGED = "device.topology_changed"
+    CPU_ADDED = "cpu.added"
+    CPU_REMOVED = "cpu.removed"
+    MEMORY_CHANGED = "memory.changed"
+    ALLOCATION_ADDED = "allocation.added"
+    ALLOCATION_REMOVED = "allocation.removed"
+    ALLOCATION_CHANGED = "allocation.changed"
+    CAPACITY_CHANGED = "capacity.changed"
+    WATCHER_STARTED = "watcher.started"
+    KUBELET_CONNECTED = "kubelet.connected"
+    KUBELET_RESTARTED = "kubelet.restarted"
+    KUBELET_UNREACHABLE = "kubelet.unreachable"
+    KUBELET_REACHABLE = "kubelet.reachable"
+    API_DEGRADED = "api.degraded"
+
+
+LIFECYCLE_KINDS = frozenset(
+    {
+        Kind.WATCHER_STARTED,
+        Kind.KUBELET_CONNECTED,
+        Kind.KUBELET_RESTARTED,
+        Kind.KUBELET_UNREACHABLE,
+        Kind.KUBELET_REACHABLE,
+        Kind.API_DEGRADED,
+    }
+)
+DIFF_KINDS = frozenset(Kind) - LIFECYCLE_KINDS
+
+
+class Severity(enum.StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+
+
+def _freeze(details: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(details))
+
+
+@dataclass(frozen=True)
+class Change:
+    """One thing that happened on the node, before it is wrapped in an event envelope.
+
+    `details` is JSON-ready (str keys; str, int, bool, None, lists and dicts)
+    and read-only at the top level.
+    """
+
+    kind: Kind
+    severity: Severity
+    summary: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "details", _freeze(self.details))
