@@ -105,6 +105,7 @@ class Agent:
         self.retry_backoff = Backoff(base=0.5, cap=min(10.0, settings.watch.interval), rng=self.rng)
         self.stats = AgentStats()
         self.observers: list[Callable[[Event], None]] = []
+        self.cycle_observers: list[Callable[[frozenset[str]], None]] = []
         self.log = log.bind(node=settings.node, socket=str(self.socket_path))
 
         self.seq = 0
@@ -126,6 +127,10 @@ class Agent:
     def subscribe(self, observer: Callable[[Event], None]) -> None:
         """Call `observer` with every event after the sinks took it."""
         self.observers.append(observer)
+
+    def subscribe_cycles(self, observer: Callable[[frozenset[str]], None]) -> None:
+        """Call `observer` with the cycle's trigger reasons after every re-query, successful or not."""
+        self.cycle_observers.append(observer)
 
     async def run(self) -> None:
         structlog.contextvars.bind_contextvars(node=self.settings.node)
@@ -236,7 +241,8 @@ class Agent:
                 name=name,
             )
             async for names in watch.batches():
-                self.trigger.fire("state-file:" + ",".join(sorted(names)))
+                if names:
+                    self.trigger.fire("state-file:" + ",".join(sorted(names)))
 
         return watch_state_files
 
@@ -306,7 +312,14 @@ class Agent:
         return alloc, pods
 
     async def _cycle(self, reasons: frozenset[str]) -> None:
-        self.stats.cycles += 1
+        try:
+            await self._query_cycle(reasons)
+        finally:
+            self.stats.cycles += 1
+            for observer in self.cycle_observers:
+                observer(reasons)
+
+    async def _query_cycle(self, reasons: frozenset[str]) -> None:
         cycle = new_cycle_id()
         lifecycle: list[Change] = []
         now = time.monotonic()

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import secrets
+import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -67,6 +68,7 @@ class FakeKubelet:
         rate: float = 100.0,
         burst: int = 10,
         seed: int | None = None,
+        shuffle: bool = True,
     ) -> None:
         self.root = Path(root)
         self.node = node if node is not None else default_node()
@@ -85,6 +87,11 @@ class FakeKubelet:
         self.rejected = 0
         self.starts = 0
         self._rng = random.Random(seed)
+        self.shuffle = shuffle
+        # time.monotonic() when the socket was last renamed into place, and of the
+        # first call served after that: what "reconnect latency" is measured by.
+        self.started_at: float | None = None
+        self.first_call_at: float | None = None
         self._server: aio.Server | None = None
 
     # -- lifecycle --
@@ -107,6 +114,8 @@ class FakeKubelet:
             raise RuntimeError(f"fake kubelet could not listen on {tmp}")
         await server.start()
         os.rename(tmp, self.socket_path)
+        self.started_at = time.monotonic()
+        self.first_call_at = None
         self._server = server
         self.bucket = TokenBucket(self.rate, self.burst)
         self.starts += 1
@@ -156,8 +165,8 @@ class FakeKubelet:
         self._changed()
 
     def remove_device(self, resource: str, device_id: str) -> None:
-        """Unplug a device. Pods that hold it keep it in their allocations."""
-        del self.node.devices[(resource, device_id)]
+        """Unplug a device. Pods that hold it keep it, and its topology, in their allocations."""
+        self.node.remove_device(resource, device_id)
         self._changed()
 
     def set_healthy(self, resource: str, device_id: str, healthy: bool) -> None:
@@ -235,13 +244,17 @@ class FakeKubelet:
         cpus = list(self.node.cpu_ids)
         memory = [self._memory(m) for m in self.node.memory]
         for seq in (entries, cpus, memory):
-            self._rng.shuffle(seq)
+            self._shuffle(seq)
         return api_pb2.AllocatableResourcesResponse(devices=entries, cpu_ids=cpus, memory=memory)
 
     def list_response(self) -> api_pb2.ListPodResourcesResponse:
         pods = [self._pod(p) for p in self.node.pods.values()]
-        self._rng.shuffle(pods)
+        self._shuffle(pods)
         return api_pb2.ListPodResourcesResponse(pod_resources=pods)
+
+    def _shuffle(self, seq: list[Any]) -> None:
+        if self.shuffle:
+            self._rng.shuffle(seq)
 
     def _device_entries(
         self, resource: str, device_id: str, numa: tuple[int, ...]
@@ -287,7 +300,7 @@ class FakeKubelet:
                 for claim in c.claims
             ]
             for seq in (devices, cpus, memory, dynamic):
-                self._rng.shuffle(seq)
+                self._shuffle(seq)
             containers.append(
                 api_pb2.ContainerResources(
                     name=c.name, devices=devices, cpu_ids=cpus, memory=memory, dynamic_resources=dynamic
@@ -295,9 +308,9 @@ class FakeKubelet:
             )
         # The kubelet lists sidecars before app containers, but it is a map
         # underneath and consumers must not rely on any order: shuffle.
-        self._rng.shuffle(containers)
+        self._shuffle(containers)
         pod_cpus = list(pod.cpu_ids)
-        self._rng.shuffle(pod_cpus)
+        self._shuffle(pod_cpus)
         return api_pb2.PodResources(
             name=pod.name,
             namespace=pod.namespace,
@@ -356,6 +369,8 @@ class FakeKubelet:
         except LookupError as err:
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))
         self.calls[method] += 1
+        if self.first_call_at is None:
+            self.first_call_at = time.monotonic()
         data: bytes = message.SerializeToString()
         return data
 

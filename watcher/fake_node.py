@@ -94,16 +94,25 @@ class FakeNode:
     cpu_ids: set[int] = field(default_factory=set)
     memory: list[FakeMemory] = field(default_factory=list)
     pods: dict[tuple[str, str], FakePod] = field(default_factory=dict)
+    # The kubelet remembers the topology of an unplugged device still held by a pod.
+    unplugged_numa: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
 
     def add_device(self, device: FakeDevice) -> None:
         self.devices[(device.resource, device.id)] = device
+        self.unplugged_numa.pop((device.resource, device.id), None)
+
+    def remove_device(self, resource: str, device_id: str) -> None:
+        device = self.devices.pop((resource, device_id))
+        self.unplugged_numa[(resource, device_id)] = device.numa
 
     def add_pod(self, pod: FakePod) -> None:
         self.pods[(pod.namespace, pod.name)] = pod
 
     def device_numa(self, resource: str, device_id: str) -> tuple[int, ...]:
         dev = self.devices.get((resource, device_id))
-        return dev.numa if dev is not None else ()
+        if dev is not None:
+            return dev.numa
+        return self.unplugged_numa.get((resource, device_id), ())
 
 
 def _gpu_id(index: int) -> str:

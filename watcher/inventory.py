@@ -284,9 +284,12 @@ class Inventory:
 
     # -- canonical form and hash --
 
-    @cached_property
+    @property
     def canonical(self) -> dict[str, Any]:
-        """The JSON-ready canonical form: sorted, merged, every field explicit."""
+        """The JSON-ready canonical form: sorted, merged, every field explicit.
+
+        A fresh dict on every access, so no caller can corrupt the cached hash.
+        """
         return {
             "format": FORMAT,
             "allocatable": {
@@ -666,8 +669,9 @@ def build(allocatable: AllocatableResponse | None, pods: ListResponse) -> Invent
     )
 
 
-def _claim_device_key(d: ClaimDevice) -> tuple[str, str, str, tuple[str, ...], str]:
-    return (d.driver, d.pool, d.device, d.cdi_devices, d.share_id if d.share_id is not None else "\0")
+def _claim_device_key(d: ClaimDevice) -> tuple[str, str, str, tuple[str, ...], bool, str]:
+    # Unset share_id sorts first and never ties with any real value.
+    return (d.driver, d.pool, d.device, d.cdi_devices, d.share_id is not None, d.share_id or "")
 
 
 # --- reading the canonical form back (persisted state) ---
@@ -688,6 +692,8 @@ def from_canonical(data: Mapping[str, Any]) -> Inventory:
 
     Raises ValueError on any other format or shape.
     """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"malformed inventory: expected an object, got {type(data).__name__}")
     if data.get("format") != FORMAT:
         raise ValueError(f"unsupported inventory format {data.get('format')!r}, expected {FORMAT}")
     try:

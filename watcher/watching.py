@@ -70,7 +70,7 @@ def probe_socket(path: Path) -> SocketState:
 
 
 class DirectoryWatch:
-    """Yield batches of names that changed directly inside `directory`.
+    """Yield batches of names that changed directly inside `directory`, and empty ticks.
 
     - If the directory does not exist yet, watch its nearest existing parent
       until it does (saying so once), then yield every matching name in it.
@@ -179,7 +179,10 @@ class DirectoryWatch:
                         for _, p in changes
                         if Path(p).parent == self.directory and self.match(Path(p).name)
                     }
-                    if names:
+                    # An empty batch is a tick (at most every `rust_timeout_ms`): a
+                    # chance for the caller to re-check what events may have missed,
+                    # e.g. a change made before the watch was in place.
+                    if names or not changes:
                         yield names
                     if not self.directory.is_dir():
                         self.log.warning("directory vanished, waiting for it to come back")

@@ -1,0 +1,109 @@
+"""A running watcher against a running fake kubelet, with events and cycles to await."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from watcher.agent import Agent
+from watcher.events import Event, event_schema
+from watcher.fake_kubelet import FakeKubelet
+from watcher.settings import FileSinkSettings, KubeletSettings, Settings, WatchSettings
+from watcher.sinks import build_sinks
+
+_VALIDATOR = jsonschema.Draft202012Validator(
+    event_schema(), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+)
+
+
+class Recorder:
+    """Collects every event (validated against the shipped schema) and counts cycles."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.cycles = 0
+        self.reasons: list[frozenset[str]] = []
+        self._changed = asyncio.Event()
+
+    def on_event(self, event: Event) -> None:
+        _VALIDATOR.validate(event.to_dict())
+        self.events.append(event)
+        self._changed.set()
+
+    def on_cycle(self, reasons: frozenset[str]) -> None:
+        self.cycles += 1
+        self.reasons.append(reasons)
+        self._changed.set()
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def kinds_after(self, mark: int, count: int, timeout: float = 10.0) -> list[str]:
+        """Wait until `count` events arrived after index `mark`; return their kinds."""
+        await self.until(lambda: len(self.events) >= mark + count, timeout)
+        return [str(e.kind) for e in self.events[mark:]]
+
+    def kinds(self, since: int = 0) -> list[str]:
+        return [str(e.kind) for e in self.events[since:]]
+
+
+@dataclasses.dataclass
+class Running:
+    agent: Agent
+    recorder: Recorder
+    kubelet: FakeKubelet
+    task: asyncio.Task[None]
+    _marks: int = 0
+
+    async def quiet_cycle(self, timeout: float = 10.0) -> None:
+        """Force one more complete re-query and wait for it: anything pending shows by then."""
+        self._marks += 1
+        mark = f"test-{self._marks}"
+        self.agent.trigger.fire(mark)
+        await self.recorder.until(lambda: any(mark in r for r in self.recorder.reasons), timeout)
+
+
+def make_settings(root: Path, **overrides: Any) -> Settings:
+    kubelet = KubeletSettings(
+        socket=root / "kubelet" / "pod-resources" / "kubelet.sock",
+        root_dir=root / "kubelet",
+        unreachable_grace=overrides.pop("unreachable_grace", 30.0),
+    )
+    watch = WatchSettings(
+        interval=overrides.pop("interval", 3600.0),
+        max_rpc_rate=overrides.pop("max_rpc_rate", 50.0),
+        force_polling=overrides.pop("force_polling", False),
+        poll_interval=overrides.pop("poll_interval", 0.1),
+        state_file_triggers=overrides.pop("state_file_triggers", True),
+    )
+    return Settings(
+        node="node-a",
+        state_dir=root / "state",
+        kubelet=kubelet,
+        watch=watch,
+        sinks=(FileSinkSettings(path=root / "state" / "events.jsonl", name="audit"),),
+        **overrides,
+    )
+
+
+@asynccontextmanager
+async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterator[Running]:
+    recorder = Recorder()
+    agent = Agent(settings, build_sinks(settings.sinks))
+    agent.subscribe(recorder.on_event)
+    agent.subscribe_cycles(recorder.on_cycle)
+    task = asyncio.create_task(agent.run(), name="agent-under-test")
+    try:
+        yield Running(agent, recorder, kubelet, task)
+    finally:
+        agent.stop.set()
+        await asyncio.wait_for(task, timeout=15)

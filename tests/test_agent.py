@@ -1,0 +1,352 @@
+"""The watch loop against the fake kubelet, with real inotify on real directories."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from tests.agent_harness import make_settings, running_agent
+from watcher.fake_kubelet import FakeKubelet
+
+GPU = "nvidia.com/gpu"
+NIC = "intel.com/sriov_netdevice"
+
+
+@pytest.fixture
+async def fake(short_tmp: Path) -> AsyncIterator[FakeKubelet]:
+    kubelet = FakeKubelet(short_tmp / "kubelet", seed=42)
+    yield kubelet
+    await kubelet.stop(remove_socket=True)
+
+
+async def _started(fake: FakeKubelet, short_tmp: Path, **overrides: object):  # type: ignore[no-untyped-def]
+    await fake.start()
+    return running_agent(make_settings(short_tmp, **overrides), fake)
+
+
+async def _started_agent(fake: FakeKubelet, short_tmp: Path, **overrides: object):  # type: ignore[no-untyped-def]
+    return running_agent(make_settings(short_tmp, **overrides), fake)
+
+
+@pytest.mark.parametrize("downtime", [0.0, 0.2, 3.0], ids=["rename-in-place", "200ms", "3s"])
+async def test_each_kubelet_restart_is_reported_once_and_requeried_at_once(
+    fake: FakeKubelet, short_tmp: Path, downtime: float
+) -> None:
+    async with await _started(fake, short_tmp) as run:
+        await run.recorder.kinds_after(0, 1)
+        mark = len(run.recorder.events)
+        await fake.restart(downtime=downtime)
+        assert await run.recorder.kinds_after(mark, 1) == ["kubelet.restarted"]
+        assert fake.started_at is not None
+        await run.recorder.until(lambda: fake.first_call_at is not None)
+        assert fake.first_call_at is not None
+        # Generous bound; bench/ measures the real figure.
+        assert fake.first_call_at - fake.started_at < 1.0
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["kubelet.restarted"]
+
+
+async def test_delete_and_create_in_one_batch_is_a_restart(fake: FakeKubelet, short_tmp: Path) -> None:
+    async with await _started(fake, short_tmp) as run:
+        await run.recorder.kinds_after(0, 1)
+        mark = len(run.recorder.events)
+        # Unlink, listen on a temporary name, rename into place: all within a
+        # millisecond, far inside one 50 ms batch of directory events.
+        await fake.stop(remove_socket=True)
+        await fake.start()
+        assert await run.recorder.kinds_after(mark, 1) == ["kubelet.restarted"]
+        assert run.recorder.events[-1].details["seen_by"] == "directory watch"
+
+
+async def test_a_restart_missed_by_the_directory_watch_still_counts(
+    fake: FakeKubelet, short_tmp: Path
+) -> None:
+    # Polling every minute: the watch will never see it; the identity check on the timer must.
+    async with await _started(fake, short_tmp, force_polling=True, poll_interval=60, interval=0.3) as run:
+        await run.recorder.kinds_after(0, 1)
+        mark = len(run.recorder.events)
+        await fake.restart()
+        assert await run.recorder.kinds_after(mark, 1) == ["kubelet.restarted"]
+        assert run.recorder.events[-1].details["seen_by"] == "identity check"
+
+
+async def test_device_and_allocation_changes_produce_exactly_the_expected_events(
+    fake: FakeKubelet, short_tmp: Path
+) -> None:
+    inference_gpu = fake.node.pods[("ml", "inference-7f9c")].container("server").devices[GPU][0]
+    steps = [
+        ("hot-plug", lambda: fake.add_device(GPU, "GPU-hotplug", (1,)), {("device.added", "info")}),
+        ("unplug free", lambda: fake.remove_device(GPU, "GPU-hotplug"), {("device.removed", "warning")}),
+        (
+            "health loss in use",
+            lambda: fake.make_unhealthy(GPU, inference_gpu),
+            {("device.removed", "critical")},
+        ),
+        ("healing", lambda: fake.heal(GPU, inference_gpu), {("device.added", "info")}),
+        (
+            "allocation",
+            lambda: fake.allocate("team", "job-1", "main", devices={NIC: ["0000:86:02.2"]}),
+            {("allocation.added", "info")},
+        ),
+        ("release", lambda: fake.free("team", "job-1"), {("allocation.removed", "info")}),
+    ]
+    async with await _started(fake, short_tmp) as run:
+        await run.recorder.kinds_after(0, 1)
+        for name, act, expected in steps:
+            mark = len(run.recorder.events)
+            act()
+            await run.recorder.kinds_after(mark, 2)
+            await run.quiet_cycle()
+            got = {(str(e.kind), str(e.severity)) for e in run.recorder.events[mark:]}
+            assert got == expected | {("capacity.changed", "info")}, name
+            assert len(run.recorder.events) == mark + 2, name
+            if name == "health loss in use":
+                removed = next(e for e in run.recorder.events[mark:] if e.kind == "device.removed")
+                assert removed.details["allocated_to"] == ["ml/inference-7f9c/server"]
+                assert "ml/inference-7f9c/server" in removed.summary
+
+
+async def test_shuffled_unchanged_answers_produce_no_events(fake: FakeKubelet, short_tmp: Path) -> None:
+    async with await _started(fake, short_tmp, max_rpc_rate=50) as run:
+        await run.recorder.kinds_after(0, 1)
+        mark = len(run.recorder.events)
+        parsed_before = run.agent.stats.parsed
+        for _ in range(100):
+            await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == []
+        # Every answer came shuffled, so each one was parsed and found equal.
+        assert run.agent.stats.parsed - parsed_before == 100
+
+
+async def test_identical_bytes_take_the_fast_path(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", shuffle=False)
+    async with fake, await _started_agent(fake, short_tmp) as run:
+        await run.recorder.kinds_after(0, 1)
+        parsed = run.agent.stats.parsed
+        for _ in range(10):
+            await run.quiet_cycle()
+        assert run.agent.stats.parsed == parsed
+        assert run.agent.stats.fast_path >= 10
+
+
+async def test_state_file_change_is_reported_within_a_second(fake: FakeKubelet, short_tmp: Path) -> None:
+    async with await _started(fake, short_tmp, interval=3600) as run:
+        await run.recorder.kinds_after(0, 1)
+        mark = len(run.recorder.events)
+        changed_at = time.monotonic()
+        fake.add_device(GPU, "GPU-late", (0,))  # rewrites device-plugins/kubelet_internal_checkpoint
+        await run.recorder.kinds_after(mark, 1, timeout=5)
+        assert time.monotonic() - changed_at < 1.0
+        assert any(
+            r.startswith("state-file:kubelet_internal_checkpoint") for rs in run.recorder.reasons for r in rs
+        )
+
+
+async def test_agent_restart_reports_only_real_changes_and_seq_continues(
+    fake: FakeKubelet, short_tmp: Path
+) -> None:
+    await fake.start()
+    settings = make_settings(short_tmp)
+    seqs: list[int] = []
+    async with running_agent(settings, fake) as run:
+        assert await run.recorder.kinds_after(0, 1) == ["watcher.started"]
+        seqs += [e.seq for e in run.recorder.events]
+    fake.add_device(GPU, "GPU-while-away", (1,))
+    async with running_agent(settings, fake) as run:
+        kinds = await run.recorder.kinds_after(0, 3)
+        await run.quiet_cycle()
+        assert run.recorder.kinds() == ["watcher.started", "device.added", "capacity.changed"]
+        assert run.recorder.events[0].details["changes_since_last_run"] == 2
+        assert kinds[1:] == ["device.added", "capacity.changed"]
+        seqs += [e.seq for e in run.recorder.events]
+    async with running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.quiet_cycle()
+        assert run.recorder.kinds() == ["watcher.started"]
+        seqs += [e.seq for e in run.recorder.events]
+    assert seqs == list(range(1, len(seqs) + 1))
+    # The audit file holds the same events, in order.
+    lines = (short_tmp / "state" / "events.jsonl").read_text().splitlines()
+    assert [json.loads(line)["seq"] for line in lines] == seqs
+
+
+async def test_corrupt_state_warns_and_takes_a_fresh_baseline(fake: FakeKubelet, short_tmp: Path) -> None:
+    (short_tmp / "state").mkdir()
+    (short_tmp / "state" / "state.json").write_text("{not json")
+    await fake.start()
+    with capture_logs() as logs:
+        async with running_agent(make_settings(short_tmp), fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            await run.quiet_cycle()
+            assert run.recorder.kinds() == ["watcher.started"]
+            assert run.recorder.events[0].details["baseline"] == "fresh"
+    assert any("corrupt" in entry["event"] and entry["log_level"] == "warning" for entry in logs)
+
+
+async def test_socket_directory_missing_at_start(fake: FakeKubelet, short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, state_file_triggers=False)
+    with capture_logs() as logs:
+        async with running_agent(settings, fake) as run:
+            assert await run.recorder.kinds_after(0, 1) == ["watcher.started"]
+            assert run.recorder.events[0].details["kubelet"]["reachable"] is False
+            await fake.start()  # creates the directory and the socket
+            assert await run.recorder.kinds_after(1, 1) == ["kubelet.connected"]
+            await run.quiet_cycle()
+            assert run.recorder.kinds() == ["watcher.started", "kubelet.connected"]
+    waiting = [e for e in logs if e["event"] == "directory does not exist yet, waiting for it"]
+    assert len(waiting) == 1
+
+
+async def test_path_that_is_not_a_socket(fake: FakeKubelet, short_tmp: Path) -> None:
+    sock = fake.socket_path
+    sock.parent.mkdir(parents=True)
+    settings = make_settings(short_tmp, state_file_triggers=False)
+    with capture_logs() as logs:
+        async with running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            sock.write_text("oops")  # a file bind-mounted in the socket's place
+            await run.recorder.until(lambda: any("not a socket" in e["event"] for e in logs), timeout=5)
+            await fake.start()  # the real kubelet replaces it
+            assert await run.recorder.kinds_after(1, 1) == ["kubelet.connected"]
+
+
+async def test_unreachable_after_grace_then_reachable(fake: FakeKubelet, short_tmp: Path) -> None:
+    async with await _started(fake, short_tmp, unreachable_grace=0.5) as run:
+        await run.recorder.kinds_after(0, 1)
+        await fake.stop()  # the stale socket stays, nobody answers
+        run.agent.trigger.fire("test")
+        assert await run.recorder.kinds_after(1, 1) == ["kubelet.unreachable"]
+        assert run.recorder.events[-1].severity == "critical"
+        await fake.start()
+        assert sorted(await run.recorder.kinds_after(2, 2)) == ["kubelet.reachable", "kubelet.restarted"]
+
+
+async def test_list_only_mode_when_allocatable_is_disabled(fake: FakeKubelet, short_tmp: Path) -> None:
+    fake.disable("GetAllocatableResources")
+    async with await _started(fake, short_tmp) as run:
+        kinds = await run.recorder.kinds_after(0, 2)
+        assert kinds == ["watcher.started", "api.degraded"]
+        assert "free capacity per resource and NUMA node" in run.recorder.events[1].details["lost"]
+        mark = len(run.recorder.events)
+        fake.allocate("team", "job-2", "main", devices={NIC: ["0000:86:02.2"]})
+        await run.recorder.kinds_after(mark, 2)
+        await run.quiet_cycle()
+        # Allocations are still seen; capacity only as "allocated" (allocatable unknown).
+        assert run.recorder.kinds(mark) == ["allocation.added", "capacity.changed"]
+        capacity = run.recorder.events[-1].details
+        assert capacity["after"]["allocatable"] is None
+        assert capacity["before"]["allocated"] + 1 == capacity["after"]["allocated"]
+
+
+async def test_rate_limited_queries_back_off_and_nothing_is_lost(short_tmp: Path) -> None:
+    # A kubelet whose shared bucket other clients have nearly drained.
+    fake = FakeKubelet(short_tmp / "kubelet", rate=4, burst=2)
+    async with fake, await _started_agent(fake, short_tmp, max_rpc_rate=50) as run:
+        await run.recorder.kinds_after(0, 1, timeout=20)
+        mark = len(run.recorder.events)
+        for _ in range(5):
+            run.agent.trigger.fire("burst", urgent=True)
+            await asyncio.sleep(0)
+        fake.add_device(GPU, "GPU-x", (0,))
+        await run.recorder.kinds_after(mark, 2, timeout=20)
+        await run.quiet_cycle(timeout=20)
+        assert sorted(run.recorder.kinds(mark)) == ["capacity.changed", "device.added"]
+        assert fake.rejected > 0
+        assert run.agent.stats.rate_limited > 0
+
+
+async def test_own_rpc_rate_is_capped(fake: FakeKubelet, short_tmp: Path) -> None:
+    async with await _started(fake, short_tmp, max_rpc_rate=5) as run:
+        await run.recorder.kinds_after(0, 1)
+        before = sum(fake.calls.values())
+        started = time.monotonic()
+        for _ in range(8):
+            await run.quiet_cycle()
+        elapsed = time.monotonic() - started
+        calls = sum(fake.calls.values()) - before
+        assert calls == 16
+        # 5/s sustained with a burst of 2 (one re-query): 16 calls need >= (16 - 2) / 5 s.
+        assert elapsed >= (calls - 2) / 5 * 0.9
+
+
+def _exhaust_inotify_instances() -> list[int]:
+    """Open inotify instances until the per-user limit refuses more (EMFILE)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fds: list[int] = []
+    while len(fds) < 100_000:
+        fd = libc.inotify_init1(os.O_CLOEXEC)
+        if fd < 0:
+            break
+        fds.append(fd)
+    return fds
+
+
+async def test_falls_back_to_polling_when_inotify_is_exhausted(fake: FakeKubelet, short_tmp: Path) -> None:
+    await fake.start()
+    fds = _exhaust_inotify_instances()
+    try:
+        with capture_logs() as logs:
+            async with running_agent(make_settings(short_tmp, poll_interval=0.05), fake) as run:
+                await run.recorder.kinds_after(0, 1)
+                await run.recorder.until(
+                    lambda: any(e["event"] == "inotify unavailable, falling back to polling" for e in logs)
+                )
+                mark = len(run.recorder.events)
+                await fake.restart()
+                assert await run.recorder.kinds_after(mark, 1) == ["kubelet.restarted"]
+                assert run.recorder.events[-1].details["seen_by"] == "directory watch"
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert fds, "could not open a single inotify instance"
+
+
+def test_run_stops_cleanly_on_sigterm_and_sigint(short_tmp: Path) -> None:
+    """The real command: events on stdout, a clean exit on each signal."""
+    root = short_tmp / "kubelet"
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "watcher", "fake-kubelet", "--root", str(root)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert fake.stderr is not None
+        assert "serving" in fake.stderr.readline()
+        config = short_tmp / "watcher.toml"
+        config.write_text(
+            f'node = "node-a"\nstate_dir = "{short_tmp / "state"}"\n'
+            f'[kubelet]\nsocket = "{root / "pod-resources" / "kubelet.sock"}"\nroot_dir = "{root}"\n'
+        )
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "watcher", "run", "--config", str(config)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            assert agent.stdout is not None
+            first = json.loads(agent.stdout.readline())
+            assert first["kind"] == "watcher.started"
+            agent.send_signal(sig)
+            started = time.monotonic()
+            _, err = agent.communicate(timeout=15)
+            assert agent.returncode == 0, err
+            assert time.monotonic() - started < 10
+            assert "watcher stopped" in err
+            assert "Traceback" not in err
+    finally:
+        fake.send_signal(signal.SIGTERM)
+        fake.wait(timeout=15)
+        if fake.stderr is not None:
+            fake.stderr.close()
