@@ -1,0 +1,116 @@
+"""Settings: the example config documents every key, and bad input names the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from pathlib import Path
+
+import pytest
+
+from watcher.cli import main
+from watcher.settings import (
+    SINK_TYPES,
+    ConfigError,
+    FileSinkSettings,
+    Settings,
+    load_settings,
+    parse_settings,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "config.example.toml"
+
+
+def _keys(cls: type, prefix: str = "") -> set[str]:
+    hints = typing.get_type_hints(cls)
+    out = set()
+    for f in dataclasses.fields(cls):
+        if f.name in {"type", "name", "sinks"}:
+            continue
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+            out |= _keys(hint, f"{prefix}{f.name}.")
+        else:
+            out.add(prefix + f.name)
+    return out
+
+
+def test_example_config_loads_and_documents_every_key() -> None:
+    settings = load_settings(EXAMPLE)
+    defaults = Settings(node=settings.node)
+    # Every value in the example is the default.
+    assert dataclasses.replace(settings, sinks=defaults.sinks) == defaults
+    text = EXAMPLE.read_text()
+    documented = set(re.findall(r"^#?\s*([a-z_]+) = ", text, re.MULTILINE))
+    leaves = {k.rsplit(".", 1)[-1] for k in _keys(Settings)}
+    for sink in SINK_TYPES.values():
+        leaves |= _keys(sink)
+    assert leaves <= documented, f"undocumented keys: {sorted(leaves - documented)}"
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"watch": {"intervall": 3}}, "watch.intervall: unknown key; allowed here: debounce, "),
+        ({"watch": {"interval": -1}}, "watch.interval: -1 is out of range; expected between 0.05 and 86400"),
+        ({"kubelet": {"timeout": "10s"}}, "kubelet.timeout: '10s' is not allowed; expected a number"),
+        (
+            {"kubelet": {"max_receive_bytes": 1.5}},
+            "kubelet.max_receive_bytes: 1.5 is not allowed; expected a whole",
+        ),
+        (
+            {"watch": {"force_polling": "yes"}},
+            "watch.force_polling: 'yes' is not allowed; expected true or false",
+        ),
+        ({"log": {"level": "loud"}}, "log.level: 'loud' is not allowed; expected one of 'debug'"),
+        ({"sinks": {"x": {"type": "carrier-pigeon"}}}, "sinks.x.type: 'carrier-pigeon' is not allowed"),
+        (
+            {"sinks": {"x": {"type": "file", "pth": "a"}}},
+            "sinks.x.pth: unknown key; allowed here: fsync, path",
+        ),
+        ({"sinks": []}, "sinks: expected a table of named sinks"),
+        ({"kubelet": 3}, "kubelet: expected a table, got 3"),
+        ({"node": ""}, "node: '' is not allowed; expected a non-empty string"),
+    ],
+)
+def test_bad_values_name_the_key(doc: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings(doc)
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "w.toml"
+    cfg.write_text('state_dir = "state"\n[sinks.audit]\ntype = "file"\npath = "logs/a.jsonl"\n')
+    settings = load_settings(cfg)
+    assert settings.state_dir == tmp_path / "state"
+    sink = settings.sinks[0]
+    assert isinstance(sink, FileSinkSettings)
+    assert (sink.name, sink.path) == ("audit", tmp_path / "logs" / "a.jsonl")
+
+
+def test_node_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-17")
+    assert Settings().node == "gpu-node-17"
+    assert parse_settings({"node": "explicit"}).node == "explicit"
+
+
+def test_check_config_command(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(EXAMPLE)]) == 0
+    assert "OK" in capfd.readouterr().out
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[watch]\ninterval = 0\n")
+    assert main(["check-config", str(bad)]) == 2
+    err = capfd.readouterr().err
+    assert err.strip() == (
+        "pod-resources-watcher: error: watch.interval: 0 is out of range; expected between 0.05 and 86400"
+    )
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[watch\n")
+    assert main(["check-config", str(broken)]) == 2
+    assert "not valid TOML" in capfd.readouterr().err
+    assert main(["check-config", str(tmp_path / "missing.toml")]) == 2
+    assert "cannot read config" in capfd.readouterr().err
