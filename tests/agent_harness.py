@@ -15,7 +15,6 @@ from watcher.agent import Agent
 from watcher.events import Event, event_schema
 from watcher.fake_kubelet import FakeKubelet
 from watcher.settings import FileSinkSettings, KubeletSettings, Settings, WatchSettings
-from watcher.sinks import build_sinks
 
 _VALIDATOR = jsonschema.Draft202012Validator(
     event_schema(), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
@@ -29,6 +28,7 @@ class Recorder:
         self.events: list[Event] = []
         self.cycles = 0
         self.reasons: list[frozenset[str]] = []
+        self.task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
 
     def on_event(self, event: Event) -> None:
@@ -44,6 +44,9 @@ class Recorder:
     async def until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         async with asyncio.timeout(timeout):
             while not predicate():
+                if self.task is not None and self.task.done():
+                    self.task.result()  # the agent crashed: say how, not "timeout"
+                    raise AssertionError("the agent stopped while a test was waiting on it")
                 self._changed.clear()
                 await self._changed.wait()
 
@@ -98,10 +101,12 @@ def make_settings(root: Path, **overrides: Any) -> Settings:
 @asynccontextmanager
 async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterator[Running]:
     recorder = Recorder()
-    agent = Agent(settings, build_sinks(settings.sinks))
+    agent = Agent(settings)
     agent.subscribe(recorder.on_event)
     agent.subscribe_cycles(recorder.on_cycle)
     task = asyncio.create_task(agent.run(), name="agent-under-test")
+    recorder.task = task
+    task.add_done_callback(lambda _: recorder._changed.set())
     try:
         yield Running(agent, recorder, kubelet, task)
     finally:

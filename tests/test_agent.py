@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import atexit
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -178,12 +180,14 @@ async def test_agent_restart_reports_only_real_changes_and_seq_continues(
     assert seqs == list(range(1, len(seqs) + 1))
     # The audit file holds the same events, in order.
     lines = (short_tmp / "state" / "events.jsonl").read_text().splitlines()
-    assert [json.loads(line)["seq"] for line in lines] == seqs
+    assert [json.loads(line)["event"]["seq"] for line in lines] == seqs
 
 
-async def test_corrupt_state_warns_and_takes_a_fresh_baseline(fake: FakeKubelet, short_tmp: Path) -> None:
+async def test_corrupt_outbox_is_moved_aside_and_a_fresh_baseline_taken(
+    fake: FakeKubelet, short_tmp: Path
+) -> None:
     (short_tmp / "state").mkdir()
-    (short_tmp / "state" / "state.json").write_text("{not json")
+    (short_tmp / "state" / "outbox.db").write_bytes(b"this is not a database" * 100)
     await fake.start()
     with capture_logs() as logs:
         async with running_agent(make_settings(short_tmp), fake) as run:
@@ -191,7 +195,26 @@ async def test_corrupt_state_warns_and_takes_a_fresh_baseline(fake: FakeKubelet,
             await run.quiet_cycle()
             assert run.recorder.kinds() == ["watcher.started"]
             assert run.recorder.events[0].details["baseline"] == "fresh"
-    assert any("corrupt" in entry["event"] and entry["log_level"] == "warning" for entry in logs)
+    assert any("corrupt" in e["event"] and e["log_level"] == "error" for e in logs)
+    assert list((short_tmp / "state").glob("outbox.db.corrupt-*"))
+
+
+async def test_unreadable_saved_state_warns_and_seq_never_repeats(fake: FakeKubelet, short_tmp: Path) -> None:
+    await fake.start()
+    settings = make_settings(short_tmp)
+    async with running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        first_seq = run.recorder.events[0].seq
+    db = sqlite3.connect(short_tmp / "state" / "outbox.db")
+    with db:
+        db.execute("UPDATE kv SET value = '{\"version\": 999}' WHERE key = 'state'")
+    db.close()
+    with capture_logs() as logs:
+        async with running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            assert run.recorder.events[0].details["baseline"] == "fresh"
+            assert run.recorder.events[0].seq > first_seq
+    assert any(e["event"].startswith("saved state is unreadable") for e in logs)
 
 
 async def test_socket_directory_missing_at_start(fake: FakeKubelet, short_tmp: Path) -> None:
@@ -204,7 +227,9 @@ async def test_socket_directory_missing_at_start(fake: FakeKubelet, short_tmp: P
             assert await run.recorder.kinds_after(1, 1) == ["kubelet.connected"]
             await run.quiet_cycle()
             assert run.recorder.kinds() == ["watcher.started", "kubelet.connected"]
-    waiting = [e for e in logs if e["event"] == "directory does not exist yet, waiting for it"]
+    waiting = [
+        e for e in logs if e["event"] == "directory does not exist, waiting for it" and e["watch"] == "socket"
+    ]
     assert len(waiting) == 1
 
 
@@ -280,36 +305,42 @@ async def test_own_rpc_rate_is_capped(fake: FakeKubelet, short_tmp: Path) -> Non
         assert elapsed >= (calls - 2) / 5 * 0.9
 
 
-def _exhaust_inotify_instances() -> list[int]:
-    """Open inotify instances until the per-user limit refuses more (EMFILE)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    fds: list[int] = []
-    while len(fds) < 100_000:
-        fd = libc.inotify_init1(os.O_CLOEXEC)
-        if fd < 0:
-            break
-        fds.append(fd)
-    return fds
+MAX_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+@contextlib.contextmanager
+def _no_new_inotify_instances() -> Iterator[None]:
+    """Make inotify_init fail for this user, as on a node whose agents used up the limit.
+
+    Setting the per-user limit to 0 (root only) is deterministic where using up
+    the instances is not: another thread may release one at any moment. The
+    old value is restored however the test ends.
+    """
+    if os.geteuid() != 0 or not os.access(MAX_INSTANCES, os.W_OK):
+        pytest.skip("needs root to lower fs.inotify.max_user_instances")
+    old = MAX_INSTANCES.read_text()
+    atexit.register(MAX_INSTANCES.write_text, old)  # even if the test run is killed mid-way
+    MAX_INSTANCES.write_text("0\n")
+    try:
+        yield
+    finally:
+        MAX_INSTANCES.write_text(old)
+        atexit.unregister(MAX_INSTANCES.write_text)
 
 
 async def test_falls_back_to_polling_when_inotify_is_exhausted(fake: FakeKubelet, short_tmp: Path) -> None:
     await fake.start()
-    fds = _exhaust_inotify_instances()
-    try:
-        with capture_logs() as logs:
-            async with running_agent(make_settings(short_tmp, poll_interval=0.05), fake) as run:
-                await run.recorder.kinds_after(0, 1)
-                await run.recorder.until(
-                    lambda: any(e["event"] == "inotify unavailable, falling back to polling" for e in logs)
-                )
-                mark = len(run.recorder.events)
-                await fake.restart()
-                assert await run.recorder.kinds_after(mark, 1) == ["kubelet.restarted"]
-                assert run.recorder.events[-1].details["seen_by"] == "directory watch"
-    finally:
-        for fd in fds:
-            os.close(fd)
-    assert fds, "could not open a single inotify instance"
+    with _no_new_inotify_instances(), capture_logs() as logs:
+        async with running_agent(make_settings(short_tmp, poll_interval=0.05), fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            mark = len(run.recorder.events)
+            await fake.restart()
+            assert await run.recorder.kinds_after(mark, 1) == ["kubelet.restarted"]
+            assert run.recorder.events[-1].details["seen_by"] == "directory watch"
+    fallbacks = {
+        e["watch"] for e in logs if e["event"] == "inotify limits exhausted, falling back to polling"
+    }
+    assert fallbacks == {"socket", "device-plugins", "kubelet-root"}
 
 
 def test_run_stops_cleanly_on_sigterm_and_sigint(short_tmp: Path) -> None:

@@ -637,6 +637,16 @@ def test_from_canonical_round_trips_to_an_equal_inventory() -> None:
     assert from_json.derived() == inv.derived()
 
 
+def test_canonical_is_a_fresh_copy_that_callers_cannot_corrupt() -> None:
+    inv = rich_inventory()
+    digest = inv.content_hash
+    first = inv.canonical
+    first["pods"].clear()
+    first["allocatable"]["cpu_ids"].append(999)
+    assert len(inv.canonical["pods"]) == 2 and 999 not in inv.canonical["allocatable"]["cpu_ids"]
+    assert from_canonical(inv.canonical) == inv and inv.content_hash == digest
+
+
 def test_from_canonical_round_trips_list_only_mode() -> None:
     inv = build(None, listing(pod("ns", "p", ctr("c", [devs(GPU, "g0", numa=[0])]))))
     back = from_canonical(json.loads(inv.canonical_bytes))
@@ -719,8 +729,8 @@ def test_from_canonical_rejects_malformed_data(mutate: Any) -> None:
 
 @pytest.mark.parametrize("data", [[], None], ids=["list", "null"])
 def test_from_canonical_rejects_a_non_object_document(data: Any) -> None:
-    # A state file holding valid JSON that is not an object is malformed too. BUG (see report):
-    # `from_canonical` calls `data.get` outside its try block, so these raise AttributeError.
+    # A state file holding valid JSON that is not an object is malformed too. (Regression: this
+    # once escaped as AttributeError from `data.get`.)
     with pytest.raises(ValueError, match="inventory"):
         from_canonical(data)
 

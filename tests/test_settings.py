@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import re
 import typing
@@ -37,11 +38,28 @@ def _keys(cls: type, prefix: str = "") -> set[str]:
     return out
 
 
+EXAMPLE_ENV = {
+    "SLACK_WEBHOOK_URL": "https://hooks.slack.invalid/services/T000/B000/XXXXXXXX",
+    "PAGERDUTY_ROUTING_KEY": "0123456789abcdef0123456789abcdef",
+    "INVENTORY_WEBHOOK_URL": "https://inventory.invalid/hooks/gpu",
+    "INVENTORY_SIGNING_SECRET": "whsec_" + base64.b64encode(b"k" * 32).decode(),
+    "INVENTORY_TOKEN": "token-0123456789",
+}
+
+
+@pytest.fixture
+def example_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in EXAMPLE_ENV.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.mark.usefixtures("example_env")
 def test_example_config_loads_and_documents_every_key() -> None:
     settings = load_settings(EXAMPLE)
     defaults = Settings(node=settings.node)
-    # Every value in the example is the default.
+    # Every top-level value in the example is the default.
     assert dataclasses.replace(settings, sinks=defaults.sinks) == defaults
+    assert {s.type for s in settings.sinks} == set(SINK_TYPES)
     text = EXAMPLE.read_text()
     documented = set(re.findall(r"^#?\s*([a-z_]+) = ", text, re.MULTILINE))
     leaves = {k.rsplit(".", 1)[-1] for k in _keys(Settings)}
@@ -53,7 +71,10 @@ def test_example_config_loads_and_documents_every_key() -> None:
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
-        ({"watch": {"intervall": 3}}, "watch.intervall: unknown key; allowed here: debounce, "),
+        (
+            {"watch": {"intervall": 3}},
+            "watch.intervall: unknown key (did you mean 'interval'?); allowed here: debounce, ",
+        ),
         ({"watch": {"interval": -1}}, "watch.interval: -1 is out of range; expected between 0.05 and 86400"),
         ({"kubelet": {"timeout": "10s"}}, "kubelet.timeout: '10s' is not allowed; expected a number"),
         (
@@ -68,9 +89,35 @@ def test_example_config_loads_and_documents_every_key() -> None:
         ({"sinks": {"x": {"type": "carrier-pigeon"}}}, "sinks.x.type: 'carrier-pigeon' is not allowed"),
         (
             {"sinks": {"x": {"type": "file", "pth": "a"}}},
-            "sinks.x.pth: unknown key; allowed here: fsync, path",
+            "sinks.x.pth: unknown key (did you mean 'path'?); allowed here: fsync, fsync_interval, ",
         ),
         ({"sinks": []}, "sinks: expected a table of named sinks"),
+        ({"sinks": {"x": {"type": "slack"}}}, "sinks.x.url: required for a slack sink (or url_file)"),
+        ({"sinks": {"x": {"type": "slack", "url": "${NO_SUCH_VAR_1}"}}}, "sinks.x.url: environment variable"),
+        (
+            {"sinks": {"x": {"type": "webhook", "url": "http://a", "signing_secret": "nope-nope"}}},
+            "sinks.x.signing_secret: expected a Standard Webhooks secret starting with whsec_",
+        ),
+        (
+            {"sinks": {"x": {"type": "webhook", "url": "ftp://a"}}},
+            "sinks.x.url: the value from inline value is not an http(s) URL",
+        ),
+        (
+            {"sinks": {"x": {"type": "slack", "url": "http://x", "url_file": "y"}}},
+            "sinks.x.url_file: set either url or url_file, not both",
+        ),
+        (
+            {"sinks": {"x": {"type": "file", "kinds": []}}},
+            "sinks.x.kinds: [] is not allowed; expected a list",
+        ),
+        (
+            {"sinks": {"x": {"type": "pagerduty", "routing_key_file": "/nonexistent/k"}}},
+            "sinks.x.routing_key_file: cannot read secret file /nonexistent/k",
+        ),
+        (
+            {"sinks": {"x": {"type": "alertmanager", "url": "am:9093"}}},
+            "sinks.x.url: 'am:9093' is not allowed",
+        ),
         ({"kubelet": 3}, "kubelet: expected a table, got 3"),
         ({"node": ""}, "node: '' is not allowed; expected a non-empty string"),
     ],
@@ -98,6 +145,7 @@ def test_node_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert parse_settings({"node": "explicit"}).node == "explicit"
 
 
+@pytest.mark.usefixtures("example_env")
 def test_check_config_command(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(EXAMPLE)]) == 0
     assert "OK" in capfd.readouterr().out

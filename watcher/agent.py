@@ -2,8 +2,9 @@
 
 Data flow: socket/state-file watches and a jittered timer fire a Trigger ->
 one re-query (rate-limited) -> raw-bytes fast path -> inventory -> diff ->
-events -> sinks -> persisted state. The loop is sequential on purpose: a
-cycle's events are delivered before the state moves past them.
+events, committed to the outbox in one transaction with the new state ->
+sink workers deliver them. A cycle's events are durable before the state
+moves past them; delivery never holds up the loop.
 """
 
 from __future__ import annotations
@@ -11,49 +12,47 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import structlog
+from google.protobuf.message import DecodeError
 
-from watcher import errors
+from watcher import errors, lifecycle
 from watcher.backoff import Backoff
 from watcher.changes import Change, Kind, Severity
 from watcher.client import PodResourcesClient
-from watcher.diffing import diff, inventory_summary
+from watcher.delivering import Dispatcher
+from watcher.diffing import diff
 from watcher.events import Event, envelope, new_cycle_id
+from watcher.identity import FileIdentity, SocketState, is_replacement, probe_socket
 from watcher.inventory import Inventory, build
 from watcher.kubeletapi.v1 import api_pb2
+from watcher.outbox import OUTBOX_FILE, Outbox
 from watcher.ratelimit import RateLimiter
 from watcher.running import supervise
 from watcher.settings import Settings
-from watcher.sinks import Sink
-from watcher.state import SavedState, load_state, save_state
+from watcher.sinks import Sink, build_sinks
+from watcher.state import SavedState, state_from_json, state_to_json
 from watcher.triggers import Trigger
-from watcher.watching import DirectoryWatch, FileIdentity, SocketState, probe_socket
+from watcher.watching import DirectoryWatch
 
 __all__ = ["Agent", "AgentStats", "STATE_FILE_NAMES"]
 
 log = structlog.get_logger("watcher.agent")
+T = TypeVar("T")
 
 # Kubelet state files that are rewritten (temp + rename) when the inventory changes.
 STATE_FILE_NAMES = ("cpu_manager_state", "memory_manager_state")
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"
-
-# What List-only mode cannot see, said in the api.degraded event.
-LOST_IN_LIST_ONLY = [
-    "device hot-plug, unplug and health changes",
-    "free capacity per resource and NUMA node",
-    "allocatable CPU and memory changes",
-    "devices allocated to pods but failed or vanished",
-]
+SHUTDOWN_GRACE_S = 5.0
 
 
 @dataclass
 class AgentStats:
-    """Counters for tests, the demo and (later) metrics."""
+    """Counters for tests, the demo and the metrics."""
 
     cycles: int = 0
     queries_ok: int = 0
@@ -78,21 +77,29 @@ class _Health:
 
 
 class Agent:
-    """Runs the watch loop under the supervisor until `stop` is set."""
+    """Runs the watch loop and the sinks' workers under one supervisor until `stop` is set."""
 
     def __init__(
         self,
         settings: Settings,
-        sinks: Sequence[Sink],
         *,
+        sinks: Sequence[Sink] | None = None,
         stop: asyncio.Event | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
-        self.sinks = list(sinks)
         self.stop = stop if stop is not None else asyncio.Event()
         self.rng = rng if rng is not None else random.Random()
         self.socket_path = settings.kubelet.socket
+        self.outbox = Outbox(settings.state_dir / OUTBOX_FILE)
+        sinks = (
+            list(sinks)
+            if sinks is not None
+            else build_sinks(
+                settings.sinks, node=settings.node, state_dir=settings.state_dir, store=self.outbox
+            )
+        )
+        self.dispatcher = Dispatcher(self.outbox, sinks, stop=self.stop, rng=self.rng)
         self.client = PodResourcesClient(
             str(self.socket_path),
             timeout=settings.kubelet.timeout,
@@ -106,7 +113,7 @@ class Agent:
         self.stats = AgentStats()
         self.observers: list[Callable[[Event], None]] = []
         self.cycle_observers: list[Callable[[frozenset[str]], None]] = []
-        self.log = log.bind(node=settings.node, socket=str(self.socket_path))
+        self.log = log.bind(socket=str(self.socket_path))
 
         self.seq = 0
         self.inventory: Inventory | None = None
@@ -114,18 +121,19 @@ class Agent:
         self._last_raw: tuple[bytes | None, bytes] | None = None
         self._started_reported = False
         self._ever_connected = False
-        self._degraded: str | None = None  # why allocatable is unavailable
-        self._degraded_reported = False
+        self._degraded: str | None = None  # why GetAllocatableResources is unavailable
+        self._degraded_reported: set[str] = set()
         self._health = _Health()
         self._next_periodic = 0.0
         self._socket_changed_at: float | None = None
         self._socket_seen: SocketState | None = None
+        self._name_events = False  # the directory said the socket's name was replaced
         self._said_not_a_socket: FileIdentity | None = None
 
     # -- public --
 
     def subscribe(self, observer: Callable[[Event], None]) -> None:
-        """Call `observer` with every event after the sinks took it."""
+        """Call `observer` with every event once it is durably queued."""
         self.observers.append(observer)
 
     def subscribe_cycles(self, observer: Callable[[frozenset[str]], None]) -> None:
@@ -134,27 +142,32 @@ class Agent:
 
     async def run(self) -> None:
         structlog.contextvars.bind_contextvars(node=self.settings.node)
-        saved = load_state(self.settings.state_dir)
-        self._restore(saved)
-        tasks: dict[str, Callable[[], Any]] = {
-            "query-loop": self._query_loop,
-            "socket-watch": self._watch_socket,
-        }
-        if self.settings.watch.state_file_triggers:
-            tasks.update(self._state_file_watches())
-        self.log.info(
-            "watcher starting",
-            state_dir=str(self.settings.state_dir),
-            seq=self.seq,
-            baseline="saved" if self.inventory is not None else "none",
-            tasks=sorted(tasks),
-        )
+        await self.outbox.open()
         try:
-            await supervise(tasks, stop=self.stop, grace=5.0)
+            await self.outbox.register(self.dispatcher.workers)
+            self._restore(
+                state_from_json(await self.outbox.load_state(), min_seq=await self.outbox.max_seq())
+            )
+            tasks: dict[str, Callable[[], Awaitable[None]]] = {
+                "query-loop": self._query_loop,
+                "socket-watch": self._watch_socket,
+                **self.dispatcher.tasks(),
+            }
+            if self.settings.watch.state_file_triggers:
+                tasks.update(self._state_file_watches())
+            self.log.info(
+                "watcher starting",
+                state_dir=str(self.settings.state_dir),
+                seq=self.seq,
+                baseline="saved" if self.inventory is not None else "none",
+                sinks=sorted(self.dispatcher.workers),
+                tasks=sorted(tasks),
+            )
+            await supervise(tasks, stop=self.stop, grace=SHUTDOWN_GRACE_S)
         finally:
             await self.client.close()
-            for sink in self.sinks:
-                await sink.close()
+            await self.dispatcher.close()
+            await self.outbox.close()
             self.log.info("watcher stopped", seq=self.seq)
 
     # -- state --
@@ -165,34 +178,36 @@ class Agent:
         self.socket_identity = saved.socket
         if saved.node is not None and saved.node != self.settings.node:
             self.log.warning(
-                "saved state belongs to another node: taking a fresh baseline",
-                saved_node=saved.node,
+                "saved state belongs to another node: taking a fresh baseline", saved_node=saved.node
             )
             self.inventory = None
             self.socket_identity = None
 
-    def _save(self) -> None:
-        save_state(
-            self.settings.state_dir,
-            SavedState(
-                seq=self.seq, inventory=self.inventory, socket=self.socket_identity, node=self.settings.node
-            ),
-        )
+    def _state(self, seq: int, inventory: Inventory | None) -> SavedState:
+        return SavedState(seq=seq, inventory=inventory, socket=self.socket_identity, node=self.settings.node)
 
     # -- watches --
 
+    def _directory_watch(self, directory: Path, match: Callable[[str], bool], name: str) -> DirectoryWatch:
+        w = self.settings.watch
+        return DirectoryWatch(
+            directory,
+            match,
+            stop=self.stop,
+            force_polling=w.force_polling,
+            poll_delay_ms=round(w.poll_interval * 1000),
+            # Ticks re-check the socket's identity; never more often than polling would.
+            tick_s=max(1.0, w.poll_interval),
+            name=name,
+        )
+
     async def _watch_socket(self) -> None:
         name = self.socket_path.name
-        watch = DirectoryWatch(
-            self.socket_path.parent,
-            lambda n: n == name,
-            stop=self.stop,
-            force_polling=self.settings.watch.force_polling,
-            poll_delay_ms=round(self.settings.watch.poll_interval * 1000),
-            name="socket",
-        )
+        watch = self._directory_watch(self.socket_path.parent, lambda n: n == name, "socket")
         self._socket_seen = probe_socket(self.socket_path)
-        async for _ in watch.batches():
+        async for batch in watch.batches():
+            if batch.get(name, set()) & {"added", "deleted"}:
+                self._name_events = True
             now = probe_socket(self.socket_path)
             before, self._socket_seen = self._socket_seen, now
             if now.identity is not None and not now.is_socket:
@@ -203,48 +218,37 @@ class Agent:
                         hint="mount the kubelet's pod-resources DIRECTORY, not the socket file",
                     )
                 continue
-            if now.present and (before is None or before.identity != now.identity):
+            if not now.present:
+                if before is not None and before.present:
+                    self.log.warning("kubelet socket vanished; waiting for it to come back")
+                continue
+            assert now.identity is not None
+            known = before.identity if before is not None and before.present else None
+            if known is None or is_replacement(known, now.identity, name_events=self._name_events):
                 # Appeared or replaced: query at once on a fresh channel.
                 self._socket_changed_at = time.monotonic()
                 self.trigger.fire("socket", urgent=True)
-            elif not now.present and before is not None and before.present:
-                self.log.warning("kubelet socket vanished; waiting for it to come back")
 
-    def _state_file_watches(self) -> dict[str, Callable[[], Any]]:
+    def _state_file_watches(self) -> dict[str, Callable[[], Awaitable[None]]]:
         root = self.settings.kubelet.root_dir
-        plan: dict[str, tuple[Path, Callable[[str], bool]]] = {}
-        plugins = root / "device-plugins"
-        if plugins.is_dir():
-            plan["state-watch:device-plugins"] = (
-                plugins,
+
+        def make(directory: Path, match: Callable[[str], bool], name: str) -> Callable[[], Awaitable[None]]:
+            async def watch_state_files() -> None:
+                async for batch in self._directory_watch(directory, match, name).batches():
+                    if batch:
+                        self.trigger.fire("state-file:" + ",".join(sorted(batch)))
+
+            return watch_state_files
+
+        # Both wait for their directory if the kubelet has not created it yet.
+        return {
+            "state-watch:device-plugins": make(
+                root / "device-plugins",
                 lambda n: n == CHECKPOINT_NAME or n.endswith(".sock"),
-            )
-        if any((root / n).exists() for n in STATE_FILE_NAMES):
-            plan["state-watch:root"] = (root, lambda n: n in STATE_FILE_NAMES)
-        if not plan:
-            self.log.info("no kubelet state files found; state-file triggers off", root_dir=str(root))
-        tasks: dict[str, Callable[[], Any]] = {}
-        for task_name, (directory, match) in plan.items():
-            tasks[task_name] = self._make_state_watch(task_name, directory, match)
-        return tasks
-
-    def _make_state_watch(
-        self, name: str, directory: Path, match: Callable[[str], bool]
-    ) -> Callable[[], Any]:
-        async def watch_state_files() -> None:
-            watch = DirectoryWatch(
-                directory,
-                match,
-                stop=self.stop,
-                force_polling=self.settings.watch.force_polling,
-                poll_delay_ms=round(self.settings.watch.poll_interval * 1000),
-                name=name,
-            )
-            async for names in watch.batches():
-                if names:
-                    self.trigger.fire("state-file:" + ",".join(sorted(names)))
-
-        return watch_state_files
+                "device-plugins",
+            ),
+            "state-watch:root": make(root, lambda n: n in STATE_FILE_NAMES, "kubelet-root"),
+        }
 
     # -- the loop --
 
@@ -261,35 +265,43 @@ class Agent:
             deadlines.append(h.failing_since + self.settings.kubelet.unreachable_grace)
         return min(deadlines)
 
+    async def _until_stopped(self, work: Awaitable[T]) -> asyncio.Future[T] | None:
+        """Run `work` unless `stop` comes first (then cancel it and return None): a hung call
+        never holds up shutdown. A crash in `work` is re-raised for the supervisor."""
+        task = asyncio.ensure_future(work)
+        stop_wait = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait([task, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_wait.cancel()
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(stop_wait, return_exceptions=True)
+        if task.cancelled():
+            await asyncio.gather(task, return_exceptions=True)
+            return None
+        task.result()
+        return task
+
     async def _query_loop(self) -> None:
         self.trigger.fire("startup", urgent=True)
         while not self.stop.is_set():
-            reasons = await self._next_trigger()
-            if self.stop.is_set():
+            waited = await self._until_stopped(
+                self.trigger.wait(self._wake_at(), self.settings.watch.debounce)
+            )
+            if waited is None:
                 return
+            reasons = waited.result()
             now = time.monotonic()
-            due = bool(reasons) or now >= self._next_periodic
             h = self._health
-            if h.retry_at is not None and now >= h.retry_at:
-                due = True
+            due = (
+                bool(reasons) or now >= self._next_periodic or (h.retry_at is not None and now >= h.retry_at)
+            )
             if due:
-                await self._cycle(reasons or frozenset({"timer"}))
+                if await self._until_stopped(self._cycle(reasons or frozenset({"timer"}))) is None:
+                    return
             elif h.failing_since is not None and not h.unreachable_reported:
                 await self._maybe_unreachable(new_cycle_id())
-
-    async def _next_trigger(self) -> frozenset[str]:
-        stop_wait = asyncio.ensure_future(self.stop.wait())
-        trigger_wait = asyncio.ensure_future(self.trigger.wait(self._wake_at(), self.settings.watch.debounce))
-        try:
-            await asyncio.wait([stop_wait, trigger_wait], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop_wait.cancel()
-            if not trigger_wait.done():
-                trigger_wait.cancel()
-            await asyncio.gather(stop_wait, trigger_wait, return_exceptions=True)
-        if trigger_wait.cancelled() or trigger_wait.exception() is not None:
-            return frozenset()
-        return trigger_wait.result()
 
     async def _query(self) -> tuple[bytes | None, bytes]:
         """One re-query: (allocatable bytes or None in List-only mode, List bytes)."""
@@ -319,21 +331,28 @@ class Agent:
             for observer in self.cycle_observers:
                 observer(reasons)
 
+    async def _check_socket_identity(self, reasons: frozenset[str], lifecycle_changes: list[Change]) -> None:
+        sock = probe_socket(self.socket_path)
+        if not sock.present or sock.identity is None or sock.identity == self.socket_identity:
+            return
+        name_events, self._name_events = self._name_events, False
+        old = self.socket_identity
+        self.socket_identity = sock.identity
+        if old is not None and not is_replacement(old, sock.identity, name_events=name_events):
+            return  # the same socket, its metadata touched (chmod, relabel)
+        if old is not None:
+            seen_by = "directory watch" if "socket" in reasons else "identity check"
+            lifecycle_changes.append(lifecycle.restarted(self.socket_path, seen_by=seen_by))
+        # A replaced kubelet may have been upgraded: ask for everything again.
+        self._degraded = None
+        await self.client.reconnect()
+        self.stats.reconnects += 1
+        self._socket_changed_at = self._socket_changed_at or time.monotonic()
+
     async def _query_cycle(self, reasons: frozenset[str]) -> None:
         cycle = new_cycle_id()
-        lifecycle: list[Change] = []
-        now = time.monotonic()
-        sock = probe_socket(self.socket_path)
-        if sock.present and sock.identity != self.socket_identity:
-            if self.socket_identity is not None:
-                lifecycle.append(self._restarted_change(reasons))
-            self.socket_identity = sock.identity
-            # A replaced kubelet may have been upgraded: ask for everything again.
-            self._degraded = None
-            await self.client.reconnect()
-            self.stats.reconnects += 1
-            self._socket_changed_at = self._socket_changed_at or now
-
+        changes: list[Change] = []
+        await self._check_socket_identity(reasons, changes)
         try:
             alloc_raw, list_raw = await self._query()
         except errors.RateLimitedError:
@@ -342,140 +361,101 @@ class Agent:
             delay = self.rate_backoff.delay(h.attempt)
             h.attempt += 1
             h.retry_at = time.monotonic() + delay
+            self._schedule_periodic(time.monotonic())
             self.log.warning(
                 "kubelet rate-limited us; backing off", attempt=h.attempt, delay_s=round(delay, 3)
             )
-            self._schedule_periodic(time.monotonic())
-            await self._emit(lifecycle, cycle)
+            await self._emit(changes, cycle, self.inventory)
             return
         except errors.KubeletError as err:
-            await self._failed(err, lifecycle, cycle)
+            await self._failed(err, type(err).__name__, changes, cycle)
             return
 
-        # Success.
+        try:
+            after = self._inventory_from(alloc_raw, list_raw)
+        except DecodeError as err:
+            await self._failed(err, "DecodeError", changes, cycle)
+            return
+        self._succeeded(changes, alloc_raw)
+        before = self.inventory
+        if before is not None and after is not before:
+            changes.extend(diff(before, after))
+        await self._emit(changes, cycle, after, before=before, baseline=before is None)
+
+    def _inventory_from(self, alloc_raw: bytes | None, list_raw: bytes) -> Inventory:
+        raw = (alloc_raw, list_raw)
+        before = self.inventory
+        if raw == self._last_raw and before is not None:
+            self.stats.fast_path += 1
+            return before
+        self.stats.parsed += 1
+        after = build(
+            api_pb2.AllocatableResourcesResponse.FromString(alloc_raw) if alloc_raw is not None else None,
+            api_pb2.ListPodResourcesResponse.FromString(list_raw),
+        )
+        self._last_raw = raw
+        if before is not None and after.content_hash == before.content_hash:
+            return before  # a reordering, not a change
+        return after
+
+    def _succeeded(self, changes: list[Change], alloc_raw: bytes | None) -> None:
+        now = time.monotonic()
         self.stats.queries_ok += 1
-        done_at = time.monotonic()
-        self.stats.last_success = done_at
+        self.stats.last_success = now
         if self._socket_changed_at is not None:
-            self.stats.last_reconnect_latency = done_at - self._socket_changed_at
+            self.stats.last_reconnect_latency = now - self._socket_changed_at
             self._socket_changed_at = None
         h = self._health
         if h.unreachable_reported:
-            down_for = done_at - (h.failing_since or done_at)
-            lifecycle.append(
-                Change(
-                    Kind.KUBELET_REACHABLE,
-                    Severity.INFO,
-                    f"kubelet reachable again after {down_for:.1f} s",
-                    {"down_seconds": round(down_for, 3), "socket": str(self.socket_path)},
-                )
-            )
-        elif h.failing_since is not None or h.attempt:
+            changes.append(lifecycle.reachable(self.socket_path, down_for=now - (h.failing_since or now)))
+        elif h.failing_since is not None:
             self.log.info("kubelet answering again", after_attempts=h.attempt)
         if self._started_reported and not self._ever_connected:
-            lifecycle.append(
-                Change(
-                    Kind.KUBELET_CONNECTED,
-                    Severity.INFO,
-                    f"connected to the kubelet at {self.socket_path}",
-                    {"socket": str(self.socket_path)},
-                )
-            )
+            changes.append(lifecycle.connected(self.socket_path))
         self._ever_connected = True
         self._health = _Health()
-        self._schedule_periodic(done_at)
-
-        if alloc_raw is not None and self._degraded_reported:
-            self._degraded_reported = False
+        self._schedule_periodic(now)
+        if alloc_raw is not None and "GetAllocatableResources" in self._degraded_reported:
+            self._degraded_reported.discard("GetAllocatableResources")
             self.log.info("GetAllocatableResources available again: full inventory restored")
-        if self._degraded is not None and alloc_raw is None and not self._degraded_reported:
-            lifecycle.append(
-                Change(
-                    Kind.API_DEGRADED,
-                    Severity.WARNING,
-                    "GetAllocatableResources unavailable: watching allocations only (List-only mode)",
-                    {
-                        "method": "GetAllocatableResources",
-                        "reason": self._degraded,
-                        "lost": LOST_IN_LIST_ONLY,
-                    },
+        if (
+            self._degraded is not None
+            and alloc_raw is None
+            and "GetAllocatableResources" not in self._degraded_reported
+        ):
+            self._degraded_reported.add("GetAllocatableResources")
+            changes.append(
+                lifecycle.degraded(
+                    "GetAllocatableResources", self._degraded, lost=lifecycle.LOST_IN_LIST_ONLY
                 )
             )
-            self._degraded_reported = True
 
-        before = self.inventory
-        changes: tuple[Change, ...] = ()
-        raw = (alloc_raw, list_raw)
-        if raw == self._last_raw and before is not None:
-            self.stats.fast_path += 1
-            after = before
-        else:
-            self.stats.parsed += 1
-            after = build(
-                api_pb2.AllocatableResourcesResponse.FromString(alloc_raw) if alloc_raw is not None else None,
-                api_pb2.ListPodResourcesResponse.FromString(list_raw),
-            )
-            if before is not None and after.content_hash == before.content_hash:
-                after = before  # a reordering, not a change
-            elif before is not None:
-                changes = diff(before, after)
-            self._last_raw = raw
-        if not self._started_reported:
-            lifecycle.insert(0, self._started_change(after, before, len(changes)))
-        self.inventory = after
-        await self._emit([*lifecycle, *changes], cycle, before, after)
-
-    def _restarted_change(self, reasons: frozenset[str]) -> Change:
-        return Change(
-            Kind.KUBELET_RESTARTED,
-            Severity.INFO,
-            f"kubelet restarted: socket {self.socket_path} was replaced",
-            {
-                "socket": str(self.socket_path),
-                "seen_by": "directory watch" if "socket" in reasons else "identity check",
-            },
-        )
-
-    def _started_change(self, inv: Inventory | None, saved: Inventory | None, changed: int) -> Change:
-        self._started_reported = True
-        summary = inventory_summary(inv) if inv is not None else None
-        details: dict[str, Any] = {
-            "baseline": "saved" if saved is not None else "fresh",
-            "changes_since_last_run": changed,
-            "kubelet": {"reachable": inv is not None, "error": self._health.last_error},
-            "inventory": summary,
-        }
-        if summary is not None:
-            text = f"watching {summary['pods']} pods, " + ", ".join(
-                f"{n} {res}" for res, n in summary["devices"].items()
-            )
-        else:
-            text = f"watcher started; kubelet not reachable yet ({self._health.last_error})"
-        return Change(Kind.WATCHER_STARTED, Severity.INFO, text.rstrip(", "), details)
-
-    async def _failed(self, err: errors.KubeletError, lifecycle: list[Change], cycle: str) -> None:
+    async def _failed(self, err: Exception, kind: str, changes: list[Change], cycle: str) -> None:
         self.stats.queries_failed += 1
         h = self._health
         now = time.monotonic()
-        first = h.failing_since is None
-        if first:
+        if h.failing_since is None:
             h.failing_since = now
-        if first or type(err).__name__ != h.last_error_kind:
-            self.log.warning(
-                "kubelet query failed; will retry", error=str(err), error_kind=type(err).__name__
-            )
-        h.last_error = str(err)
-        h.last_error_kind = type(err).__name__
+        if kind != h.last_error_kind:
+            self.log.warning("kubelet query failed; will retry", error=str(err), error_kind=kind)
+        h.last_error, h.last_error_kind = str(err), kind
         delay = self.retry_backoff.delay(h.attempt)
         h.attempt += 1
         h.retry_at = now + delay
         self._schedule_periodic(now)
+        if isinstance(err, errors.MethodDisabledError | errors.MethodNotImplementedError) and (
+            "List" not in self._degraded_reported
+        ):
+            # Without List the watcher is blind; say so once, keep trying slowly.
+            self._degraded_reported.add("List")
+            changes.append(
+                lifecycle.degraded("List", str(err), lost=["everything"], severity=Severity.CRITICAL)
+            )
+            h.retry_at = self._next_periodic
         if isinstance(err, errors.KubeletUnavailableError | errors.DeadlineExceededError):
             # The channel may be wedged on a dead peer; dial afresh next time.
             await self.client.reconnect()
-        if not self._started_reported:
-            lifecycle.insert(0, self._started_change(None, self.inventory, 0))
-        await self._emit(lifecycle, cycle)
+        await self._emit(changes, cycle, self.inventory)
         await self._maybe_unreachable(cycle)
 
     async def _maybe_unreachable(self, cycle: str) -> None:
@@ -486,59 +466,70 @@ class Agent:
         if down_for < self.settings.kubelet.unreachable_grace:
             return
         h.unreachable_reported = True
-        await self._emit(
-            [
-                Change(
-                    Kind.KUBELET_UNREACHABLE,
-                    Severity.CRITICAL,
-                    f"kubelet unreachable for {down_for:.0f} s: {h.last_error}",
-                    {
-                        "socket": str(self.socket_path),
-                        "down_seconds": round(down_for, 3),
-                        "error": h.last_error,
-                    },
-                )
-            ],
-            cycle,
+        change = lifecycle.unreachable(
+            self.socket_path, down_for=down_for, error=h.last_error, kind=h.last_error_kind
         )
+        await self._emit([change], cycle, self.inventory)
 
     async def _emit(
         self,
         changes: Sequence[Change],
         cycle: str,
+        after: Inventory | None,
+        *,
         before: Inventory | None = None,
-        after: Inventory | None = None,
+        baseline: bool = False,
     ) -> None:
-        if not changes and after is None:
-            return
-        before_hash = before.content_hash if before is not None else None
-        after_hash = (
-            after.content_hash
-            if after is not None
-            else (self.inventory.content_hash if self.inventory else None)
-        )
-        events = []
-        for change in changes:
-            self.seq += 1
-            events.append(
-                envelope(
-                    change,
-                    seq=self.seq,
-                    node=self.settings.node,
-                    cycle=cycle,
-                    before=before_hash,
-                    after=after_hash,
-                )
+        """Commit the changes as events, with the new state, in one outbox transaction.
+
+        Nothing moves (seq, inventory) unless the commit succeeds; a failed
+        commit is logged and the next cycle diffs again from the old state.
+        """
+        changes = list(changes)
+        if not self._started_reported:
+            started = lifecycle.started(
+                after if self._ever_connected else None,
+                baseline="fresh" if baseline or self.inventory is None else "saved",
+                changes=sum(1 for c in changes if c.kind not in _LIFECYCLE),
+                error=self._health.last_error,
             )
-        for sink in self.sinks:
-            try:
-                await sink.send(events)
-            except Exception as err:  # one sink's failure must not stop the others
-                self.log.error("sink failed", sink=sink.name, error=repr(err), events=len(events))
+            changes.insert(0, started)
+        state_moves = after is not self.inventory or bool(changes)
+        if not state_moves:
+            return
+        previous = before if before is not None else self.inventory
+        before_hash = previous.content_hash if previous is not None else None
+        after_hash = after.content_hash if after is not None else None
+        events = [
+            envelope(
+                c,
+                seq=self.seq + i,
+                node=self.settings.node,
+                cycle=cycle,
+                before=before_hash,
+                after=after_hash,
+            )
+            for i, c in enumerate(changes, start=1)
+        ]
+        seq = self.seq + len(events)
+        try:
+            await self.outbox.commit(
+                events, self.dispatcher.queues(events), state_to_json(self._state(seq, after))
+            )
+        except Exception as err:  # disk full, read-only, corrupt: never crash, never advance
+            self.log.error("could not commit events and state; will retry next cycle", error=repr(err))
+            self._health.retry_at = time.monotonic() + self.retry_backoff.delay(self._health.attempt)
+            self._last_raw = None
+            return
+        self.seq = seq
+        self.inventory = after
+        self._started_reported = True
+        self.dispatcher.notify()
+        await self.dispatcher.enforce_caps()
         for event in events:
             self.stats.events += 1
             self.log.info(
-                "event emitted",
+                "event",
                 kind=str(event.kind),
                 seq=event.seq,
                 severity=str(event.severity),
@@ -546,5 +537,15 @@ class Agent:
             )
             for observer in self.observers:
                 observer(event)
-        # Only now may the state move past these events.
-        self._save()
+
+
+_LIFECYCLE = frozenset(
+    {
+        Kind.WATCHER_STARTED,
+        Kind.KUBELET_CONNECTED,
+        Kind.KUBELET_RESTARTED,
+        Kind.KUBELET_UNREACHABLE,
+        Kind.KUBELET_REACHABLE,
+        Kind.API_DEGRADED,
+    }
+)

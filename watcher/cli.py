@@ -19,7 +19,6 @@ from watcher.fake_kubelet import FakeKubelet
 from watcher.logs import configure_logging
 from watcher.running import stop_on_signals
 from watcher.settings import ConfigError, Settings, load_settings
-from watcher.sinks import build_sinks
 from watcher.snapshot import format_json, format_table, take_snapshot
 
 __all__ = ["main", "build_parser"]
@@ -199,7 +198,7 @@ def _settings(path: Path | None) -> Settings:
 async def _run(settings: Settings) -> int:
     configure_logging(settings.log.level, settings.log.format)
     stop = asyncio.Event()
-    agent = Agent(settings, build_sinks(settings.sinks), stop=stop)
+    agent = Agent(settings, stop=stop)
     with stop_on_signals(stop):
         await agent.run()
     return 0

@@ -7,10 +7,14 @@ falls back to a default.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
+import difflib
 import os
 import socket
 import tomllib
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +23,7 @@ from typing import Any, Literal
 
 from watcher.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT
 from watcher.errors import WatcherError
+from watcher.secrets import Secret, SecretError, expand_env
 
 __all__ = [
     "ConfigError",
@@ -38,8 +43,10 @@ class ConfigError(WatcherError):
     """The configuration is invalid; the message is one line naming the key."""
 
 
-def _meta(doc: str, *, min: float | None = None, max: float | None = None) -> dict[str, Any]:
-    return {"doc": doc, "min": min, "max": max}
+def _meta(
+    doc: str, *, min: float | None = None, max: float | None = None, secret: bool = False
+) -> dict[str, Any]:
+    return {"doc": doc, "min": min, "max": max, "secret": secret}
 
 
 @dataclass(frozen=True)
@@ -105,28 +112,170 @@ class LogSettings:
     )
 
 
+Severity = Literal["info", "warning", "critical"]
+_WEEK = 7 * 24 * 3600.0
+
+
 @dataclass(frozen=True)
-class StdoutSinkSettings:
+class BaseSinkSettings:
+    """What every sink has: routing filters, grouping, queue bounds, rate and retry cap."""
+
+    name: str = ""
+    kinds: tuple[str, ...] = field(
+        default=("*",), metadata=_meta('Event kinds this sink receives (globs, e.g. "device.*").')
+    )
+    min_severity: Severity = field(default="info", metadata=_meta("Lowest severity this sink receives."))
+    resources: tuple[str, ...] = field(
+        default=("*",),
+        metadata=_meta("Resource globs; with a filter set, only events naming a matching resource pass."),
+    )
+    namespaces: tuple[str, ...] = field(
+        default=("*",),
+        metadata=_meta(
+            "Pod namespace globs; with a filter set, only events naming a matching namespace pass."
+        ),
+    )
+    group: Literal["none", "cycle", "window"] = field(
+        default="none",
+        metadata=_meta("none: one message per event; cycle: one per re-query; window: one per group_window."),
+    )
+    group_window: float = field(
+        default=2.0,
+        metadata=_meta("Seconds to gather events into one message (group = window).", min=0.01, max=600),
+    )
+    max_batch: int = field(default=50, metadata=_meta("Most events in one message.", min=1, max=10000))
+    max_queue: int = field(
+        default=10000, metadata=_meta("Most events queued for this sink; the oldest go first.", min=1)
+    )
+    max_age: float = field(
+        default=_WEEK, metadata=_meta("Seconds a queued event may wait before it is dropped.", min=1)
+    )
+    rate: float = field(default=10.0, metadata=_meta("Most messages per second.", min=0.001, max=1000))
+    retry_max_delay: float = field(
+        default=300.0, metadata=_meta("Cap of the retry backoff, seconds.", min=0.01, max=86400)
+    )
+
+
+@dataclass(frozen=True)
+class _HttpSettings:
+    timeout: float = field(default=15.0, metadata=_meta("HTTP request timeout, seconds.", min=0.1, max=300))
+    ca_file: Path | None = field(default=None, metadata=_meta("CA bundle to verify the server with."))
+    cert_file: Path | None = field(default=None, metadata=_meta("Client certificate (PEM) for mutual TLS."))
+    key_file: Path | None = field(default=None, metadata=_meta("Client key (PEM) for mutual TLS."))
+    tls_verify: bool = field(
+        default=True, metadata=_meta("Verify the server's certificate. Turn off only for tests.")
+    )
+
+
+@dataclass(frozen=True)
+class StdoutSinkSettings(BaseSinkSettings):
     format: Literal["json", "text"] = field(
         default="json", metadata=_meta("json: one event per line; text: one readable line per event.")
     )
+    rate: float = field(default=1000.0, metadata=_meta("Most messages per second.", min=0.001, max=100000))
     type: Literal["stdout"] = "stdout"
-    name: str = "stdout"
 
 
 @dataclass(frozen=True)
-class FileSinkSettings:
-    path: Path = field(default=Path("events.jsonl"), metadata=_meta("JSONL file events are appended to."))
-    fsync: bool = field(default=True, metadata=_meta("fsync after every batch of events."))
+class FileSinkSettings(BaseSinkSettings):
+    path: Path = field(default=Path("events.jsonl"), metadata=_meta("The JSONL audit log."))
+    fsync: Literal["event", "interval"] = field(
+        default="event", metadata=_meta("event: fsync every write; interval: every fsync_interval seconds.")
+    )
+    fsync_interval: float = field(default=1.0, metadata=_meta("Seconds between fsyncs.", min=0.01, max=3600))
+    max_bytes: int = field(
+        default=100 * 1024 * 1024, metadata=_meta("Rotate when the log reaches this size.", min=1024)
+    )
+    keep: int = field(
+        default=5, metadata=_meta("Rotated files kept (events.jsonl.1 ... .N).", min=1, max=1000)
+    )
+    rate: float = field(default=1000.0, metadata=_meta("Most messages per second.", min=0.001, max=100000))
     type: Literal["file"] = "file"
-    name: str = "file"
 
 
-SinkSettings = StdoutSinkSettings | FileSinkSettings
-SINK_TYPES: dict[str, type[StdoutSinkSettings] | type[FileSinkSettings]] = {
+@dataclass(frozen=True)
+class SlackSinkSettings(BaseSinkSettings, _HttpSettings):
+    url: Secret | None = field(default=None, metadata=_meta("Incoming-webhook URL (secret).", secret=True))
+    group: Literal["none", "cycle", "window"] = field(
+        default="cycle", metadata=_meta("Slack gets one message per re-query by default.")
+    )
+    rate: float = field(default=1.0, metadata=_meta("Slack allows about 1 message/s per webhook.", min=0.001))
+    type: Literal["slack"] = "slack"
+
+
+@dataclass(frozen=True)
+class PagerDutySinkSettings(BaseSinkSettings, _HttpSettings):
+    routing_key: Secret | None = field(
+        default=None, metadata=_meta("32-character integration key (secret).", secret=True)
+    )
+    endpoint: str = field(
+        default="https://events.pagerduty.com/v2/enqueue",
+        metadata=_meta("Events API v2 endpoint (EU: https://events.eu.pagerduty.com/v2/enqueue)."),
+    )
+    min_severity: Severity = field(default="warning", metadata=_meta("Only conditions worth a page."))
+    rate: float = field(default=2.0, metadata=_meta("Most messages per second.", min=0.001))
+    type: Literal["pagerduty"] = "pagerduty"
+
+
+@dataclass(frozen=True)
+class WebhookSinkSettings(BaseSinkSettings, _HttpSettings):
+    url: Secret | None = field(default=None, metadata=_meta("Where events are POSTed (secret).", secret=True))
+    format: Literal["json", "cloudevents", "cloudevents-binary"] = field(
+        default="json",
+        metadata=_meta("json: the event; cloudevents: structured CloudEvents 1.0; -binary: ce-* headers."),
+    )
+    batch: bool = field(
+        default=False, metadata=_meta("POST up to max_batch events as one JSON array (not in binary mode).")
+    )
+    type_prefix: str = field(
+        default="io.github.pod-resources-watcher",
+        metadata=_meta("Reverse-DNS prefix of the CloudEvents type: PREFIX.device.removed."),
+    )
+    signing_secret: Secret | None = field(
+        default=None, metadata=_meta("Standard Webhooks secret, whsec_... (secret).", secret=True)
+    )
+    bearer_token: Secret | None = field(
+        default=None, metadata=_meta("Sent as Authorization: Bearer (secret).", secret=True)
+    )
+    headers: Mapping[str, str] = field(
+        default_factory=dict, metadata=_meta("Extra headers; values may use ${ENV}.")
+    )
+    type: Literal["webhook"] = "webhook"
+
+
+@dataclass(frozen=True)
+class AlertmanagerSinkSettings(BaseSinkSettings, _HttpSettings):
+    url: str = field(default="http://alertmanager:9093", metadata=_meta("Alertmanager base URL."))
+    resend_interval: float = field(
+        default=60.0,
+        metadata=_meta(
+            "Re-post active alerts this often; keep well inside resolve_timeout.", min=1, max=3600
+        ),
+    )
+    bearer_token: Secret | None = field(
+        default=None, metadata=_meta("Sent as Authorization: Bearer (secret).", secret=True)
+    )
+    type: Literal["alertmanager"] = "alertmanager"
+
+
+SinkSettings = (
+    StdoutSinkSettings
+    | FileSinkSettings
+    | SlackSinkSettings
+    | PagerDutySinkSettings
+    | WebhookSinkSettings
+    | AlertmanagerSinkSettings
+)
+SINK_TYPES: dict[str, type[Any]] = {
     "stdout": StdoutSinkSettings,
     "file": FileSinkSettings,
+    "slack": SlackSinkSettings,
+    "pagerduty": PagerDutySinkSettings,
+    "webhook": WebhookSinkSettings,
+    "alertmanager": AlertmanagerSinkSettings,
 }
+# Secrets each sink type cannot do without.
+REQUIRED_SECRETS = {"slack": ("url",), "pagerduty": ("routing_key",), "webhook": ("url",)}
 
 
 def _default_node() -> str:
@@ -160,8 +309,26 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any]) -> Any:
+def _convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], base: Path | None) -> Any:
     origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        # `X | None`: TOML has no null, so a present key always means X.
+        (inner,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _convert(path, value, inner, meta, base)
+    if origin is tuple:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not items or not all(isinstance(i, str) and i for i in items):
+            raise ConfigError(
+                f"{path}: {_describe(value)} is not allowed; expected a list of non-empty strings"
+            )
+        return tuple(items)
+    if origin in (Mapping, dict):
+        if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+            raise ConfigError(f"{path}: {_describe(value)} is not allowed; expected a table of strings")
+        try:
+            return {str(k): expand_env(v) for k, v in value.items()}
+        except SecretError as err:
+            raise ConfigError(f"{path}: {err}") from err
     if origin is Literal:
         allowed = typing.get_args(annotation)
         if value not in allowed:
@@ -193,32 +360,66 @@ def _convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any]) ->
     if annotation is Path:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{path}: {_describe(value)} is not allowed; expected a path")
-        return Path(value)
+        return Path(value) if base is None or Path(value).is_absolute() else base / value
     raise AssertionError(f"unsupported settings type {annotation!r} at {path}")
 
 
-def _build(cls: type[Any], data: Any, path: str, *, skip: frozenset[str] = frozenset()) -> Any:
+def _secret(key: str, value: Any, *, is_file: bool, base: Path | None) -> Secret:
+    if not isinstance(value, str) or not value:
+        expected = "a path" if is_file else "a non-empty string (a value or ${ENV_VAR})"
+        raise ConfigError(
+            f"{key}: {'<redacted>' if not is_file else _describe(value)} is not allowed; expected {expected}"
+        )
+    try:
+        if is_file:
+            path = Path(value) if base is None or Path(value).is_absolute() else base / value
+            secret = Secret(file=path)
+            secret.get()  # unreadable now is a config error, not a 3 a.m. surprise
+            return secret
+        return Secret(value=value)
+    except SecretError as err:
+        raise ConfigError(f"{key}: {err}") from err
+
+
+def _build(
+    cls: type[Any], data: Any, path: str, *, skip: frozenset[str] = frozenset(), base: Path | None = None
+) -> Any:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path or 'config'}: expected a table, got {_describe(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
-    unknown = sorted(set(data) - set(fields))
+    secret_files = {f"{name}_file": name for name, f in fields.items() if f.metadata.get("secret")}
+    allowed = set(fields) | set(secret_files)
+    unknown = sorted(set(data) - allowed)
+    where = f"{path}." if path else ""
     if unknown:
-        where = f"{path}." if path else ""
-        raise ConfigError(f"{where}{unknown[0]}: unknown key; allowed here: {', '.join(sorted(fields))}")
+        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"{where}{unknown[0]}: unknown key{hint}; allowed here: {', '.join(sorted(allowed))}"
+        )
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
+        key = f"{where}{name}"
+        if name in secret_files:
+            target = secret_files[name]
+            if target in data:
+                raise ConfigError(f"{key}: set either {target} or {name}, not both")
+            kwargs[target] = _secret(key, value, is_file=True, base=base)
+            continue
         f = fields[name]
-        key = f"{path}.{name}" if path else name
+        if f.metadata.get("secret"):
+            kwargs[name] = _secret(key, value, is_file=False, base=base)
+            continue
         hint = hints[name]
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-            kwargs[name] = _build(hint, value, key)
+            kwargs[name] = _build(hint, value, key, base=base)
         else:
-            kwargs[name] = _convert(key, value, hint, f.metadata)
+            kwargs[name] = _convert(key, value, hint, f.metadata, base)
     return cls(**kwargs)
 
 
-def _build_sinks(data: Any) -> tuple[SinkSettings, ...]:
+def _build_sinks(data: Any, base: Path | None) -> tuple[SinkSettings, ...]:
     if not isinstance(data, Mapping):
         raise ConfigError(f"sinks: expected a table of named sinks ([sinks.NAME]), got {_describe(data)}")
     out: list[SinkSettings] = []
@@ -233,35 +434,59 @@ def _build_sinks(data: Any) -> tuple[SinkSettings, ...]:
                 + ", ".join(repr(k) for k in SINK_TYPES)
             )
         rest = {k: v for k, v in table.items() if k != "type"}
-        sink = _build(SINK_TYPES[kind], rest, path, skip=frozenset({"type", "name"}))
+        sink = _build(SINK_TYPES[kind], rest, path, skip=frozenset({"type", "name"}), base=base)
+        for required in REQUIRED_SECRETS.get(kind, ()):
+            if getattr(sink, required) is None:
+                raise ConfigError(f"{path}.{required}: required for a {kind} sink (or {required}_file)")
+        _check_sink(path, sink)
         out.append(dataclasses.replace(sink, name=name))
     return tuple(out)
+
+
+def _check_sink(path: str, sink: Any) -> None:
+    """Checks that need more than one key's type."""
+    if isinstance(sink, WebhookSinkSettings) and sink.signing_secret is not None:
+        try:
+            check_signing_secret(sink.signing_secret.get())
+        except ValueError as err:
+            raise ConfigError(f"{path}.signing_secret: {err}") from err
+    if isinstance(sink, WebhookSinkSettings) and sink.batch and sink.format == "cloudevents-binary":
+        raise ConfigError(
+            f"{path}.batch: true is not allowed with format 'cloudevents-binary' (one event per request)"
+        )
+    if isinstance(sink, _HttpSettings) and (sink.cert_file is None) != (sink.key_file is None):
+        raise ConfigError(f"{path}.cert_file: cert_file and key_file go together")
+    urls = {"endpoint": getattr(sink, "endpoint", None), "url": getattr(sink, "url", None)}
+    for key, url in urls.items():
+        if isinstance(url, str) and not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{path}.{key}: {_describe(url)} is not allowed; expected an http(s) URL")
+        if isinstance(url, Secret):
+            value = url.get()
+            if not value.startswith(("http://", "https://")):
+                raise ConfigError(f"{path}.{key}: the value from {url.describe()} is not an http(s) URL")
+
+
+def check_signing_secret(value: str) -> bytes:
+    """The HMAC key of a Standard Webhooks secret `whsec_<base64 of 24..64 bytes>`."""
+    if not value.startswith("whsec_"):
+        raise ValueError("expected a Standard Webhooks secret starting with whsec_")
+    try:
+        key = base64.b64decode(value.removeprefix("whsec_"), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the part after whsec_ is not valid base64") from None
+    if not 24 <= len(key) <= 64:
+        raise ValueError(f"the key must be 24 to 64 bytes, got {len(key)}")
+    return key
 
 
 def parse_settings(data: Mapping[str, Any], *, base_dir: Path | None = None) -> Settings:
     """Settings from an already-parsed TOML document; relative paths resolve against `base_dir`."""
     data = dict(data)
-    sinks = _build_sinks(data.pop("sinks")) if "sinks" in data else None
-    settings: Settings = _build(Settings, data, "", skip=frozenset({"sinks"}))
+    sinks = _build_sinks(data.pop("sinks"), base_dir) if "sinks" in data else None
+    settings: Settings = _build(Settings, data, "", skip=frozenset({"sinks"}), base=base_dir)
     if sinks is not None:
         settings = dataclasses.replace(settings, sinks=sinks)
-    if base_dir is not None:
-        settings = _resolve_paths(settings, base_dir)
     return settings
-
-
-def _resolve_paths(settings: Settings, base: Path) -> Settings:
-    def fix(p: Path) -> Path:
-        return p if p.is_absolute() else base / p
-
-    sinks = tuple(
-        dataclasses.replace(s, path=fix(s.path)) if isinstance(s, FileSinkSettings) else s
-        for s in settings.sinks
-    )
-    kubelet = dataclasses.replace(
-        settings.kubelet, socket=fix(settings.kubelet.socket), root_dir=fix(settings.kubelet.root_dir)
-    )
-    return dataclasses.replace(settings, state_dir=fix(settings.state_dir), kubelet=kubelet, sinks=sinks)
 
 
 def load_settings(path: Path) -> Settings:

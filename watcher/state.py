@@ -1,30 +1,25 @@
-"""The watcher's persisted state: the last inventory, its hash, `seq`, and the socket it came from.
+"""The watcher's persisted state: the last inventory, `seq`, and the socket it came from.
 
-Written atomically (temp file, fsync, rename, fsync of the directory) so a
-crash leaves either the old state or the new one, never half of each. On
-start the watcher diffs against it, so an agent restart reports only what
-really changed while it was away.
+It is stored in the outbox database, in the same transaction as the events it
+produced (watcher.outbox), so it can never move past an event that is not
+safely queued. This module turns it into JSON and back; anything unreadable is
+a warning and a fresh baseline, never a crash.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import structlog
 
+from watcher.identity import FileIdentity
 from watcher.inventory import Inventory, from_canonical
-from watcher.watching import FileIdentity
 
-__all__ = ["SavedState", "load_state", "save_state", "write_atomically", "STATE_FILE"]
+__all__ = ["SavedState", "state_to_json", "state_from_json", "VERSION"]
 
-STATE_FILE = "state.json"
-VERSION = 1
+VERSION = 2
 
 log = structlog.get_logger("watcher.state")
 
@@ -37,27 +32,8 @@ class SavedState:
     node: str | None = None
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    # The rename itself must reach the disk too.
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def save_state(state_dir: Path, state: SavedState) -> None:
-    doc: dict[str, Any] = {
+def state_to_json(state: SavedState) -> dict[str, Any]:
+    return {
         "version": VERSION,
         "node": state.node,
         "seq": state.seq,
@@ -66,8 +42,6 @@ def save_state(state_dir: Path, state: SavedState) -> None:
         "socket": state.socket.to_json() if state.socket is not None else None,
         "saved_at": time.time(),
     }
-    state_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(state_dir / STATE_FILE, json.dumps(doc, separators=(",", ":")).encode())
 
 
 def _fresh_seq() -> int:
@@ -76,20 +50,18 @@ def _fresh_seq() -> int:
     return int(time.time() * 1000)
 
 
-def load_state(state_dir: Path) -> SavedState:
-    """The saved state; a missing one is a first run, a corrupt one a warning and a fresh baseline."""
-    path = state_dir / STATE_FILE
+def state_from_json(doc: Any, *, min_seq: int = 0) -> SavedState:
+    """The saved state; None is a first run, anything unreadable a warning and a fresh baseline.
+
+    `min_seq` is the highest seq known to exist elsewhere (the outbox's events).
+    """
+    if doc is None:
+        log.info("no saved state: first run, taking a fresh baseline")
+        return SavedState(seq=min_seq)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        log.info("no saved state: first run, taking a fresh baseline", path=str(path))
-        return SavedState()
-    try:
-        doc = json.loads(raw)
         if not isinstance(doc, dict) or doc.get("version") != VERSION:
-            raise ValueError(
-                f"unsupported state version {doc.get('version') if isinstance(doc, dict) else doc!r}"
-            )
+            version = doc.get("version") if isinstance(doc, dict) else doc
+            raise ValueError(f"unsupported state version {version!r}")
         seq = doc["seq"]
         if not isinstance(seq, int) or seq < 0:
             raise ValueError(f"bad seq {seq!r}")
@@ -98,17 +70,14 @@ def load_state(state_dir: Path) -> SavedState:
             raise ValueError("inventory does not match its recorded hash")
         node = doc.get("node")
         return SavedState(
-            seq=seq,
+            seq=max(seq, min_seq),
             inventory=inventory,
             socket=FileIdentity.from_json(doc.get("socket")),
             node=node if isinstance(node, str) else None,
         )
     except (ValueError, KeyError, TypeError) as err:
-        seq = _fresh_seq()
+        seq = max(_fresh_seq(), min_seq)
         log.warning(
-            "saved state is corrupt: taking a fresh baseline",
-            path=str(path),
-            error=str(err),
-            seq_restarts_at=seq + 1,
+            "saved state is unreadable: taking a fresh baseline", error=str(err), seq_restarts_at=seq + 1
         )
         return SavedState(seq=seq)

@@ -1,40 +1,116 @@
-"""Events appended to a JSONL file, fsynced per batch: the seed of the audit log."""
+"""The audit log of device churn: append-only JSONL, tamper-evident, rotated by size.
+
+Each record carries the hash of the one before it and the chain continues
+across rotations and agent restarts (see `watcher.audit`). Delivery is in seq
+order, so an event the log already holds (re-sent after a crash) is skipped:
+the log itself holds each event once.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from watcher.audit import GENESIS, last_record, make_record
 from watcher.events import Event
+from watcher.settings import FileSinkSettings
+from watcher.sinks import Outcome
 
 __all__ = ["FileSink"]
 
 
 class FileSink:
-    def __init__(self, path: Path, *, name: str = "file", fsync: bool = True) -> None:
-        self.name = name
+    def __init__(self, settings: FileSinkSettings, path: Path) -> None:
+        self.name = settings.name
+        self.settings = settings
         self.path = path
-        self.fsync = fsync
+        self._fd: int | None = None
+        self._size = 0
+        self._n = 0
+        self._prev = GENESIS
+        self._last_seq = 0
+        self._dirty = False
+        self._lock = asyncio.Lock()
 
-    def _append(self, data: bytes) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # O_APPEND: each write lands at the end even if someone else appends too.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        try:
-            os.write(fd, data)
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+    def rotated(self, i: int) -> Path:
+        return self.path.with_name(f"{self.path.name}.{i}")
 
-    async def send(self, events: Sequence[Event]) -> None:
-        if not events:
+    def _open(self) -> None:
+        if self._fd is not None:
             return
-        data = "".join(e.to_json() + "\n" for e in events).encode()
-        # Disk latency (fsync) must not stall the event loop.
-        await asyncio.to_thread(self._append, data)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        newest_first = [self.path, *(self.rotated(i) for i in range(1, self.settings.keep + 1))]
+        last = last_record(newest_first)
+        if last is not None:
+            self._n, self._prev, self._last_seq = last
+        # O_APPEND: every write lands at the end, whatever else holds the file.
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self._size = os.fstat(self._fd).st_size
+
+    def _rotate(self) -> None:
+        assert self._fd is not None
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+        keep = self.settings.keep
+        self.rotated(keep).unlink(missing_ok=True)
+        for i in range(keep - 1, 0, -1):
+            if self.rotated(i).exists():
+                os.replace(self.rotated(i), self.rotated(i + 1))
+        os.replace(self.path, self.rotated(1))
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self._size = 0
+
+    def _write(self, events: Sequence[Event]) -> None:
+        self._open()
+        assert self._fd is not None
+        for event in events:
+            if event.seq <= self._last_seq:
+                continue  # already in the log: a re-send after a crash
+            line, digest = make_record(self._n + 1, self._prev, event.to_dict())
+            data = (line + "\n").encode()
+            if self._size > 0 and self._size + len(data) > self.settings.max_bytes:
+                self._rotate()
+            os.write(self._fd, data)
+            self._size += len(data)
+            self._n += 1
+            self._prev = digest
+            self._last_seq = event.seq
+            self._dirty = True
+        if self.settings.fsync == "event" and self._dirty:
+            os.fsync(self._fd)
+            self._dirty = False
+
+    async def deliver(self, events: Sequence[Event]) -> Outcome:
+        async with self._lock:
+            try:
+                await asyncio.to_thread(self._write, events)
+            except OSError as err:
+                return Outcome(retry=True, error=f"cannot write {self.path}: {err.strerror or err}")
+        return Outcome.ok()
+
+    def _sync(self) -> None:
+        if self._fd is not None and self._dirty:
+            os.fsync(self._fd)
+            self._dirty = False
+
+    def background(self) -> Callable[[], Awaitable[None]] | None:
+        if self.settings.fsync != "interval":
+            return None
+
+        async def fsync_periodically() -> None:
+            while True:
+                await asyncio.sleep(self.settings.fsync_interval)
+                async with self._lock:
+                    await asyncio.to_thread(self._sync)
+
+        return fsync_periodically
 
     async def close(self) -> None:
-        return None
+        async with self._lock:
+            if self._fd is not None:
+                await asyncio.to_thread(self._sync)
+                os.close(self._fd)
+                self._fd = None

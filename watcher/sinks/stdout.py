@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from typing import Literal, TextIO
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TextIO
 
 from watcher.events import Event
+from watcher.settings import StdoutSinkSettings
+from watcher.sinks import Outcome
 
 __all__ = ["StdoutSink", "format_line"]
 
@@ -16,18 +18,25 @@ def format_line(event: Event) -> str:
 
 
 class StdoutSink:
-    def __init__(
-        self, name: str = "stdout", fmt: Literal["json", "text"] = "json", stream: TextIO | None = None
-    ):
-        self.name = name
-        self.fmt = fmt
+    def __init__(self, settings: StdoutSinkSettings, stream: TextIO | None = None) -> None:
+        self.name = settings.name
+        self.settings = settings
         self._stream = stream
 
-    async def send(self, events: Sequence[Event]) -> None:
+    async def deliver(self, events: Sequence[Event]) -> Outcome:
         stream = self._stream if self._stream is not None else sys.stdout
-        for event in events:
-            stream.write((event.to_json() if self.fmt == "json" else format_line(event)) + "\n")
-        stream.flush()
+        try:
+            for event in events:
+                stream.write(
+                    (event.to_json() if self.settings.format == "json" else format_line(event)) + "\n"
+                )
+            stream.flush()
+        except OSError as err:
+            return Outcome(retry=True, error=f"cannot write to stdout: {err.strerror or err}")
+        return Outcome.ok()
+
+    def background(self) -> Callable[[], Awaitable[None]] | None:
+        return None
 
     async def close(self) -> None:
         return None

@@ -1,0 +1,75 @@
+"""Conditions: the states that start and stop (a device gone, the kubelet unreachable).
+
+Pure. Paging and alerting sinks (PagerDuty, Alertmanager) trigger on a
+condition becoming active and resolve it with the same key when it clears.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from watcher.changes import Kind
+from watcher.events import Event
+
+__all__ = ["Condition", "condition_of", "CONDITION_KINDS"]
+
+DEVICE_ALERT = "PodResourcesDeviceUnavailable"
+KUBELET_ALERT = "PodResourcesKubeletUnreachable"
+
+# Kinds that can start or end a condition; routes of paging sinks let the
+# ending ones through whatever their minimum severity.
+CONDITION_KINDS = frozenset(
+    {
+        Kind.DEVICE_REMOVED,
+        Kind.DEVICE_ADDED,
+        Kind.KUBELET_UNREACHABLE,
+        Kind.KUBELET_REACHABLE,
+        Kind.KUBELET_CONNECTED,
+        Kind.WATCHER_STARTED,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """`key` is stable per condition: node + resource + device, or node + kubelet."""
+
+    key: str
+    active: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+    summary: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+def condition_of(event: Event) -> Condition | None:
+    """The condition `event` starts or ends, if any."""
+    d = event.details
+    node = event.node
+    if event.kind in (Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED):
+        resource, device = str(d.get("resource", "")), str(d.get("device", ""))
+        labels = {
+            "alertname": DEVICE_ALERT,
+            "node": node,
+            "resource": resource,
+            "device": device,
+            "severity": str(event.severity),
+        }
+        return Condition(
+            key=f"{node}/device/{resource}/{device}",
+            active=event.kind == Kind.DEVICE_REMOVED,
+            labels=labels,
+            summary=event.summary,
+            details=d,
+        )
+    kubelet_labels = {"alertname": KUBELET_ALERT, "node": node, "severity": str(event.severity)}
+    if event.kind == Kind.KUBELET_UNREACHABLE:
+        return Condition(f"{node}/kubelet", True, kubelet_labels, event.summary, d)
+    if event.kind in (Kind.KUBELET_REACHABLE, Kind.KUBELET_CONNECTED):
+        return Condition(f"{node}/kubelet", False, kubelet_labels, event.summary, d)
+    if event.kind == Kind.WATCHER_STARTED:
+        kubelet = d.get("kubelet")
+        if isinstance(kubelet, Mapping) and kubelet.get("reachable"):
+            return Condition(f"{node}/kubelet", False, kubelet_labels, event.summary, d)
+    return None

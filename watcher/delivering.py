@@ -1,0 +1,266 @@
+"""Delivery: one worker per sink drains that sink's outbox queue, in seq order.
+
+One retry policy for every sink: exponential backoff with full jitter and a
+cap, `Retry-After` honoured when the receiver sends it; permanent failures go
+to the dead-letter table, 410 disables the sink loudly. Each sink has its own
+rate limit and its own task, so a slow or dead sink never delays another sink
+or the watch loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+
+import structlog
+
+from watcher.backoff import Backoff
+from watcher.events import Event
+from watcher.outbox import Outbox
+from watcher.ratelimit import RateLimiter
+from watcher.secrets import redact
+from watcher.settings import AlertmanagerSinkSettings, PagerDutySinkSettings
+from watcher.sinks import Outcome, Sink, route_of
+
+__all__ = ["Dispatcher", "SinkWorker", "DeliveryObserver"]
+
+log = structlog.get_logger("watcher.delivering")
+
+# (sink name, result, events, seconds from event creation to delivery or failure)
+DeliveryObserver = Callable[[str, str, Sequence[Event], float], None]
+IDLE_RECHECK_S = 5.0
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), max(0.0, seconds))
+
+
+class SinkWorker:
+    def __init__(
+        self,
+        sink: Sink,
+        outbox: Outbox,
+        *,
+        stop: asyncio.Event,
+        rng: random.Random,
+        observers: list[DeliveryObserver],
+    ) -> None:
+        self.sink = sink
+        self.name = sink.name
+        self.outbox = outbox
+        self.stop = stop
+        s = sink.settings
+        # Paging sinks must see the end of every condition they started.
+        paging = isinstance(s, PagerDutySinkSettings | AlertmanagerSinkSettings)
+        self.route = route_of(s, resolutions=paging)
+        self.limiter = RateLimiter(s.rate, burst=1)
+        self.backoff = Backoff(base=0.5, cap=s.retry_max_delay, rng=rng)
+        self.wake = asyncio.Event()
+        self.disabled: str | None = None
+        self.counts: Counter[str] = Counter()
+        self.observers = observers
+        self.log = log.bind(sink=self.name, sink_type=getattr(s, "type", "?"))
+
+    @property
+    def batch_size(self) -> int:
+        s = self.sink.settings
+        batches = s.group != "none" or bool(getattr(s, "batch", False))
+        return s.max_batch if batches else 1
+
+    async def _wait_for_work(self) -> None:
+        self.wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(IDLE_RECHECK_S):
+                stop_wait = asyncio.ensure_future(self.stop.wait())
+                wake_wait = asyncio.ensure_future(self.wake.wait())
+                try:
+                    await asyncio.wait([stop_wait, wake_wait], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for t in (stop_wait, wake_wait):
+                        t.cancel()
+                    await asyncio.gather(stop_wait, wake_wait, return_exceptions=True)
+
+    async def _next_batch(self) -> list[Event] | None:
+        s = self.sink.settings
+        first_seen: float | None = None
+        while not self.stop.is_set():
+            events = await self.outbox.pending(self.name, self.batch_size)
+            if not events:
+                first_seen = None
+                await self._wait_for_work()
+                continue
+            if s.group == "cycle":
+                return [e for e in events if e.cycle == events[0].cycle]
+            if s.group == "window" and len(events) < self.batch_size:
+                now = time.monotonic()
+                first_seen = first_seen or now
+                if now - first_seen < s.group_window:
+                    await _sleep_or_stop(self.stop, s.group_window - (now - first_seen))
+                    continue
+            return events
+        return None
+
+    async def run(self) -> None:
+        await self.outbox.set_disabled(self.name, None)
+        while not self.stop.is_set():
+            if self.disabled is not None:
+                await self.stop.wait()
+                return
+            batch = await self._next_batch()
+            if batch is None:
+                break
+            await self._deliver(batch)
+        await self._drain()
+
+    async def _drain(self) -> None:
+        """On shutdown, hand over what is queued while the receiver takes it, without retrying:
+        what is left stays in the outbox for the next run."""
+        while self.disabled is None:
+            batch = await self.outbox.pending(self.name, self.batch_size)
+            if not batch or not await self._deliver(batch, retry=False):
+                return
+
+    def _notify(self, result: str, batch: Sequence[Event], started: float) -> None:
+        self.counts[result] += len(batch)
+        for observer in self.observers:
+            observer(self.name, result, batch, time.monotonic() - started)
+
+    async def _deliver(self, batch: list[Event], *, retry: bool = True) -> bool:
+        """Deliver one batch, retrying while `retry` and not stopping; True when delivered."""
+        seqs = [e.seq for e in batch]
+        attempt = 0
+        started = time.monotonic()
+        while True:
+            await self.limiter.acquire()
+            try:
+                outcome = await self.sink.deliver(batch)
+            except Exception as err:  # a sink bug must not stop delivery to it, let alone the agent
+                self.log.exception("sink raised; treating as a transient failure")
+                outcome = Outcome(retry=True, error=redact(f"{type(err).__name__}: {err}"))
+            if outcome.delivered:
+                await self.outbox.ack(self.name, seqs)
+                if attempt:
+                    self.log.info("delivered after retrying", attempts=attempt + 1, events=len(batch))
+                self._notify("delivered", batch, started)
+                return True
+            if outcome.gone:
+                self.disabled = outcome.error
+                await self.outbox.set_disabled(self.name, outcome.error)
+                self.log.error(
+                    "receiver answered 410 Gone: sink DISABLED until the agent restarts or reloads; "
+                    "its events stay queued (bounded). Fix the sink's URL.",
+                    status=outcome.status,
+                    error=outcome.error,
+                    queued_from_seq=seqs[0],
+                )
+                self._notify("gone", batch, started)
+                return False
+            if not outcome.retry:
+                await self.outbox.dead_letter(self.name, seqs, outcome.status, outcome.error)
+                self.log.error(
+                    "permanent failure: events dead-lettered; see `pod-resources-watcher outbox list`",
+                    status=outcome.status,
+                    error=outcome.error,
+                    seqs=seqs,
+                )
+                self._notify("dead_letter", batch, started)
+                return True
+            if not retry or self.stop.is_set():
+                self.log.warning(
+                    "delivery failed while stopping; left queued", status=outcome.status, error=outcome.error
+                )
+                return False
+            delay = self.backoff.delay(attempt)
+            if outcome.retry_after is not None:
+                delay = max(delay, outcome.retry_after)
+            attempt += 1
+            self.counts["retry"] += 1
+            self.log.warning(
+                "delivery failed; will retry",
+                attempt=attempt,
+                delay_s=round(delay, 3),
+                retry_after=outcome.retry_after,
+                status=outcome.status,
+                error=outcome.error,
+                events=len(batch),
+            )
+            await _sleep_or_stop(self.stop, delay)
+
+
+class Dispatcher:
+    """The sinks' workers, and routing of new events into their queues."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        sinks: Sequence[Sink],
+        *,
+        stop: asyncio.Event,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.outbox = outbox
+        self.stop = stop
+        self.observers: list[DeliveryObserver] = []
+        rng = rng if rng is not None else random.Random()
+        self.workers = {
+            s.name: SinkWorker(s, outbox, stop=stop, rng=rng, observers=self.observers) for s in sinks
+        }
+
+    def queues(self, events: Sequence[Event]) -> dict[str, list[int]]:
+        """sink name -> seqs of the events it asked for."""
+        return {name: [e.seq for e in events if w.route.matches(e)] for name, w in self.workers.items()}
+
+    def notify(self) -> None:
+        for worker in self.workers.values():
+            worker.wake.set()
+
+    async def enforce_caps(self) -> None:
+        for name, worker in self.workers.items():
+            s = worker.sink.settings
+            dropped = await self.outbox.enforce_caps(name, s.max_queue, s.max_age)
+            if dropped:
+                worker.counts["dropped"] += dropped
+                log.warning(
+                    "sink queue over its cap: dropped the oldest events",
+                    sink=name,
+                    dropped=dropped,
+                    max_queue=s.max_queue,
+                    max_age_s=s.max_age,
+                )
+
+    def tasks(self) -> dict[str, Callable[[], Awaitable[None]]]:
+        tasks: dict[str, Callable[[], Awaitable[None]]] = {}
+        for name, worker in self.workers.items():
+            tasks[f"deliver:{name}"] = worker.run
+            background = worker.sink.background()
+            if background is not None:
+                tasks[f"sink:{name}"] = self._until_stop(background)
+        return tasks
+
+    def _until_stop(self, factory: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """Run a sink's endless background loop until the stop flag is set."""
+
+        async def run() -> None:
+            inner = asyncio.ensure_future(factory())
+            stop_wait = asyncio.ensure_future(self.stop.wait())
+            try:
+                await asyncio.wait([inner, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in (inner, stop_wait):
+                    t.cancel()
+                await asyncio.gather(stop_wait, return_exceptions=True)
+                results = await asyncio.gather(inner, return_exceptions=True)
+            if isinstance(results[0], Exception):
+                raise results[0]
+
+        return run
+
+    async def close(self) -> None:
+        for worker in self.workers.values():
+            with contextlib.suppress(Exception):
+                await worker.sink.close()

@@ -1,0 +1,92 @@
+"""The watcher's own lifecycle changes (started, kubelet connected / restarted / unreachable /
+reachable, API degraded). Pure builders of Change values, so their wording lives in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from watcher.changes import Change, Kind, Severity
+from watcher.diffing import inventory_summary
+from watcher.inventory import Inventory
+
+__all__ = [
+    "started",
+    "connected",
+    "restarted",
+    "unreachable",
+    "reachable",
+    "degraded",
+    "LOST_IN_LIST_ONLY",
+]
+
+# What List-only mode cannot see, said in the api.degraded event.
+LOST_IN_LIST_ONLY = [
+    "device hot-plug, unplug and health changes",
+    "free capacity per resource and NUMA node",
+    "allocatable CPU and memory changes",
+    "devices allocated to pods but failed or vanished",
+]
+
+
+def started(inv: Inventory | None, *, baseline: str, changes: int, error: str | None) -> Change:
+    summary = inventory_summary(inv) if inv is not None else None
+    details: dict[str, Any] = {
+        "baseline": baseline,
+        "changes_since_last_run": changes,
+        "kubelet": {"reachable": inv is not None, "error": error},
+        "inventory": summary,
+    }
+    if summary is not None:
+        devices = summary["devices"] or {}
+        parts = [f"{summary['pods']} pods"] + [f"{n} {res}" for res, n in devices.items()]
+        text = "watcher started: " + ", ".join(parts)
+        if changes:
+            text += f"; {changes} change(s) since the last run"
+    else:
+        text = "watcher started; the kubelet is not reachable yet"
+    return Change(Kind.WATCHER_STARTED, Severity.INFO, text, details)
+
+
+def connected(socket: Path) -> Change:
+    return Change(
+        Kind.KUBELET_CONNECTED,
+        Severity.INFO,
+        f"connected to the kubelet at {socket}",
+        {"socket": str(socket)},
+    )
+
+
+def restarted(socket: Path, *, seen_by: str) -> Change:
+    return Change(
+        Kind.KUBELET_RESTARTED,
+        Severity.INFO,
+        f"kubelet restarted: socket {socket} was replaced",
+        {"socket": str(socket), "seen_by": seen_by},
+    )
+
+
+def unreachable(socket: Path, *, down_for: float, error: str | None, kind: str | None) -> Change:
+    return Change(
+        Kind.KUBELET_UNREACHABLE,
+        Severity.CRITICAL,
+        f"kubelet unreachable for {down_for:.0f} s ({kind or 'error'})",
+        {"socket": str(socket), "down_seconds": round(down_for, 3), "error": error, "error_kind": kind},
+    )
+
+
+def reachable(socket: Path, *, down_for: float) -> Change:
+    return Change(
+        Kind.KUBELET_REACHABLE,
+        Severity.INFO,
+        f"kubelet reachable again after {down_for:.1f} s",
+        {"socket": str(socket), "down_seconds": round(down_for, 3)},
+    )
+
+
+def degraded(method: str, reason: str, *, lost: list[str], severity: Severity = Severity.WARNING) -> Change:
+    if method == "List":
+        text = "List unavailable: the watcher cannot see pod allocations on this kubelet"
+    else:
+        text = f"{method} unavailable: watching allocations only (List-only mode)"
+    return Change(Kind.API_DEGRADED, severity, text, {"method": method, "reason": reason, "lost": lost})

@@ -1,0 +1,392 @@
+"""The durable outbox: SQLite (WAL) in the state directory.
+
+Events, the per-sink queues and the watcher's state are committed in ONE
+transaction, so the state can never move past an event that is not safely
+queued, and a crash re-sends rather than loses (or re-invents under a new id).
+Each sink drains its own queue in `seq` order; delivered rows are deleted,
+permanent failures move to a dead-letter table that is kept until an operator
+retries or drops them. Queues are bounded by size and age: the oldest rows go
+first, and every drop is counted and logged.
+
+All database work happens on one dedicated thread: sqlite3 is blocking, and
+fsyncs must never stall the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from watcher.events import Event
+
+__all__ = ["Outbox", "OUTBOX_FILE", "DeadLetter", "SinkStats"]
+
+OUTBOX_FILE = "outbox.db"
+T = TypeVar("T")
+
+log = structlog.get_logger("watcher.outbox")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    created REAL NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS queue (
+    sink TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    enqueued REAL NOT NULL,
+    PRIMARY KEY (sink, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS queue_seq ON queue (seq);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    sink TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    failed REAL NOT NULL,
+    status INTEGER,
+    error TEXT NOT NULL,
+    PRIMARY KEY (sink, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS dead_letters_seq ON dead_letters (seq);
+CREATE TABLE IF NOT EXISTS sinks (
+    name TEXT PRIMARY KEY,
+    disabled TEXT,
+    delivered INTEGER NOT NULL DEFAULT 0,
+    dropped INTEGER NOT NULL DEFAULT 0,
+    dead INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    sink: str
+    seq: int
+    failed: float
+    status: int | None
+    error: str
+    event: Event
+
+
+@dataclass(frozen=True)
+class SinkStats:
+    depth: int
+    oldest_age: float | None
+    delivered: int
+    dropped: int
+    dead: int
+    disabled: str | None
+
+
+class Outbox:
+    """The outbox database. Async methods run on the outbox thread; `sync_*` ones on the caller's."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db: sqlite3.Connection | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox")
+
+    # -- opening --
+
+    def sync_open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = self._connect()
+        except sqlite3.DatabaseError as err:
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            log.error(
+                "outbox database is corrupt: moved aside, starting empty",
+                path=str(self.path),
+                moved_to=str(aside),
+                error=str(err),
+            )
+            for suffix in ("", "-wal", "-shm"):
+                src = Path(str(self.path) + suffix)
+                if src.exists():
+                    src.rename(str(aside) + suffix)
+            self._db = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            # FULL: a committed event survives power loss, not just a crash.
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=5000")
+            db.execute("PRAGMA foreign_keys=OFF")
+            check = db.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {check}")
+            db.executescript(_SCHEMA)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def sync_close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    async def open(self) -> None:
+        await self._run(self.sync_open)
+
+    async def close(self) -> None:
+        await self._run(self.sync_close)
+        self._executor.shutdown(wait=True)
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError("outbox is not open")
+        return self._db
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self.db)
+
+    # -- the producer side --
+
+    def sync_commit(
+        self,
+        events: Sequence[Event],
+        queues: Mapping[str, Sequence[int]],
+        state: Mapping[str, Any] | None,
+    ) -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO events (seq, id, created, body) VALUES (?, ?, ?, ?)",
+                [(e.seq, e.id, now, e.to_json()) for e in events],
+            )
+            for sink, seqs in queues.items():
+                db.executemany(
+                    "INSERT OR IGNORE INTO queue (sink, seq, enqueued) VALUES (?, ?, ?)",
+                    [(sink, seq, now) for seq in seqs],
+                )
+            if state is not None:
+                db.execute(
+                    "INSERT INTO kv (key, value) VALUES ('state', ?) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (json.dumps(state, separators=(",", ":")),),
+                )
+
+    async def commit(
+        self,
+        events: Sequence[Event],
+        queues: Mapping[str, Sequence[int]],
+        state: Mapping[str, Any] | None,
+    ) -> None:
+        """Queue `events` for the sinks in `queues` (sink -> seqs) and store `state`, atomically."""
+        await self._run(self.sync_commit, events, queues, state)
+
+    def sync_load_state(self) -> Any:
+        row = self.db.execute("SELECT value FROM kv WHERE key = 'state'").fetchone()
+        return None if row is None else json.loads(row[0])
+
+    async def load_state(self) -> Any:
+        return await self._run(self.sync_load_state)
+
+    def sync_max_seq(self) -> int:
+        row = self.db.execute(
+            "SELECT MAX(m) FROM (SELECT MAX(seq) AS m FROM events "
+            "UNION ALL SELECT MAX(seq) FROM dead_letters)"
+        ).fetchone()
+        return int(row[0] or 0)
+
+    async def max_seq(self) -> int:
+        """The highest seq still held (a floor for seq if the state is lost)."""
+        return await self._run(self.sync_max_seq)
+
+    # -- sinks --
+
+    def sync_register(self, sinks: Iterable[str]) -> None:
+        with self._tx() as db:
+            db.executemany("INSERT OR IGNORE INTO sinks (name) VALUES (?)", [(s,) for s in sinks])
+
+    async def register(self, sinks: Iterable[str]) -> None:
+        await self._run(self.sync_register, list(sinks))
+
+    def sync_pending(self, sink: str, limit: int) -> list[Event]:
+        rows = self.db.execute(
+            "SELECT e.body FROM queue q JOIN events e ON e.seq = q.seq "
+            "WHERE q.sink = ? ORDER BY q.seq LIMIT ?",
+            (sink, limit),
+        ).fetchall()
+        return [Event.from_dict(json.loads(body)) for (body,) in rows]
+
+    async def pending(self, sink: str, limit: int = 100) -> list[Event]:
+        """The oldest queued events of `sink`, in seq order."""
+        return await self._run(self.sync_pending, sink, limit)
+
+    def _prune(self, db: sqlite3.Connection) -> None:
+        db.execute(
+            "DELETE FROM events WHERE seq NOT IN (SELECT seq FROM queue) "
+            "AND seq NOT IN (SELECT seq FROM dead_letters)"
+        )
+
+    def sync_ack(self, sink: str, seqs: Sequence[int]) -> None:
+        with self._tx() as db:
+            db.executemany("DELETE FROM queue WHERE sink = ? AND seq = ?", [(sink, s) for s in seqs])
+            db.execute("UPDATE sinks SET delivered = delivered + ? WHERE name = ?", (len(seqs), sink))
+            self._prune(db)
+
+    async def ack(self, sink: str, seqs: Sequence[int]) -> None:
+        """`sink` has the events: forget them for it."""
+        await self._run(self.sync_ack, sink, list(seqs))
+
+    def sync_dead_letter(self, sink: str, seqs: Sequence[int], status: int | None, error: str) -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO dead_letters (sink, seq, failed, status, error) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(sink, s, now, status, error) for s in seqs],
+            )
+            db.executemany("DELETE FROM queue WHERE sink = ? AND seq = ?", [(sink, s) for s in seqs])
+            db.execute("UPDATE sinks SET dead = dead + ? WHERE name = ?", (len(seqs), sink))
+
+    async def dead_letter(self, sink: str, seqs: Sequence[int], status: int | None, error: str) -> None:
+        await self._run(self.sync_dead_letter, sink, list(seqs), status, error)
+
+    def sync_enforce_caps(self, sink: str, max_events: int, max_age: float) -> int:
+        """Drop the oldest rows of `sink` beyond the caps; return how many went."""
+        with self._tx() as db:
+            cutoff = time.time() - max_age
+            aged = db.execute("DELETE FROM queue WHERE sink = ? AND enqueued < ?", (sink, cutoff)).rowcount
+            (depth,) = db.execute("SELECT COUNT(*) FROM queue WHERE sink = ?", (sink,)).fetchone()
+            over = max(0, depth - max_events)
+            if over:
+                db.execute(
+                    "DELETE FROM queue WHERE sink = ? AND seq IN "
+                    "(SELECT seq FROM queue WHERE sink = ? ORDER BY seq LIMIT ?)",
+                    (sink, sink, over),
+                )
+            dropped = aged + over
+            if dropped:
+                db.execute("UPDATE sinks SET dropped = dropped + ? WHERE name = ?", (dropped, sink))
+                self._prune(db)
+        return int(dropped)
+
+    async def enforce_caps(self, sink: str, max_events: int, max_age: float) -> int:
+        return await self._run(self.sync_enforce_caps, sink, max_events, max_age)
+
+    def sync_set_disabled(self, sink: str, reason: str | None) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO sinks (name) VALUES (?)", (sink,))
+            db.execute("UPDATE sinks SET disabled = ? WHERE name = ?", (reason, sink))
+
+    async def set_disabled(self, sink: str, reason: str | None) -> None:
+        await self._run(self.sync_set_disabled, sink, reason)
+
+    def sync_stats(self, sink: str) -> SinkStats:
+        db = self.db
+        depth, oldest = db.execute(
+            "SELECT COUNT(*), MIN(enqueued) FROM queue WHERE sink = ?", (sink,)
+        ).fetchone()
+        row = db.execute(
+            "SELECT delivered, dropped, dead, disabled FROM sinks WHERE name = ?", (sink,)
+        ).fetchone()
+        delivered, dropped, dead, disabled = row if row is not None else (0, 0, 0, None)
+        return SinkStats(
+            depth=depth,
+            oldest_age=None if oldest is None else max(0.0, time.time() - oldest),
+            delivered=delivered,
+            dropped=dropped,
+            dead=dead,
+            disabled=disabled,
+        )
+
+    async def stats(self, sink: str) -> SinkStats:
+        return await self._run(self.sync_stats, sink)
+
+    def sync_kv_get(self, key: str) -> Any:
+        row = self.db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def sync_kv_set(self, key: str, value: Any) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO kv (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, json.dumps(value, separators=(",", ":"))),
+            )
+
+    async def kv_get(self, key: str) -> Any:
+        return await self._run(self.sync_kv_get, key)
+
+    async def kv_set(self, key: str, value: Any) -> None:
+        await self._run(self.sync_kv_set, key, value)
+
+    # -- dead letters (the `outbox` command) --
+
+    def sync_dead_letters(self, sink: str | None = None) -> list[DeadLetter]:
+        rows = self.db.execute(
+            "SELECT d.sink, d.seq, d.failed, d.status, d.error, e.body FROM dead_letters d "
+            "JOIN events e ON e.seq = d.seq WHERE (? IS NULL OR d.sink = ?) ORDER BY d.sink, d.seq",
+            (sink, sink),
+        ).fetchall()
+        return [
+            DeadLetter(s, seq, failed, status, error, Event.from_dict(json.loads(body)))
+            for s, seq, failed, status, error, body in rows
+        ]
+
+    def sync_retry_dead(self, sink: str | None = None, seqs: Sequence[int] | None = None) -> int:
+        """Put dead letters back on their sinks' queues (in seq order, with the same event ids)."""
+        now = time.time()
+        with self._tx() as db:
+            chosen = self._chosen_dead(db, sink, seqs)
+            db.executemany(
+                "INSERT OR IGNORE INTO queue (sink, seq, enqueued) VALUES (?, ?, ?)",
+                [(s, q, now) for s, q in chosen],
+            )
+            db.executemany("DELETE FROM dead_letters WHERE sink = ? AND seq = ?", chosen)
+        return len(chosen)
+
+    def sync_drop_dead(self, sink: str | None = None, seqs: Sequence[int] | None = None) -> int:
+        with self._tx() as db:
+            chosen = self._chosen_dead(db, sink, seqs)
+            db.executemany("DELETE FROM dead_letters WHERE sink = ? AND seq = ?", chosen)
+            self._prune(db)
+        return len(chosen)
+
+    @staticmethod
+    def _chosen_dead(
+        db: sqlite3.Connection, sink: str | None, seqs: Sequence[int] | None
+    ) -> list[tuple[str, int]]:
+        rows = db.execute(
+            "SELECT sink, seq FROM dead_letters WHERE (? IS NULL OR sink = ?) ORDER BY seq", (sink, sink)
+        ).fetchall()
+        wanted = set(seqs) if seqs else None
+        return [(s, q) for s, q in rows if wanted is None or q in wanted]
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type is not None else "COMMIT")

@@ -1,0 +1,65 @@
+"""Routing: which events a sink asked for. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from watcher.changes import Severity
+from watcher.conditions import CONDITION_KINDS, condition_of
+from watcher.events import Event
+
+__all__ = ["Route", "names_in"]
+
+
+def names_in(details: Mapping[str, Any], single: str, plural: str) -> list[str]:
+    """The values an event names under `single` / `plural` (e.g. resource / resources)."""
+    out: list[str] = []
+    one = details.get(single)
+    if isinstance(one, str) and one:
+        out.append(one)
+    many = details.get(plural)
+    if isinstance(many, list | tuple):
+        out.extend(str(x) for x in many if x)
+    return out
+
+
+def _any_match(values: Iterable[str], patterns: tuple[str, ...]) -> bool:
+    return any(fnmatchcase(v, p) for v in values for p in patterns)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Globs for kind, resource and namespace, and a minimum severity.
+
+    A resource or namespace filter other than "*" lets through only events
+    that name a matching resource or namespace. `resolutions` (paging sinks)
+    lets the end of a condition through below the minimum severity, so what
+    was triggered always gets resolved.
+    """
+
+    kinds: tuple[str, ...] = ("*",)
+    min_severity: Severity = Severity.INFO
+    resources: tuple[str, ...] = ("*",)
+    namespaces: tuple[str, ...] = ("*",)
+    resolutions: bool = False
+
+    def matches(self, event: Event) -> bool:
+        if not any(fnmatchcase(event.kind, p) for p in self.kinds):
+            return False
+        if self.resources != ("*",) and not _any_match(
+            names_in(event.details, "resource", "resources"), self.resources
+        ):
+            return False
+        if self.namespaces != ("*",) and not _any_match(
+            names_in(event.details, "namespace", "namespaces"), self.namespaces
+        ):
+            return False
+        if event.severity.rank >= self.min_severity.rank:
+            return True
+        if self.resolutions and event.kind in CONDITION_KINDS:
+            condition = condition_of(event)
+            return condition is not None and not condition.active
+        return False

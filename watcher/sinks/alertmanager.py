@@ -1,0 +1,119 @@
+"""Prometheus Alertmanager (API v2): active conditions as alerts, re-sent while they last.
+
+An alert stays firing only while it is re-posted, so active alerts go out
+again every `resend_interval` with `endsAt` a few intervals ahead (if the
+agent dies they expire by themselves), and a cleared condition is posted
+once with `endsAt` = now. Labels are fixed when a condition starts, so the
+resolve matches its alert exactly. Alertmanager then groups and de-duplicates
+across the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+
+from watcher.conditions import condition_of
+from watcher.events import Event, rfc3339
+from watcher.settings import AlertmanagerSinkSettings
+from watcher.sinks import KeyValue, Outcome
+from watcher.sinks.http import HttpClient
+
+__all__ = ["AlertmanagerSink"]
+
+log = structlog.get_logger("watcher.sinks.alertmanager")
+
+
+class AlertmanagerSink:
+    def __init__(self, settings: AlertmanagerSinkSettings, *, node: str, store: KeyValue) -> None:
+        self.name = settings.name
+        self.settings = settings
+        self.node = node
+        self.store = store
+        self.url = settings.url.rstrip("/") + "/api/v2/alerts"
+        self.http = HttpClient(
+            timeout=settings.timeout,
+            ca_file=settings.ca_file,
+            cert_file=settings.cert_file,
+            key_file=settings.key_file,
+            tls_verify=settings.tls_verify,
+        )
+        self._lock = asyncio.Lock()
+
+    @property
+    def _store_key(self) -> str:
+        return f"alertmanager:{self.name}:active"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.settings.bearer_token is not None:
+            headers["Authorization"] = f"Bearer {self.settings.bearer_token.get()}"
+        return headers
+
+    def _ends_at(self, now: datetime) -> str:
+        return rfc3339(now + timedelta(seconds=3 * self.settings.resend_interval))
+
+    async def _post(self, alerts: list[dict[str, Any]]) -> Outcome:
+        return await self.http.post(self.url, json.dumps(alerts).encode(), self._headers())
+
+    async def deliver(self, events: Sequence[Event]) -> Outcome:
+        async with self._lock:
+            active: dict[str, dict[str, Any]] = dict(await self.store.kv_get(self._store_key) or {})
+            now = datetime.now(UTC)
+            changed: list[dict[str, Any]] = []
+            for event in events:
+                condition = condition_of(event)
+                if condition is None:
+                    continue
+                if condition.active:
+                    alert = active.get(condition.key) or {
+                        "labels": dict(condition.labels),
+                        "startsAt": event.time,
+                    }
+                    alert["annotations"] = {
+                        "summary": event.summary,
+                        "event_id": event.id,
+                        "seq": str(event.seq),
+                    }
+                    active[condition.key] = alert
+                    changed.append({**alert, "endsAt": self._ends_at(now)})
+                elif condition.key in active:
+                    alert = active.pop(condition.key)
+                    alert["annotations"] = {**alert.get("annotations", {}), "resolved_by": event.summary}
+                    changed.append({**alert, "endsAt": rfc3339(now)})
+            if changed:
+                outcome = await self._post(changed)
+                if not outcome.delivered:
+                    return outcome
+            await self.store.kv_set(self._store_key, active)
+        return Outcome.ok()
+
+    async def _resend(self) -> None:
+        async with self._lock:
+            active: dict[str, dict[str, Any]] = dict(await self.store.kv_get(self._store_key) or {})
+        if not active:
+            return
+        ends = self._ends_at(datetime.now(UTC))
+        outcome = await self._post([{**a, "endsAt": ends} for a in active.values()])
+        if not outcome.delivered:
+            log.warning(
+                "re-sending active alerts failed; next try in one interval",
+                sink=self.name,
+                error=outcome.error,
+            )
+
+    def background(self) -> Callable[[], Awaitable[None]] | None:
+        async def resend_active_alerts() -> None:
+            while True:
+                await asyncio.sleep(self.settings.resend_interval)
+                await self._resend()
+
+        return resend_active_alerts
+
+    async def close(self) -> None:
+        await self.http.close()

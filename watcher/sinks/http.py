@@ -1,0 +1,114 @@
+"""What every HTTP sink shares: one aiohttp session, TLS, timeouts, and reading the answer.
+
+The answer becomes an Outcome the retry policy acts on: 2xx delivered; 408,
+429 and 5xx retried, `Retry-After` (seconds or HTTP date) honoured on 429 and
+503; 410 disables the sink; any other 4xx (and 3xx: redirects are not
+followed) is permanent. Error text never carries a secret (`redact`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+
+import aiohttp
+
+from watcher import __version__
+from watcher.secrets import redact
+from watcher.sinks import Outcome
+
+__all__ = ["HttpClient", "parse_retry_after", "outcome_of", "USER_AGENT"]
+
+USER_AGENT = f"pod-resources-watcher/{__version__}"
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def outcome_of(status: int, headers: Mapping[str, str], body: str) -> Outcome:
+    text = redact(body.strip()[:200])
+    if 200 <= status < 300:
+        return Outcome.ok(status)
+    error = f"HTTP {status}" + (f": {text}" if text else "")
+    if status == 410:
+        return Outcome(gone=True, status=status, error=error)
+    if status in (408, 429) or status >= 500:
+        retry_after = parse_retry_after(headers.get("Retry-After")) if status in (429, 503) else None
+        return Outcome(retry=True, retry_after=retry_after, status=status, error=error)
+    if 300 <= status < 400:
+        error += " (redirects are not followed: configure the final URL)"
+    return Outcome(status=status, error=error)
+
+
+class HttpClient:
+    """A lazily created aiohttp session with the sink's TLS and timeout settings."""
+
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        ca_file: Path | None = None,
+        cert_file: Path | None = None,
+        key_file: Path | None = None,
+        tls_verify: bool = True,
+    ) -> None:
+        self.timeout = timeout
+        self.ca_file = ca_file
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.tls_verify = tls_verify
+        self._session: aiohttp.ClientSession | None = None
+
+    def _ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        if self.cert_file is not None and self.key_file is not None:
+            ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+        if not self.tls_verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                connector=aiohttp.TCPConnector(ssl=self._ssl(), limit=4),
+                headers={"User-Agent": USER_AGENT},
+            )
+        return self._session
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
+        try:
+            async with self.session().post(
+                url, data=body, headers=dict(headers), allow_redirects=False
+            ) as response:
+                text = await response.text(errors="replace")
+                return outcome_of(response.status, response.headers, text)
+        except TimeoutError:
+            return Outcome(retry=True, error=f"no answer within {self.timeout:g} s")
+        except (aiohttp.ClientError, ssl.SSLError, OSError) as err:
+            return Outcome(retry=True, error=redact(f"{type(err).__name__}: {err}"))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            # Lets the connector's transports finish closing (aiohttp's advice).
+            await asyncio.sleep(0)
+            self._session = None

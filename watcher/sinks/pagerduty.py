@@ -1,0 +1,117 @@
+"""PagerDuty Events API v2: trigger a condition, resolve it with the same dedup_key.
+
+Conditions (watcher.conditions): a device gone from allocatable (node +
+resource + device) and the kubelet unreachable (node + kubelet). Keys that
+are open are remembered in the outbox, so a resolve goes only to what was
+triggered, and survives agent restarts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from watcher.conditions import condition_of
+from watcher.events import Event
+from watcher.settings import PagerDutySinkSettings
+from watcher.sinks import KeyValue, Outcome
+from watcher.sinks.http import HttpClient
+
+__all__ = ["PagerDutySink", "pagerduty_event", "dedup_key", "MAX_SUMMARY", "MAX_EVENT_BYTES"]
+
+MAX_SUMMARY = 1024
+MAX_DEDUP = 255
+MAX_EVENT_BYTES = 512 * 1024
+SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
+
+
+def dedup_key(condition_key: str) -> str:
+    key = f"pod-resources-watcher/{condition_key}"
+    if len(key) <= MAX_DEDUP:
+        return key
+    # Stable and unique even for absurdly long device names.
+    return key[: MAX_DEDUP - 65] + "#" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def pagerduty_event(event: Event, routing_key: str, *, active_keys: set[str]) -> dict[str, Any] | None:
+    """The Events API v2 body for `event`, or None when it neither starts nor ends a page."""
+    condition = condition_of(event)
+    if condition is None:
+        return None
+    key = dedup_key(condition.key)
+    if not condition.active:
+        if key not in active_keys:
+            return None
+        return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": key}
+    details: dict[str, Any] = {
+        "kind": str(event.kind),
+        "seq": event.seq,
+        "event_id": event.id,
+        "details": dict(event.details),
+    }
+    body: dict[str, Any] = {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": key,
+        "client": "pod-resources-watcher",
+        "payload": {
+            "summary": event.summary[:MAX_SUMMARY],
+            "source": event.node,
+            "severity": SEVERITY[str(event.severity)],
+            "timestamp": event.time,
+            "component": condition.labels.get("resource") or "kubelet",
+            "group": "pod-resources",
+            "class": str(event.kind),
+            "custom_details": details,
+        },
+    }
+    if len(json.dumps(body).encode()) > MAX_EVENT_BYTES:
+        details["details"] = {"truncated": "the structured diff exceeded PagerDuty's 512 KB event limit"}
+    return body
+
+
+class PagerDutySink:
+    def __init__(self, settings: PagerDutySinkSettings, *, node: str, store: KeyValue) -> None:
+        assert settings.routing_key is not None
+        self.name = settings.name
+        self.settings = settings
+        self.node = node
+        self.store = store
+        self.http = HttpClient(
+            timeout=settings.timeout,
+            ca_file=settings.ca_file,
+            cert_file=settings.cert_file,
+            key_file=settings.key_file,
+            tls_verify=settings.tls_verify,
+        )
+
+    @property
+    def _store_key(self) -> str:
+        return f"pagerduty:{self.name}:open"
+
+    async def deliver(self, events: Sequence[Event]) -> Outcome:
+        assert self.settings.routing_key is not None
+        open_keys = set(await self.store.kv_get(self._store_key) or [])
+        for event in events:
+            body = pagerduty_event(event, self.settings.routing_key.get(), active_keys=open_keys)
+            if body is None:
+                continue
+            outcome = await self.http.post(
+                self.settings.endpoint, json.dumps(body).encode(), {"Content-Type": "application/json"}
+            )
+            if not outcome.delivered:
+                return outcome
+            if body["event_action"] == "trigger":
+                open_keys.add(body["dedup_key"])
+            else:
+                open_keys.discard(body["dedup_key"])
+            await self.store.kv_set(self._store_key, sorted(open_keys))
+        return Outcome.ok()
+
+    def background(self) -> Callable[[], Awaitable[None]] | None:
+        return None
+
+    async def close(self) -> None:
+        await self.http.close()

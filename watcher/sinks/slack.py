@@ -1,0 +1,110 @@
+"""Slack incoming webhooks: one Block Kit message per group of events, inside Slack's limits.
+
+Limits (shared/reference/sink-contracts.md): 50 blocks; section text 3000
+characters; header 150; messages far above ~13k characters are refused. So a
+cycle of 500 changes becomes one message with a section per kind, each cut
+short with "... and N more", and a plain `text` fallback for notifications.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from watcher.events import Event
+from watcher.settings import SlackSinkSettings
+from watcher.sinks import Outcome
+from watcher.sinks.http import HttpClient
+
+__all__ = ["SlackSink", "slack_message", "MAX_BLOCKS", "MAX_SECTION", "MAX_HEADER", "MAX_TOTAL"]
+
+MAX_BLOCKS = 50
+MAX_SECTION = 3000
+MAX_HEADER = 150
+MAX_TOTAL = 12000  # characters of text across blocks: under Slack's ~13k refusal point
+ICONS = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
+_RANK = {"info": 0, "warning": 1, "critical": 2}
+
+
+def _escape(text: str) -> str:
+    # Slack mrkdwn control characters.
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _section(title: str, lines: list[str], budget: int) -> str:
+    """A section's text within `budget` characters, ending in "... and N more" when cut."""
+    text = title
+    for i, line in enumerate(lines):
+        candidate = text + "\n• " + line
+        # Keep room for the note in case a later line does not fit.
+        if len(candidate) + len(f"\n… and {len(lines)} more") > budget:
+            return text + f"\n… and {len(lines) - i} more"
+        text = candidate
+    return text
+
+
+def slack_message(events: Sequence[Event], node: str) -> dict[str, Any]:
+    worst = max((e.severity for e in events), key=lambda s: _RANK[str(s)])
+    n = len(events)
+    title = _cut(
+        f"{node}: {n} change{'s' if n != 1 else ''}" + (f" — {events[0].summary}" if n == 1 else ""),
+        MAX_HEADER,
+    )
+    by_kind: dict[str, list[Event]] = {}
+    for e in events:
+        by_kind.setdefault(str(e.kind), []).append(e)
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": title, "emoji": True}}
+    ]
+    budget = MAX_TOTAL - len(title) - 200
+    room = MAX_BLOCKS - 3  # header, context, and the "... and N more" note if needed
+    omitted = 0
+    for kind, group in by_kind.items():
+        if len(blocks) > room or budget < 200:
+            omitted += len(group)
+            continue
+        icon = ICONS[str(max((e.severity for e in group), key=lambda s: _RANK[str(s)]))]
+        lines = [_escape(_cut(e.summary, 500)) for e in group]
+        text = _section(f"{icon} *{kind}* ({len(group)})", lines, min(MAX_SECTION, budget))
+        budget -= len(text)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
+    if omitted:
+        blocks.append(
+            {"type": "section", "text": {"type": "mrkdwn", "text": f"… and {omitted} more changes"}}
+        )
+    seqs = f"seq {events[0].seq}" + (f"-{events[-1].seq}" if n > 1 else "")
+    context = f"node *{_escape(node)}* · {events[-1].time} · {seqs} · {ICONS[str(worst)]} {worst}"
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
+    fallback = _cut(f"{node}: {n} change(s); " + "; ".join(e.summary for e in events[:3]), 3000)
+    return {"text": fallback, "blocks": blocks}
+
+
+class SlackSink:
+    def __init__(self, settings: SlackSinkSettings, *, node: str) -> None:
+        assert settings.url is not None
+        self.name = settings.name
+        self.settings = settings
+        self.node = node
+        self.http = HttpClient(
+            timeout=settings.timeout,
+            ca_file=settings.ca_file,
+            cert_file=settings.cert_file,
+            key_file=settings.key_file,
+            tls_verify=settings.tls_verify,
+        )
+
+    async def deliver(self, events: Sequence[Event]) -> Outcome:
+        assert self.settings.url is not None
+        body = json.dumps(slack_message(events, self.node)).encode()
+        return await self.http.post(self.settings.url.get(), body, {"Content-Type": "application/json"})
+
+    def background(self) -> Callable[[], Awaitable[None]] | None:
+        return None
+
+    async def close(self) -> None:
+        await self.http.close()

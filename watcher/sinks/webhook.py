@@ -1,0 +1,134 @@
+"""Generic webhooks: the event JSON (one, or a batch array), or CloudEvents 1.0, optionally
+signed per Standard Webhooks (webhook-id = event id, so receivers can de-duplicate retries)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from watcher.events import Event
+from watcher.settings import WebhookSinkSettings, check_signing_secret
+from watcher.sinks import Outcome
+from watcher.sinks.http import HttpClient
+
+__all__ = ["WebhookSink", "cloudevent", "sign", "message_id"]
+
+
+def _subject(event: Event) -> str | None:
+    d = event.details
+    if isinstance(d.get("resource"), str) and isinstance(d.get("device"), str):
+        return f"{d['resource']}/{d['device']}"
+    if all(isinstance(d.get(k), str) for k in ("namespace", "pod", "container")):
+        return f"{d['namespace']}/{d['pod']}/{d['container']}"
+    resource = d.get("resource")
+    return resource if isinstance(resource, str) else None
+
+
+def ce_source(node: str) -> str:
+    return f"/pod-resources-watcher/nodes/{node}"
+
+
+def cloudevent(event: Event, *, type_prefix: str) -> dict[str, Any]:
+    """The structured-mode CloudEvent for `event` (the data is the whole envelope)."""
+    ce: dict[str, Any] = {
+        "specversion": "1.0",
+        "id": event.id,
+        "source": ce_source(event.node),
+        "type": f"{type_prefix}.{event.kind}",
+        "time": event.time,
+        "datacontenttype": "application/json",
+        "data": event.to_dict(),
+    }
+    subject = _subject(event)
+    if subject:
+        ce["subject"] = subject
+    return ce
+
+
+def message_id(events: Sequence[Event]) -> str:
+    """Stable across retries of the same batch: the event id, or one derived from the batch."""
+    if len(events) == 1:
+        return events[0].id
+    joined = ",".join(e.id for e in events)
+    return "batch_" + hashlib.sha256(joined.encode()).hexdigest()[:32]
+
+
+def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The Standard Webhooks `webhook-signature` value (v1, HMAC-SHA256)."""
+    key = check_signing_secret(secret)
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    digest = hmac.new(key, signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+class WebhookSink:
+    def __init__(self, settings: WebhookSinkSettings, *, node: str) -> None:
+        assert settings.url is not None
+        self.name = settings.name
+        self.settings = settings
+        self.node = node
+        self.http = HttpClient(
+            timeout=settings.timeout,
+            ca_file=settings.ca_file,
+            cert_file=settings.cert_file,
+            key_file=settings.key_file,
+            tls_verify=settings.tls_verify,
+        )
+
+    def _request(self, events: Sequence[Event]) -> tuple[bytes, dict[str, str]]:
+        s = self.settings
+        headers: dict[str, str] = {}
+        if s.format == "cloudevents-binary":
+            (event,) = events
+            ce = cloudevent(event, type_prefix=s.type_prefix)
+            body_obj: Any = ce.pop("data")
+            del ce["datacontenttype"]
+            headers["Content-Type"] = "application/json"
+            headers.update({f"ce-{k}": str(v) for k, v in ce.items()})
+        elif s.format == "cloudevents":
+            ces = [cloudevent(e, type_prefix=s.type_prefix) for e in events]
+            body_obj = ces if s.batch else ces[0]
+            headers["Content-Type"] = (
+                "application/cloudevents-batch+json" if s.batch else "application/cloudevents+json"
+            )
+        else:
+            dicts = [e.to_dict() for e in events]
+            body_obj = dicts if s.batch else dicts[0]
+            headers["Content-Type"] = "application/json"
+        body = json.dumps(body_obj, separators=(",", ":"), ensure_ascii=False).encode()
+        headers.update(self._extra_headers())
+        if s.signing_secret is not None:
+            msg_id = message_id(events)
+            ts = int(time.time())
+            headers["webhook-id"] = msg_id
+            headers["webhook-timestamp"] = str(ts)
+            headers["webhook-signature"] = sign(s.signing_secret.get(), msg_id, ts, body)
+        return body, headers
+
+    def _extra_headers(self) -> Mapping[str, str]:
+        headers = dict(self.settings.headers)
+        if self.settings.bearer_token is not None:
+            headers["Authorization"] = f"Bearer {self.settings.bearer_token.get()}"
+        return headers
+
+    async def deliver(self, events: Sequence[Event]) -> Outcome:
+        assert self.settings.url is not None
+        one_per_request = not self.settings.batch or self.settings.format == "cloudevents-binary"
+        groups = [[e] for e in events] if one_per_request else [list(events)]
+        for group in groups:
+            body, headers = self._request(group)
+            outcome = await self.http.post(self.settings.url.get(), body, headers)
+            if not outcome.delivered:
+                return outcome
+        return Outcome.ok()
+
+    def background(self) -> Callable[[], Awaitable[None]] | None:
+        return None
+
+    async def close(self) -> None:
+        await self.http.close()
