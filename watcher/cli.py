@@ -14,10 +14,13 @@ from pathlib import Path
 
 from watcher import __version__, errors
 from watcher.agent import Agent
+from watcher.audit import verify_files
 from watcher.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT, PodResourcesClient
 from watcher.fake_kubelet import FakeKubelet
 from watcher.logs import configure_logging
+from watcher.outbox import OUTBOX_FILE, Outbox
 from watcher.running import stop_on_signals
+from watcher.secrets import redact
 from watcher.settings import ConfigError, Settings, load_settings
 from watcher.snapshot import format_json, format_table, take_snapshot
 
@@ -132,6 +135,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("file", type=Path)
 
+    outbox = sub.add_parser(
+        "outbox",
+        help="inspect the outbox: queues per sink and dead letters; retry or drop dead letters",
+        description="The durable outbox in the state directory. `list` shows each sink's queue "
+        "(depth, oldest, delivered, dropped, dead-lettered, disabled) and the dead letters; `retry` "
+        "puts dead letters back on their sink's queue (same event ids; a running agent picks them up "
+        "within seconds); `drop` deletes them.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    outbox.add_argument("action", choices=("list", "retry", "drop"))
+    outbox.add_argument("--config", "-c", type=Path, help="config file (for its state_dir)")
+    outbox.add_argument("--state-dir", type=Path, help="state directory (overrides the config's)")
+    outbox.add_argument("--sink", help="only this sink")
+    outbox.add_argument("--seq", type=int, action="append", help="only this event seq (repeatable)")
+
+    audit = sub.add_parser(
+        "audit",
+        help="verify a tamper-evident audit log",
+        description="`audit verify FILE...` checks the hash chain of an audit log written by a `file` "
+        "sink (pass the current file and its rotated ones, in any order) and names the first broken or "
+        "missing record. Exit 0 when intact, 1 when not.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    audit.add_argument("action", choices=("verify",))
+    audit.add_argument("files", nargs="+", type=Path, metavar="FILE")
+
     sub.add_parser(
         "demo",
         help="start a simulated kubelet and show what the watcher sees",
@@ -207,8 +238,61 @@ async def _run(settings: Settings) -> int:
 def _check_config(path: Path) -> int:
     settings = load_settings(path)
     print(f"{path}: OK")
-    print(json.dumps(dataclasses.asdict(settings), indent=2, default=str))
+    # Secrets print as where they come from; a secret that reached a plain value
+    # (a header from ${ENV}) is scrubbed too.
+    print(redact(json.dumps(dataclasses.asdict(settings), indent=2, default=str)))
     return 0
+
+
+def _outbox(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or _settings(args.config).state_dir
+    path = state_dir / OUTBOX_FILE
+    if not path.exists():
+        return _fail(f"no outbox at {path}: has the watcher run with this state_dir?")
+    box = Outbox(path)
+    box.sync_open()
+    try:
+        if args.action == "retry":
+            n = box.sync_retry_dead(args.sink, args.seq)
+            print(f"{n} dead letter(s) put back on their queues")
+            return 0
+        if args.action == "drop":
+            n = box.sync_drop_dead(args.sink, args.seq)
+            print(f"{n} dead letter(s) dropped")
+            return 0
+        names = [args.sink] if args.sink else box.sync_sink_names()
+        print(
+            f"{'SINK':<20} {'QUEUED':>7} {'OLDEST':>9} {'DELIVERED':>10} {'DROPPED':>8} {'DEAD':>6}  DISABLED"
+        )
+        for name in names:
+            st = box.sync_stats(name)
+            oldest = "-" if st.oldest_age is None else f"{st.oldest_age:.0f}s"
+            print(
+                f"{name:<20} {st.depth:>7} {oldest:>9} {st.delivered:>10} {st.dropped:>8} {st.dead:>6}  "
+                f"{st.disabled or '-'}"
+            )
+        dead = box.sync_dead_letters(args.sink)
+        if dead:
+            print("\nDEAD LETTERS")
+            for d in dead:
+                status = d.status if d.status is not None else "-"
+                print(f"{d.sink:<20} seq {d.seq:<8} {d.event.kind:<22} status {status}  {d.error}")
+        return 0
+    finally:
+        box.sync_close()
+
+
+def _audit(args: argparse.Namespace) -> int:
+    missing = [f for f in args.files if not f.exists()]
+    if missing:
+        return _fail(f"no such file: {missing[0]}")
+    result = verify_files(args.files)
+    if result.ok:
+        span = f"records {result.first}..{result.last}" if result.records else "no records"
+        print(f"OK: {result.records} records intact ({span})")
+        return 0
+    print(f"BROKEN: {result.problem}")
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,6 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_run(_settings(args.config)))
         if args.command == "check-config":
             return _check_config(args.file)
+        if args.command == "outbox":
+            return _outbox(args)
+        if args.command == "audit":
+            return _audit(args)
         if args.command == "snapshot":
             return asyncio.run(_snapshot(args))
         if args.command == "fake-kubelet":

@@ -13,9 +13,19 @@ from typing import Any, TextIO
 
 import structlog
 
+from watcher.secrets import redact
+
 __all__ = ["configure_logging"]
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def _redact_secrets(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """Last line of defence: no known secret value leaves in a log line."""
+    for key, value in event_dict.items():
+        if isinstance(value, str):
+            event_dict[key] = redact(value)
+    return event_dict
 
 
 def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
@@ -37,8 +47,9 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
         processors=[
             *shared,
             structlog.processors.StackInfoRenderer(),
-            # The console renderer prints tracebacks itself; JSON needs them as a string.
-            *([] if use_console else [structlog.processors.format_exc_info]),
+            # Tracebacks become a string here so that they are redacted too.
+            structlog.processors.format_exc_info,
+            _redact_secrets,
             structlog.processors.UnicodeDecoder(),
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
@@ -49,7 +60,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
     handler = logging.StreamHandler(stream)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=shared,
+            foreign_pre_chain=[*shared, structlog.processors.format_exc_info, _redact_secrets],
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         )
     )

@@ -296,6 +296,9 @@ class Outbox:
     async def set_disabled(self, sink: str, reason: str | None) -> None:
         await self._run(self.sync_set_disabled, sink, reason)
 
+    def sync_sink_names(self) -> list[str]:
+        return [name for (name,) in self.db.execute("SELECT name FROM sinks ORDER BY name")]
+
     def sync_stats(self, sink: str) -> SinkStats:
         db = self.db
         depth, oldest = db.execute(
