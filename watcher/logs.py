@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any, TextIO
 
 import structlog
@@ -20,7 +21,7 @@ __all__ = ["configure_logging"]
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
-def _redact_secrets(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _redact_secrets(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Last line of defence: no known secret value leaves in a log line."""
     for key, value in event_dict.items():
         if isinstance(value, str):
