@@ -1,0 +1,346 @@
+"""Delivery end to end: the audit log, a real Alertmanager, and nothing lost across a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.agent_harness import make_settings, running_agent
+from watcher.audit import verify_files
+from watcher.changes import Change, Kind, Severity
+from watcher.cli import main
+from watcher.events import envelope
+from watcher.fake_kubelet import FakeKubelet
+from watcher.settings import AlertmanagerSinkSettings, FileSinkSettings
+
+GPU = "nvidia.com/gpu"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the audit log ---
+
+
+async def test_audit_log_rotates_keeps_its_chain_and_verify_names_the_broken_record(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=5)
+    audit = short_tmp / "audit" / "audit.jsonl"
+    settings = dataclasses.replace(
+        make_settings(short_tmp),
+        sinks=(FileSinkSettings(name="audit", path=audit, max_bytes=4096, keep=50),),
+    )
+    async with fake, running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        for i in range(12):
+            mark = len(run.recorder.events)
+            fake.add_device(GPU, f"GPU-churn-{i}", (i % 2,))
+            await run.recorder.kinds_after(mark, 2)
+        await run.quiet_cycle()
+        seqs = [e.seq for e in run.recorder.events]
+    files = sorted(audit.parent.glob("audit.jsonl*"))
+    assert len(files) >= 3, "expected the log to rotate"
+    result = verify_files(files)
+    assert result.ok, result.problem
+    assert result.records == len(seqs)
+    # A restart continues the chain: the first record of the newest file chains to the last of .1.
+    assert main(["audit", "verify", *map(str, files)]) == 0
+    assert "OK: " in capfd.readouterr().out
+
+    # Change one byte of an earlier record: that record is named.
+    victim = audit.with_name("audit.jsonl.2")
+    lines = victim.read_bytes().splitlines(keepends=True)
+    record = json.loads(lines[1])
+    altered = lines[1].replace(b'"severity":"info"', b'"severity":"infO"', 1)
+    assert altered != lines[1]
+    victim.write_bytes(b"".join([lines[0], altered, *lines[2:]]))
+    assert main(["audit", "verify", *map(str, files)]) == 1
+    out = capfd.readouterr().out
+    assert f"BROKEN: record {record['n']} at {victim}:2 was altered" in out
+    victim.write_bytes(b"".join(lines))
+
+    # Delete a line: the missing record is named.
+    gone = json.loads(lines[2])
+    victim.write_bytes(b"".join([lines[0], lines[1], *lines[3:]]))
+    assert main(["audit", "verify", *map(str, files)]) == 1
+    assert f"BROKEN: record {gone['n']} missing before {victim}:3" in capfd.readouterr().out
+
+
+# --- a real Alertmanager ---
+
+
+@pytest.fixture
+def alertmanager(short_tmp: Path) -> Iterator[str]:
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus-alertmanager is not installed; .ci/run installs it")
+        pytest.skip("prometheus-alertmanager not installed (apt-get install prometheus-alertmanager)")
+    config = short_tmp / "am.yml"
+    config.write_text('route:\n  receiver: "null"\nreceivers:\n  - name: "null"\n')
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.path={short_tmp / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def _am_alerts(session: aiohttp.ClientSession, url: str) -> list[dict[str, object]]:
+    async with session.get(f"{url}/api/v2/alerts") as response:
+        data: list[dict[str, object]] = await response.json()
+        return data
+
+
+async def _until_ready(session: aiohttp.ClientSession, url: str) -> None:
+    async with asyncio.timeout(20):
+        while True:
+            try:
+                async with session.get(f"{url}/-/ready") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)  # a separate process: nothing to await but its port
+
+
+async def test_alertmanager_fires_while_the_condition_lasts_and_resolves(
+    alertmanager: str, fake_store: _DictStore
+) -> None:
+    from watcher.sinks.alertmanager import AlertmanagerSink
+
+    sink = AlertmanagerSink(
+        AlertmanagerSinkSettings(name="am", url=alertmanager, resend_interval=1.0),
+        node="node-a",
+        store=fake_store,
+    )
+    removed = envelope(
+        Change(
+            Kind.DEVICE_REMOVED,
+            Severity.CRITICAL,
+            "nvidia.com/gpu GPU-1 left allocatable while allocated to ml/a/b",
+            {
+                "resource": GPU,
+                "device": "GPU-1",
+                "numa": [0],
+                "allocated_to": ["ml/a/b"],
+                "namespaces": ["ml"],
+            },
+        ),
+        seq=1,
+        node="node-a",
+        cycle="c1",
+        before=None,
+        after=None,
+    )
+    back = envelope(
+        Change(
+            Kind.DEVICE_ADDED,
+            Severity.INFO,
+            "nvidia.com/gpu GPU-1 joined",
+            {"resource": GPU, "device": "GPU-1"},
+        ),
+        seq=2,
+        node="node-a",
+        cycle="c2",
+        before=None,
+        after=None,
+    )
+    async with aiohttp.ClientSession() as session:
+        await _until_ready(session, alertmanager)
+        assert (await sink.deliver([removed])).delivered
+        alerts = await _am_alerts(session, alertmanager)
+        assert len(alerts) == 1
+        labels = alerts[0]["labels"]
+        assert labels == {
+            "alertname": "PodResourcesDeviceUnavailable",
+            "node": "node-a",
+            "resource": GPU,
+            "device": "GPU-1",
+            "severity": "critical",
+        }
+        first_update = alerts[0]["updatedAt"]
+        # While it lasts it is re-sent (here every second).
+        resend = asyncio.ensure_future(sink.background()())  # type: ignore[misc]
+        try:
+            async with asyncio.timeout(10):
+                while (await _am_alerts(session, alertmanager))[0]["updatedAt"] == first_update:
+                    await asyncio.sleep(0.2)  # polling another process's state
+        finally:
+            resend.cancel()
+            await asyncio.gather(resend, return_exceptions=True)
+        assert (await sink.deliver([back])).delivered
+        async with asyncio.timeout(10):
+            while await _am_alerts(session, alertmanager):
+                await asyncio.sleep(0.1)
+    await sink.close()
+
+
+class _DictStore:
+    def __init__(self) -> None:
+        self.data: dict[str, object] = {}
+
+    async def kv_get(self, key: str) -> object:
+        return self.data.get(key)
+
+    async def kv_set(self, key: str, value: object) -> None:
+        self.data[key] = value
+
+
+@pytest.fixture
+def fake_store() -> _DictStore:
+    return _DictStore()
+
+
+# --- nothing lost: receiver down, agent SIGKILLed, receiver back ---
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, object]] = []
+        self.ids: list[str] = []
+        self.mismatched: list[str] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if request.headers.get("webhook-id") != body["id"]:
+            self.mismatched.append(body["id"])
+        self.bodies.append(body)
+        self.ids.append(str(body["id"]))
+        return web.Response(status=204)
+
+
+@pytest.fixture
+def receiver_port() -> int:
+    return _free_port()
+
+
+def _audit_events(path: Path) -> list[dict[str, object]]:
+    out = []
+    for p in sorted(path.parent.glob(path.name + "*")):
+        for line in p.read_text().splitlines():
+            if line.strip():
+                out.append(json.loads(line)["event"])
+    return sorted(out, key=lambda e: int(e["seq"]))  # type: ignore[call-overload]
+
+
+async def _wait_for(predicate, timeout: float) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.05)  # another process's files: nothing to await
+
+
+@pytest.mark.slow
+async def test_nothing_is_lost_when_the_receiver_is_down_and_the_agent_is_killed(
+    short_tmp: Path, receiver_port: int
+) -> None:
+    kubelet_root = short_tmp / "kubelet"
+    fake = FakeKubelet(kubelet_root, seed=11)
+    audit = short_tmp / "state" / "audit.jsonl"
+    secret = "whsec_" + "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTAx"
+    config = short_tmp / "watcher.toml"
+    config.write_text(
+        f"""node = "node-a"
+state_dir = "{short_tmp / "state"}"
+[kubelet]
+socket = "{fake.socket_path}"
+root_dir = "{kubelet_root}"
+[watch]
+max_rpc_rate = 50
+[log]
+level = "warning"
+[sinks.audit]
+type = "file"
+path = "{audit}"
+[sinks.inventory]
+type = "webhook"
+url = "http://127.0.0.1:{receiver_port}/events"
+signing_secret = "{secret}"
+rate = 500
+retry_max_delay = 0.5
+"""
+    )
+
+    def start_agent() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "watcher", "run", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+
+    async def churn(start: int, count: int) -> None:
+        for i in range(start, start + count):
+            fake.add_device(GPU, f"GPU-c{i}", (i % 2,))
+            want = len(_audit_events(audit)) + 1
+            await _wait_for(lambda want=want: len(_audit_events(audit)) >= want, 20)
+
+    async with fake:
+        agent = start_agent()
+        try:
+            await _wait_for(lambda: len(_audit_events(audit)) >= 1, 30)
+            await churn(0, 100)
+            agent.send_signal(signal.SIGKILL)
+            agent.wait(timeout=10)
+            agent = start_agent()
+            await churn(100, 100)
+            expected = _audit_events(audit)
+            assert len(expected) >= 200
+
+            recorder = _Recorder()
+            app = web.Application()
+            app.router.add_post("/events", recorder.handle)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", receiver_port)
+            await site.start()
+            try:
+                want = {str(e["id"]) for e in expected}
+                await _wait_for(lambda: want <= set(recorder.ids), 60)
+            finally:
+                await runner.cleanup()
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(timeout=20)
+
+    # Every event arrived; first arrivals are in seq order; a duplicate is the same event.
+    assert recorder.mismatched == []
+    first_seen: dict[str, int] = {}
+    for body in recorder.bodies:
+        first_seen.setdefault(str(body["id"]), int(body["seq"]))  # type: ignore[call-overload]
+    seqs_in_arrival_order = list(first_seen.values())
+    assert seqs_in_arrival_order == sorted(seqs_in_arrival_order)
+    by_id = {str(e["id"]): e for e in expected}
+    for body in recorder.bodies:
+        if str(body["id"]) in by_id:
+            assert body == by_id[str(body["id"])]
+    assert [int(e["seq"]) for e in expected] == list(range(1, len(expected) + 1))  # type: ignore[call-overload]
