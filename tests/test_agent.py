@@ -13,13 +13,16 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
-from tests.agent_harness import make_settings, running_agent
+from tests.agent_harness import Running, make_settings, running_agent
 from watcher.fake_kubelet import FakeKubelet
+from watcher.identity import FileIdentity, is_replacement
 
 GPU = "nvidia.com/gpu"
 NIC = "intel.com/sriov_netdevice"
@@ -32,13 +35,15 @@ async def fake(short_tmp: Path) -> AsyncIterator[FakeKubelet]:
     await kubelet.stop(remove_socket=True)
 
 
-async def _started(fake: FakeKubelet, short_tmp: Path, **overrides: object):  # type: ignore[no-untyped-def]
+def _agent(fake: FakeKubelet, short_tmp: Path, **overrides: Any) -> AbstractAsyncContextManager[Running]:
+    return running_agent(make_settings(short_tmp, **overrides), fake)
+
+
+async def _started(
+    fake: FakeKubelet, short_tmp: Path, **overrides: Any
+) -> AbstractAsyncContextManager[Running]:
     await fake.start()
-    return running_agent(make_settings(short_tmp, **overrides), fake)
-
-
-async def _started_agent(fake: FakeKubelet, short_tmp: Path, **overrides: object):  # type: ignore[no-untyped-def]
-    return running_agent(make_settings(short_tmp, **overrides), fake)
+    return _agent(fake, short_tmp, **overrides)
 
 
 @pytest.mark.parametrize("downtime", [0.0, 0.2, 3.0], ids=["rename-in-place", "200ms", "3s"])
@@ -48,8 +53,11 @@ async def test_each_kubelet_restart_is_reported_once_and_requeried_at_once(
     async with await _started(fake, short_tmp) as run:
         await run.recorder.kinds_after(0, 1)
         mark = len(run.recorder.events)
+        reconnects = run.agent.stats.reconnects
         await fake.restart(downtime=downtime)
         assert await run.recorder.kinds_after(mark, 1) == ["kubelet.restarted"]
+        # A fresh channel was dialled for the new socket.
+        assert run.agent.stats.reconnects == reconnects + 1
         assert fake.started_at is not None
         await run.recorder.until(lambda: fake.first_call_at is not None)
         assert fake.first_call_at is not None
@@ -133,7 +141,7 @@ async def test_shuffled_unchanged_answers_produce_no_events(fake: FakeKubelet, s
 
 async def test_identical_bytes_take_the_fast_path(short_tmp: Path) -> None:
     fake = FakeKubelet(short_tmp / "kubelet", shuffle=False)
-    async with fake, await _started_agent(fake, short_tmp) as run:
+    async with fake, _agent(fake, short_tmp) as run:
         await run.recorder.kinds_after(0, 1)
         parsed = run.agent.stats.parsed
         for _ in range(10):
@@ -146,12 +154,15 @@ async def test_state_file_change_is_reported_within_a_second(fake: FakeKubelet, 
     async with await _started(fake, short_tmp, interval=3600) as run:
         await run.recorder.kinds_after(0, 1)
         mark = len(run.recorder.events)
+        cycles = len(run.recorder.reasons)
         changed_at = time.monotonic()
         fake.add_device(GPU, "GPU-late", (0,))  # rewrites device-plugins/kubelet_internal_checkpoint
         await run.recorder.kinds_after(mark, 1, timeout=5)
         assert time.monotonic() - changed_at < 1.0
         assert any(
-            r.startswith("state-file:kubelet_internal_checkpoint") for rs in run.recorder.reasons for r in rs
+            r.startswith("state-file:kubelet_internal_checkpoint")
+            for rs in run.recorder.reasons[cycles:]
+            for r in rs
         )
 
 
@@ -255,6 +266,8 @@ async def test_unreachable_after_grace_then_reachable(fake: FakeKubelet, short_t
         assert run.recorder.events[-1].severity == "critical"
         await fake.start()
         assert sorted(await run.recorder.kinds_after(2, 2)) == ["kubelet.reachable", "kubelet.restarted"]
+        await run.quiet_cycle()
+        assert run.recorder.kinds().count("kubelet.unreachable") == 1
 
 
 async def test_list_only_mode_when_allocatable_is_disabled(fake: FakeKubelet, short_tmp: Path) -> None:
@@ -277,7 +290,7 @@ async def test_list_only_mode_when_allocatable_is_disabled(fake: FakeKubelet, sh
 async def test_rate_limited_queries_back_off_and_nothing_is_lost(short_tmp: Path) -> None:
     # A kubelet whose shared bucket other clients have nearly drained.
     fake = FakeKubelet(short_tmp / "kubelet", rate=4, burst=2)
-    async with fake, await _started_agent(fake, short_tmp, max_rpc_rate=50) as run:
+    async with fake, _agent(fake, short_tmp, max_rpc_rate=50) as run:
         await run.recorder.kinds_after(0, 1, timeout=20)
         mark = len(run.recorder.events)
         for _ in range(5):
@@ -289,6 +302,9 @@ async def test_rate_limited_queries_back_off_and_nothing_is_lost(short_tmp: Path
         assert sorted(run.recorder.kinds(mark)) == ["capacity.changed", "device.added"]
         assert fake.rejected > 0
         assert run.agent.stats.rate_limited > 0
+        # Backing off, not hammering: without backoff the 50/s cap alone would
+        # let about 50 calls a second into a bucket that refills 4/s.
+        assert fake.rejected < 15
 
 
 async def test_own_rpc_rate_is_capped(fake: FakeKubelet, short_tmp: Path) -> None:
@@ -381,3 +397,45 @@ def test_run_stops_cleanly_on_sigterm_and_sigint(short_tmp: Path) -> None:
         fake.wait(timeout=15)
         if fake.stderr is not None:
             fake.stderr.close()
+
+
+async def test_chmod_of_the_socket_is_not_a_restart(fake: FakeKubelet, short_tmp: Path) -> None:
+    async with await _started(fake, short_tmp) as run:
+        await run.recorder.kinds_after(0, 1)
+        mark = len(run.recorder.events)
+        fake.socket_path.chmod(0o700)  # a new ctime, the same socket
+        await run.quiet_cycle()
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == []
+        assert run.agent.stats.reconnects == 1  # the first connection only
+
+
+async def test_list_disabled_is_reported_once_and_the_agent_keeps_trying(
+    fake: FakeKubelet, short_tmp: Path
+) -> None:
+    fake.disable("List")
+    async with await _started(fake, short_tmp, interval=0.2) as run:
+        kinds = await run.recorder.kinds_after(0, 2)
+        assert kinds == ["watcher.started", "api.degraded"]
+        assert run.recorder.events[1].severity == "critical"
+        assert run.recorder.events[1].details["method"] == "List"
+        fake.enable("List")
+        await run.recorder.until(lambda: run.agent.stats.queries_ok > 0)
+        await run.quiet_cycle()
+        assert run.recorder.kinds().count("api.degraded") == 1
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "name_events", "replaced"),
+    [
+        ((1, 10, 100, 100), (1, 11, 200, 200), False, True),  # another inode
+        ((1, 10, 100, 100), (1, 10, 200, 200), False, True),  # ext4 reused the inode: new mtime
+        ((1, 10, 100, 100), (1, 10, 200, 100), True, True),  # same mtime, but the name was replaced
+        ((1, 10, 100, 100), (1, 10, 200, 100), False, False),  # chmod/chown/relabel: ctime only
+        ((1, 10, 100, 100), (1, 10, 100, 100), True, False),  # unchanged
+    ],
+)
+def test_restart_decision(
+    old: tuple[int, int, int, int], new: tuple[int, int, int, int], name_events: bool, replaced: bool
+) -> None:
+    assert is_replacement(FileIdentity(*old), FileIdentity(*new), name_events=name_events) is replaced

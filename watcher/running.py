@@ -32,7 +32,7 @@ async def supervise(
 ) -> None:
     running: dict[asyncio.Task[None], str] = {}
     for task_name, factory in tasks.items():
-        running[asyncio.create_task(_run(factory), name=task_name)] = task_name
+        running[asyncio.create_task(_as_coroutine(factory), name=task_name)] = task_name
     stopper: asyncio.Task[Any] = asyncio.create_task(stop.wait(), name="stop-request")
     failure: BaseException | None = None
     try:
@@ -69,7 +69,8 @@ async def supervise(
         raise failure
 
 
-async def _run(factory: Callable[[], Awaitable[None]]) -> None:
+async def _as_coroutine(factory: Callable[[], Awaitable[None]]) -> None:
+    # create_task() needs a coroutine; factories may return any awaitable.
     await factory()
 
 

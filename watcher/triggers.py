@@ -20,11 +20,8 @@ class Trigger:
         self._reasons: set[str] = set()
         self._urgent = False
         self._event = asyncio.Event()
-        self.first_at: float | None = None
 
     def fire(self, reason: str, *, urgent: bool = False) -> None:
-        if not self._reasons:
-            self.first_at = time.monotonic()
         self._reasons.add(reason)
         self._urgent = self._urgent or urgent
         self._event.set()
@@ -33,10 +30,6 @@ class Trigger:
     def _loop_time(monotonic_deadline: float) -> float:
         # asyncio's clock is time.monotonic on every platform we run on; convert anyway.
         return asyncio.get_running_loop().time() + (monotonic_deadline - time.monotonic())
-
-    @property
-    def pending(self) -> bool:
-        return bool(self._reasons)
 
     async def wait(self, until: float | None, debounce: float) -> frozenset[str]:
         """The reasons gathered, or an empty set when the monotonic time `until` passes first."""
