@@ -14,7 +14,7 @@ import jsonschema
 from watcher.agent import Agent
 from watcher.events import Event, event_schema
 from watcher.fake_kubelet import FakeKubelet
-from watcher.settings import FileSinkSettings, KubeletSettings, Settings, WatchSettings
+from watcher.settings import FileSinkSettings, HttpSettings, KubeletSettings, Settings, WatchSettings
 
 _VALIDATOR = jsonschema.Draft202012Validator(
     event_schema(), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
@@ -88,8 +88,10 @@ def make_settings(root: Path, **overrides: Any) -> Settings:
         poll_interval=overrides.pop("poll_interval", 0.1),
         state_file_triggers=overrides.pop("state_file_triggers", True),
     )
+    http = HttpSettings(listen="127.0.0.1:0", enabled=overrides.pop("http", True))
     return Settings(
         node="node-a",
+        http=http,
         state_dir=root / "state",
         kubelet=kubelet,
         watch=watch,

@@ -374,6 +374,7 @@ def test_run_stops_cleanly_on_sigterm_and_sigint(short_tmp: Path) -> None:
         config.write_text(
             f'node = "node-a"\nstate_dir = "{short_tmp / "state"}"\n'
             f'[kubelet]\nsocket = "{root / "pod-resources" / "kubelet.sock"}"\nroot_dir = "{root}"\n'
+            '[http]\nlisten = "127.0.0.1:0"\n'
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             agent = subprocess.Popen(

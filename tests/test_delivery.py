@@ -278,6 +278,8 @@ root_dir = "{kubelet_root}"
 max_rpc_rate = 50
 [log]
 level = "warning"
+[http]
+listen = "127.0.0.1:0"
 [sinks.audit]
 type = "file"
 path = "{audit}"

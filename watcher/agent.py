@@ -10,19 +10,21 @@ moves past them; delivery never holds up the loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from google.protobuf.message import DecodeError
 
 from watcher import errors, lifecycle
 from watcher.backoff import Backoff
-from watcher.changes import Change, Kind, Severity
+from watcher.changes import LIFECYCLE_KINDS, Change, Severity
 from watcher.client import PodResourcesClient
 from watcher.delivering import Dispatcher
 from watcher.diffing import diff
@@ -30,10 +32,12 @@ from watcher.events import Event, envelope, new_cycle_id
 from watcher.identity import FileIdentity, SocketState, is_replacement, probe_socket
 from watcher.inventory import Inventory, build
 from watcher.kubeletapi.v1 import api_pb2
+from watcher.metrics import Metrics
 from watcher.outbox import OUTBOX_FILE, Outbox
 from watcher.ratelimit import RateLimiter
 from watcher.running import supervise
-from watcher.settings import Settings
+from watcher.serving import Health, HttpServer
+from watcher.settings import Settings, parse_listen
 from watcher.sinks import Sink, build_sinks
 from watcher.state import SavedState, state_from_json, state_to_json
 from watcher.triggers import Trigger
@@ -64,6 +68,30 @@ class AgentStats:
     events: int = 0
     last_success: float | None = None  # time.monotonic()
     last_reconnect_latency: float | None = None  # socket change seen -> first successful query
+
+
+class _Generation:
+    """Stops the watches of one configuration: set by the agent's stop, or retired by a reload."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        self._retired = asyncio.Event()
+
+    def is_set(self) -> bool:
+        return self._stop.is_set() or self._retired.is_set()
+
+    def retire(self) -> None:
+        self._retired.set()
+
+    async def wait(self) -> bool:
+        waits = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self._retired.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        return True
 
 
 @dataclass
@@ -129,6 +157,13 @@ class Agent:
         self._socket_seen: SocketState | None = None
         self._name_events = False  # the directory said the socket's name was replaced
         self._said_not_a_socket: FileIdentity | None = None
+        self._watch_generation = _Generation(self.stop)
+        self._supervised: dict[str, asyncio.Task[None]] = {}
+        self._last_snapshot = time.monotonic()
+        self._cycle_result = "failed"
+        self.metrics = Metrics()
+        self.http: HttpServer | None = None
+        self.dispatcher.observers.append(self._on_delivery)
 
     # -- public --
 
@@ -151,10 +186,13 @@ class Agent:
             tasks: dict[str, Callable[[], Awaitable[None]]] = {
                 "query-loop": self._query_loop,
                 "socket-watch": self._watch_socket,
-                **self.dispatcher.tasks(),
+                "state-watch": self._watch_state_files,
+                "delivery": self.dispatcher.run,
             }
-            if self.settings.watch.state_file_triggers:
-                tasks.update(self._state_file_watches())
+            if self.settings.http.enabled:
+                host, port = parse_listen(self.settings.http.listen)
+                self.http = HttpServer(self, host, port)
+                tasks["http"] = self.http.serve(self.stop)
             self.log.info(
                 "watcher starting",
                 state_dir=str(self.settings.state_dir),
@@ -163,12 +201,100 @@ class Agent:
                 sinks=sorted(self.dispatcher.workers),
                 tasks=sorted(tasks),
             )
-            await supervise(tasks, stop=self.stop, grace=SHUTDOWN_GRACE_S)
+            await supervise(tasks, stop=self.stop, grace=SHUTDOWN_GRACE_S, on_start=self._supervised.update)
         finally:
             await self.client.close()
             await self.dispatcher.close()
             await self.outbox.close()
             self.log.info("watcher stopped", seq=self.seq)
+
+    # -- status (the HTTP endpoints) --
+
+    def liveness(self) -> Health:
+        dead = sorted(name for name, task in self._supervised.items() if task.done())
+        details: dict[str, Any] = {
+            "tasks": {n: ("done" if t.done() else "running") for n, t in self._supervised.items()}
+        }
+        if dead:
+            return Health(False, f"supervised task(s) ended: {', '.join(dead)}", details)
+        return Health(True, "event loop responsive, all tasks alive", details)
+
+    def readiness(self) -> Health:
+        h = self._health
+        last = self.stats.last_success
+        age = None if last is None else time.monotonic() - last
+        details: dict[str, Any] = {
+            "kubelet_reachable": self._ever_connected and h.failing_since is None,
+            "last_success_age_s": None if age is None else round(age, 3),
+            "seq": self.seq,
+        }
+        if age is None:
+            return Health(
+                False, f"the kubelet has not answered yet ({h.last_error or 'no query yet'})", details
+            )
+        if h.failing_since is not None:
+            return Health(False, f"the kubelet is not answering: {h.last_error}", details)
+        if age > self.settings.http.ready_stale_after:
+            return Health(False, f"the last successful re-query is {age:.0f} s old", details)
+        return Health(True, "kubelet reachable, inventory fresh", details)
+
+    def inventory_document(self) -> dict[str, Any] | None:
+        inv = self.inventory
+        if inv is None:
+            return None
+        return {
+            "node": self.settings.node,
+            "seq": self.seq,
+            "hash": inv.content_hash,
+            "inventory": inv.canonical,
+            "derived": inv.derived(),
+        }
+
+    async def metrics_text(self) -> bytes:
+        self.metrics.set_outbox({name: await self.outbox.stats(name) for name in self.dispatcher.workers})
+        return self.metrics.render()
+
+    def _on_delivery(self, sink: str, result: str, events: Sequence[Event], _: float) -> None:
+        self.metrics.deliveries.labels(sink, result).inc(len(events))
+        if result == "delivered":
+            now = datetime.now(UTC)
+            for event in events:
+                created = datetime.fromisoformat(event.time.replace("Z", "+00:00"))
+                self.metrics.delivery_latency.labels(sink).observe(max(0.0, (now - created).total_seconds()))
+
+    async def reload(self, settings: Settings) -> None:
+        """Apply a new configuration: sinks and routes swap without losing queued events; a new
+        socket path or kubelet root dir restarts the watches and reconnects."""
+        old = self.settings
+        if settings.state_dir != old.state_dir:
+            self.log.warning(
+                "state_dir changes need a restart; keeping the old one", state_dir=str(old.state_dir)
+            )
+            settings = dataclasses.replace(settings, state_dir=old.state_dir)
+        if settings.node != old.node:
+            self.log.warning("the node name changes only on restart; keeping it", node=old.node)
+            settings = dataclasses.replace(settings, node=old.node)
+        self.settings = settings
+        sinks = build_sinks(
+            settings.sinks, node=settings.node, state_dir=settings.state_dir, store=self.outbox
+        )
+        changed = await self.dispatcher.reload(sinks)
+        if settings.kubelet != old.kubelet or settings.watch != old.watch:
+            await self.client.close()
+            self.socket_path = settings.kubelet.socket
+            self.client = PodResourcesClient(
+                str(self.socket_path),
+                timeout=settings.kubelet.timeout,
+                max_receive_bytes=settings.kubelet.max_receive_bytes,
+            )
+            self.limiter = RateLimiter(settings.watch.max_rpc_rate, burst=2)
+            if settings.kubelet.socket != old.kubelet.socket:
+                self.socket_identity = None  # another socket: a first sighting, not a restart
+                self._socket_seen = None
+            self._watch_generation.retire()
+            self._watch_generation = _Generation(self.stop)
+            self.trigger.fire("reload", urgent=True)
+        self.log.info("configuration reloaded", sinks_changed=changed, socket=str(self.socket_path))
 
     # -- state --
 
@@ -188,12 +314,14 @@ class Agent:
 
     # -- watches --
 
-    def _directory_watch(self, directory: Path, match: Callable[[str], bool], name: str) -> DirectoryWatch:
+    def _directory_watch(
+        self, directory: Path, match: Callable[[str], bool], name: str, generation: _Generation
+    ) -> DirectoryWatch:
         w = self.settings.watch
         return DirectoryWatch(
             directory,
             match,
-            stop=self.stop,
+            stop=generation,
             force_polling=w.force_polling,
             poll_delay_ms=round(w.poll_interval * 1000),
             # Ticks re-check the socket's identity; never more often than polling would.
@@ -202,13 +330,19 @@ class Agent:
         )
 
     async def _watch_socket(self) -> None:
-        name = self.socket_path.name
-        watch = self._directory_watch(self.socket_path.parent, lambda n: n == name, "socket")
-        self._socket_seen = probe_socket(self.socket_path)
+        while not self.stop.is_set():
+            generation = self._watch_generation
+            await self._watch_socket_once(generation)
+
+    async def _watch_socket_once(self, generation: _Generation) -> None:
+        path = self.socket_path
+        name = path.name
+        watch = self._directory_watch(path.parent, lambda n: n == name, "socket", generation)
+        self._socket_seen = probe_socket(path)
         async for batch in watch.batches():
             if batch.get(name, set()) & {"added", "deleted"}:
                 self._name_events = True
-            now = probe_socket(self.socket_path)
+            now = probe_socket(path)
             before, self._socket_seen = self._socket_seen, now
             if now.identity is not None and not now.is_socket:
                 if self._said_not_a_socket != now.identity:
@@ -229,26 +363,33 @@ class Agent:
                 self._socket_changed_at = time.monotonic()
                 self.trigger.fire("socket", urgent=True)
 
-    def _state_file_watches(self) -> dict[str, Callable[[], Awaitable[None]]]:
-        root = self.settings.kubelet.root_dir
+    async def _watch_state_files(self) -> None:
+        """Re-query when the kubelet's checkpoint, CPU/memory state or plugin sockets change.
 
-        def make(directory: Path, match: Callable[[str], bool], name: str) -> Callable[[], Awaitable[None]]:
-            async def watch_state_files() -> None:
-                async for batch in self._directory_watch(directory, match, name).batches():
-                    if batch:
-                        self.trigger.fire("state-file:" + ",".join(sorted(batch)))
+        Both directories are waited for if the kubelet has not created them yet.
+        """
+        while not self.stop.is_set():
+            generation = self._watch_generation
+            if not self.settings.watch.state_file_triggers:
+                await generation.wait()
+                continue
+            root = self.settings.kubelet.root_dir
+            plan = [
+                (
+                    root / "device-plugins",
+                    lambda n: n == CHECKPOINT_NAME or n.endswith(".sock"),
+                    "device-plugins",
+                ),
+                (root, lambda n: n in STATE_FILE_NAMES, "kubelet-root"),
+            ]
+            await asyncio.gather(*(self._watch_dir(d, m, n, generation) for d, m, n in plan))
 
-            return watch_state_files
-
-        # Both wait for their directory if the kubelet has not created it yet.
-        return {
-            "state-watch:device-plugins": make(
-                root / "device-plugins",
-                lambda n: n == CHECKPOINT_NAME or n.endswith(".sock"),
-                "device-plugins",
-            ),
-            "state-watch:root": make(root, lambda n: n in STATE_FILE_NAMES, "kubelet-root"),
-        }
+    async def _watch_dir(
+        self, directory: Path, match: Callable[[str], bool], name: str, generation: _Generation
+    ) -> None:
+        async for batch in self._directory_watch(directory, match, name, generation).batches():
+            if batch:
+                self.trigger.fire("state-file:" + ",".join(sorted(batch)))
 
     # -- the loop --
 
@@ -263,6 +404,8 @@ class Agent:
             deadlines.append(h.retry_at)
         if h.failing_since is not None and not h.unreachable_reported:
             deadlines.append(h.failing_since + self.settings.kubelet.unreachable_grace)
+        if self.settings.watch.snapshot_interval > 0:
+            deadlines.append(self._last_snapshot + self.settings.watch.snapshot_interval)
         return min(deadlines)
 
     async def _until_stopped(self, work: Awaitable[T]) -> asyncio.Future[T] | None:
@@ -324,9 +467,14 @@ class Agent:
         return alloc, pods
 
     async def _cycle(self, reasons: frozenset[str]) -> None:
+        started = time.perf_counter()
+        self._cycle_result = "failed"
         try:
             await self._query_cycle(reasons)
         finally:
+            self.metrics.requery_duration.observe(time.perf_counter() - started)
+            self.metrics.requeries.labels(self._cycle_result).inc()
+            self.metrics.kubelet_up.set(1 if self._cycle_result in ("changed", "unchanged") else 0)
             self.stats.cycles += 1
             for observer in self.cycle_observers:
                 observer(reasons)
@@ -347,6 +495,7 @@ class Agent:
         self._degraded = None
         await self.client.reconnect()
         self.stats.reconnects += 1
+        self.metrics.reconnects.inc()
         self._socket_changed_at = self._socket_changed_at or time.monotonic()
 
     async def _query_cycle(self, reasons: frozenset[str]) -> None:
@@ -356,6 +505,7 @@ class Agent:
         try:
             alloc_raw, list_raw = await self._query()
         except errors.RateLimitedError:
+            self._cycle_result = "rate_limited"
             self.stats.rate_limited += 1
             h = self._health
             delay = self.rate_backoff.delay(h.attempt)
@@ -380,6 +530,12 @@ class Agent:
         before = self.inventory
         if before is not None and after is not before:
             changes.extend(diff(before, after))
+        self._cycle_result = "changed" if after is not before else "unchanged"
+        interval = self.settings.watch.snapshot_interval
+        now = time.monotonic()
+        if interval > 0 and now - self._last_snapshot >= interval:
+            self._last_snapshot = now
+            changes.append(lifecycle.snapshot(after))
         await self._emit(changes, cycle, after, before=before, baseline=before is None)
 
     def _inventory_from(self, alloc_raw: bytes | None, list_raw: bytes) -> Inventory:
@@ -400,6 +556,7 @@ class Agent:
 
     def _succeeded(self, changes: list[Change], alloc_raw: bytes | None) -> None:
         now = time.monotonic()
+        self.metrics.last_success.set(time.time())
         self.stats.queries_ok += 1
         self.stats.last_success = now
         if self._socket_changed_at is not None:
@@ -490,7 +647,7 @@ class Agent:
             started = lifecycle.started(
                 after if self._ever_connected else None,
                 baseline="fresh" if baseline or self.inventory is None else "saved",
-                changes=sum(1 for c in changes if c.kind not in _LIFECYCLE),
+                changes=sum(1 for c in changes if c.kind not in LIFECYCLE_KINDS),
                 error=self._health.last_error,
             )
             changes.insert(0, started)
@@ -522,12 +679,15 @@ class Agent:
             self._last_raw = None
             return
         self.seq = seq
+        if after is not None and after is not self.inventory:
+            self.metrics.set_inventory(after)
         self.inventory = after
         self._started_reported = True
         self.dispatcher.notify()
         await self.dispatcher.enforce_caps()
         for event in events:
             self.stats.events += 1
+            self.metrics.events.labels(str(event.kind)).inc()
             self.log.info(
                 "event",
                 kind=str(event.kind),
@@ -537,15 +697,3 @@ class Agent:
             )
             for observer in self.observers:
                 observer(event)
-
-
-_LIFECYCLE = frozenset(
-    {
-        Kind.WATCHER_STARTED,
-        Kind.KUBELET_CONNECTED,
-        Kind.KUBELET_RESTARTED,
-        Kind.KUBELET_UNREACHABLE,
-        Kind.KUBELET_REACHABLE,
-        Kind.API_DEGRADED,
-    }
-)

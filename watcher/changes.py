@@ -30,6 +30,7 @@ class Kind(enum.StrEnum):
     KUBELET_UNREACHABLE = "kubelet.unreachable"
     KUBELET_REACHABLE = "kubelet.reachable"
     API_DEGRADED = "api.degraded"
+    INVENTORY_SNAPSHOT = "inventory.snapshot"
 
 
 LIFECYCLE_KINDS = frozenset(
@@ -40,6 +41,7 @@ LIFECYCLE_KINDS = frozenset(
         Kind.KUBELET_UNREACHABLE,
         Kind.KUBELET_REACHABLE,
         Kind.API_DEGRADED,
+        Kind.INVENTORY_SNAPSHOT,
     }
 )
 DIFF_KINDS = frozenset(Kind) - LIFECYCLE_KINDS

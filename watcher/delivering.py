@@ -193,7 +193,12 @@ class SinkWorker:
 
 
 class Dispatcher:
-    """The sinks' workers, and routing of new events into their queues."""
+    """The sinks' workers, routing of new events into their queues, and reloads.
+
+    `run()` is one supervised task that owns a task per worker (and per sink
+    background loop); `reload()` swaps the sinks whose settings changed and
+    leaves the others, and every queue, untouched.
+    """
 
     def __init__(
         self,
@@ -206,10 +211,14 @@ class Dispatcher:
         self.outbox = outbox
         self.stop = stop
         self.observers: list[DeliveryObserver] = []
-        rng = rng if rng is not None else random.Random()
-        self.workers = {
-            s.name: SinkWorker(s, outbox, stop=stop, rng=rng, observers=self.observers) for s in sinks
-        }
+        self.rng = rng if rng is not None else random.Random()
+        self.workers: dict[str, SinkWorker] = {s.name: self._worker(s) for s in sinks}
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._changed = asyncio.Event()
+
+    def _worker(self, sink: Sink) -> SinkWorker:
+        # Each worker has its own stop flag so one can be retired on reload.
+        return SinkWorker(sink, self.outbox, stop=asyncio.Event(), rng=self.rng, observers=self.observers)
 
     def queues(self, events: Sequence[Event]) -> dict[str, list[int]]:
         """sink name -> seqs of the events it asked for."""
@@ -233,34 +242,89 @@ class Dispatcher:
                     max_age_s=s.max_age,
                 )
 
-    def tasks(self) -> dict[str, Callable[[], Awaitable[None]]]:
-        tasks: dict[str, Callable[[], Awaitable[None]]] = {}
-        for name, worker in self.workers.items():
-            tasks[f"deliver:{name}"] = worker.run
-            background = worker.sink.background()
-            if background is not None:
-                tasks[f"sink:{name}"] = self._until_stop(background)
-        return tasks
+    def _start(self, worker: SinkWorker) -> None:
+        tasks = [asyncio.create_task(worker.run(), name=f"deliver:{worker.name}")]
+        background = worker.sink.background()
+        if background is not None:
+            tasks.append(asyncio.create_task(_until(worker.stop, background), name=f"sink:{worker.name}"))
+        self._tasks[worker.name] = tasks
 
-    def _until_stop(self, factory: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
-        """Run a sink's endless background loop until the stop flag is set."""
+    async def _retire(self, name: str) -> None:
+        worker = self.workers.pop(name)
+        worker.stop.set()
+        worker.wake.set()
+        tasks = self._tasks.pop(name, [])
+        _, pending = await asyncio.wait(tasks, timeout=5.0) if tasks else (set(), set())
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await worker.sink.close()
 
-        async def run() -> None:
-            inner = asyncio.ensure_future(factory())
-            stop_wait = asyncio.ensure_future(self.stop.wait())
-            try:
-                await asyncio.wait([inner, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for t in (inner, stop_wait):
+    async def reload(self, sinks: Sequence[Sink]) -> list[str]:
+        """Replace changed sinks, add new ones, retire removed ones; return what changed."""
+        new = {s.name: s for s in sinks}
+        changed = []
+        for name in list(self.workers):
+            if name not in new or new[name].settings != self.workers[name].sink.settings:
+                await self._retire(name)
+                changed.append(name)
+        for name, sink in new.items():
+            if name in self.workers:
+                with contextlib.suppress(Exception):
+                    await sink.close()  # an unchanged twin built by the reload: keep the running one
+                continue
+            self.workers[name] = self._worker(sink)
+            await self.outbox.register([name])
+            self._start(self.workers[name])
+            if name not in changed:
+                changed.append(name)
+        self._changed.set()
+        self.notify()
+        return sorted(changed)
+
+    async def run(self) -> None:
+        for worker in self.workers.values():
+            self._start(worker)
+        try:
+            while not self.stop.is_set():
+                running = [t for tasks in self._tasks.values() for t in tasks]
+                stop_wait = asyncio.ensure_future(self.stop.wait())
+                changed_wait = asyncio.ensure_future(self._changed.wait())
+                done, _ = await asyncio.wait(
+                    [*running, stop_wait, changed_wait], return_when=asyncio.FIRST_COMPLETED
+                )
+                for t in (stop_wait, changed_wait):
                     t.cancel()
-                await asyncio.gather(stop_wait, return_exceptions=True)
-                results = await asyncio.gather(inner, return_exceptions=True)
-            if isinstance(results[0], Exception):
-                raise results[0]
-
-        return run
+                await asyncio.gather(stop_wait, changed_wait, return_exceptions=True)
+                self._changed.clear()
+                for task in done:
+                    if task in running and not self.stop.is_set():
+                        task.result()  # a crashed worker: let the supervisor see it
+                        raise RuntimeError(f"{task.get_name()} exited unexpectedly")
+        finally:
+            for worker in self.workers.values():
+                worker.stop.set()
+                worker.wake.set()
+            tasks = [t for ts in self._tasks.values() for t in ts]
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     async def close(self) -> None:
         for worker in self.workers.values():
             with contextlib.suppress(Exception):
                 await worker.sink.close()
+
+
+async def _until(stop: asyncio.Event, factory: Callable[[], Awaitable[None]]) -> None:
+    """Run a sink's endless background loop until `stop` is set."""
+    inner = asyncio.ensure_future(factory())
+    stop_wait = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([inner, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (inner, stop_wait):
+            t.cancel()
+        results = await asyncio.gather(inner, stop_wait, return_exceptions=True)
+    if isinstance(results[0], Exception):
+        raise results[0]

@@ -17,6 +17,7 @@ __all__ = [
     "unreachable",
     "reachable",
     "degraded",
+    "snapshot",
     "LOST_IN_LIST_ONLY",
 ]
 
@@ -90,3 +91,14 @@ def degraded(method: str, reason: str, *, lost: list[str], severity: Severity = 
     else:
         text = f"{method} unavailable: watching allocations only (List-only mode)"
     return Change(Kind.API_DEGRADED, severity, text, {"method": method, "reason": reason, "lost": lost})
+
+
+def snapshot(inv: Inventory) -> Change:
+    """The whole inventory, for push consumers to reconcile against."""
+    summary = inventory_summary(inv)
+    return Change(
+        Kind.INVENTORY_SNAPSHOT,
+        Severity.INFO,
+        f"inventory snapshot {inv.content_hash[:19]}: {summary['pods']} pods",
+        {"hash": inv.content_hash, "summary": summary, "inventory": inv.canonical},
+    )

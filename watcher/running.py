@@ -29,10 +29,14 @@ async def supervise(
     *,
     stop: asyncio.Event,
     grace: float = 10.0,
+    on_start: Callable[[dict[str, asyncio.Task[None]]], None] | None = None,
 ) -> None:
     running: dict[asyncio.Task[None], str] = {}
     for task_name, factory in tasks.items():
         running[asyncio.create_task(_as_coroutine(factory), name=task_name)] = task_name
+    if on_start is not None:
+        # Lets health checks see which supervised tasks are alive.
+        on_start({name: task for task, name in running.items()})
     stopper: asyncio.Task[Any] = asyncio.create_task(stop.wait(), name="stop-request")
     failure: BaseException | None = None
     try:

@@ -30,6 +30,7 @@ __all__ = [
     "KubeletSettings",
     "WatchSettings",
     "LogSettings",
+    "HttpSettings",
     "StdoutSinkSettings",
     "FileSinkSettings",
     "SinkSettings",
@@ -102,6 +103,14 @@ class WatchSettings:
     poll_interval: float = field(
         default=0.1, metadata=_meta("Polling period when inotify is unavailable, seconds.", min=0.01, max=60)
     )
+    snapshot_interval: float = field(
+        default=0.0,
+        metadata=_meta(
+            "Emit an inventory.snapshot event this often so push consumers can reconcile; 0: never.",
+            min=0,
+            max=7 * 86400,
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,18 @@ class LogSettings:
     level: Literal["debug", "info", "warning", "error"] = field(default="info", metadata=_meta("Log level."))
     format: Literal["auto", "json", "console"] = field(
         default="auto", metadata=_meta("auto: console on a TTY, JSON otherwise.")
+    )
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    enabled: bool = field(default=True, metadata=_meta("Serve /metrics, /healthz, /readyz and /inventory."))
+    listen: str = field(
+        default="0.0.0.0:9108", metadata=_meta("HOST:PORT to listen on (port 0: any free port).")
+    )
+    ready_stale_after: float = field(
+        default=120.0,
+        metadata=_meta("/readyz fails when the last successful re-query is older than this, seconds.", min=1),
     )
 
 
@@ -298,6 +319,7 @@ class Settings:
     kubelet: KubeletSettings = field(default_factory=KubeletSettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
     log: LogSettings = field(default_factory=LogSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
     sinks: tuple[SinkSettings, ...] = field(default_factory=_default_sinks)
 
 
@@ -443,6 +465,14 @@ def _build_sinks(data: Any, base: Path | None) -> tuple[SinkSettings, ...]:
     return tuple(out)
 
 
+def parse_listen(value: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [::1]:PORT) -> (host, port); ValueError otherwise."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def _check_sink(path: str, sink: Any) -> None:
     """Checks that need more than one key's type."""
     if isinstance(sink, WebhookSinkSettings) and sink.signing_secret is not None:
@@ -484,6 +514,13 @@ def parse_settings(data: Mapping[str, Any], *, base_dir: Path | None = None) -> 
     data = dict(data)
     sinks = _build_sinks(data.pop("sinks"), base_dir) if "sinks" in data else None
     settings: Settings = _build(Settings, data, "", skip=frozenset({"sinks"}), base=base_dir)
+    try:
+        parse_listen(settings.http.listen)
+    except ValueError:
+        listen = _describe(settings.http.listen)
+        raise ConfigError(
+            f"http.listen: {listen} is not allowed; expected HOST:PORT, e.g. 0.0.0.0:9108"
+        ) from None
     if sinks is not None:
         settings = dataclasses.replace(settings, sinks=sinks)
     return settings

@@ -15,18 +15,26 @@ import errno
 import os
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 import structlog
 import watchfiles
 from watchfiles._rust_notify import WatchfilesRustInternalError
 
-__all__ = ["DirectoryWatch", "Batch"]
+__all__ = ["DirectoryWatch", "Batch", "StopFlag"]
 
 log = structlog.get_logger("watcher.watching")
 
 # name -> what happened to it: "added", "deleted", "modified". Empty: a tick.
 Batch = dict[str, set[str]]
 _RawChanges = set[tuple[watchfiles.Change, str]]
+
+
+class StopFlag(Protocol):
+    """asyncio.Event's reading half: what a watch checks to know it should end."""
+
+    def is_set(self) -> bool: ...
+    async def wait(self) -> Any: ...
 
 
 class _DirectoryGoneError(Exception):
@@ -53,7 +61,7 @@ class DirectoryWatch:
         directory: Path,
         match: Callable[[str], bool],
         *,
-        stop: asyncio.Event,
+        stop: StopFlag,
         debounce_ms: int = 30,
         step_ms: int = 10,
         force_polling: bool = False,
@@ -180,6 +188,6 @@ def _is_limit_error(err: BaseException) -> bool:
     )
 
 
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+async def _sleep_or_stop(stop: StopFlag, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)

@@ -1,0 +1,132 @@
+"""Prometheus metrics, in a registry of their own (one per agent, so tests never share one)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from watcher.inventory import Inventory
+from watcher.outbox import SinkStats
+
+__all__ = ["Metrics", "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+P = "pod_resources_watcher"
+
+
+def _numa(node: int | None) -> str:
+    return "none" if node is None else str(node)
+
+
+class _OutboxCollector(Collector):
+    """Outbox figures read at scrape time (the database is the truth, not a copy of it)."""
+
+    def __init__(self) -> None:
+        self.stats: Mapping[str, SinkStats] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(f"{P}_outbox_depth", "Events queued per sink.", labels=["sink"])
+        oldest = GaugeMetricFamily(
+            f"{P}_outbox_oldest_age_seconds", "Age of the oldest queued event per sink.", labels=["sink"]
+        )
+        dead = GaugeMetricFamily(
+            f"{P}_dead_letters", "Events in the dead-letter table per sink.", labels=["sink"]
+        )
+        dropped = CounterMetricFamily(
+            f"{P}_outbox_dropped_events", "Events dropped by a sink's queue caps.", labels=["sink"]
+        )
+        disabled = GaugeMetricFamily(
+            f"{P}_sink_disabled", "1 if the sink was disabled (410 Gone).", labels=["sink"]
+        )
+        for name, st in sorted(self.stats.items()):
+            depth.add_metric([name], st.depth)
+            oldest.add_metric([name], st.oldest_age or 0.0)
+            dead.add_metric([name], st.dead)
+            dropped.add_metric([name], st.dropped)
+            disabled.add_metric([name], 1.0 if st.disabled else 0.0)
+        yield from (depth, oldest, dead, dropped, disabled)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requeries = Counter(
+            f"{P}_requeries", "Re-queries of the kubelet by result.", ["result"], registry=r
+        )
+        self.requery_duration = Histogram(
+            f"{P}_requery_duration_seconds",
+            "Time of one re-query: both RPCs, parsing, diffing and committing.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=r,
+        )
+        self.kubelet_up = Gauge(f"{P}_kubelet_up", "1 if the last re-query succeeded.", registry=r)
+        self.reconnects = Counter(f"{P}_reconnects", "Fresh channels dialled for a new socket.", registry=r)
+        self.events = Counter(f"{P}_events", "Events emitted by kind.", ["kind"], registry=r)
+        self.deliveries = Counter(
+            f"{P}_deliveries", "Events handled by sink and result.", ["sink", "result"], registry=r
+        )
+        self.delivery_latency = Histogram(
+            f"{P}_delivery_latency_seconds",
+            "From an event's creation to its delivery, per sink.",
+            ["sink"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+            registry=r,
+        )
+        self.last_success = Gauge(
+            f"{P}_last_successful_requery_timestamp_seconds",
+            "Unix time of the last successful re-query.",
+            registry=r,
+        )
+        self.resource = {
+            state: Gauge(
+                f"{P}_resource_{state}",
+                f"Devices (or CPUs) {state} per resource and NUMA node (numa=all: the total).",
+                ["resource", "numa"],
+                registry=r,
+            )
+            for state in ("allocatable", "allocated", "free")
+        }
+        self.memory = {
+            state: Gauge(
+                f"{P}_memory_{state}_bytes",
+                f"Memory {state} per type and NUMA node(s).",
+                ["type", "numa"],
+                registry=r,
+            )
+            for state in ("allocatable", "allocated", "free")
+        }
+        self.outbox = _OutboxCollector()
+        r.register(self.outbox)
+
+    def set_inventory(self, inv: Inventory) -> None:
+        for g in (*self.resource.values(), *self.memory.values()):
+            g.clear()
+        for cap in inv.capacity:
+            self._resource(cap.resource, "all", cap.allocatable, cap.allocated, cap.free)
+            for n in cap.per_numa:
+                self._resource(cap.resource, _numa(n.numa), n.allocatable, n.allocated, n.free)
+        cpus = inv.cpus
+        self._resource("cpu", "all", cpus.allocatable, cpus.allocated, cpus.free)
+        for m in inv.memory_capacity:
+            numa = ",".join(map(str, m.numa)) or "none"
+            for state, value in (
+                ("allocatable", m.allocatable),
+                ("allocated", m.allocated),
+                ("free", m.free),
+            ):
+                if value is not None:
+                    self.memory[state].labels(m.type, numa).set(value)
+
+    def _resource(self, resource: str, numa: str, *values: int | None) -> None:
+        for state, value in zip(("allocatable", "allocated", "free"), values, strict=True):
+            if value is not None:
+                self.resource[state].labels(resource, numa).set(value)
+
+    def set_outbox(self, stats: Mapping[str, SinkStats]) -> None:
+        self.outbox.stats = dict(stats)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
