@@ -7,24 +7,31 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import signal
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+import structlog
 
 from watcher import __version__, errors
 from watcher.agent import Agent
 from watcher.audit import verify_files
 from watcher.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT, PodResourcesClient
+from watcher.demo import run_demo
 from watcher.fake_kubelet import FakeKubelet
 from watcher.logs import configure_logging
 from watcher.outbox import OUTBOX_FILE, Outbox
 from watcher.running import stop_on_signals
 from watcher.secrets import redact
 from watcher.settings import ConfigError, Settings, load_settings
+from watcher.sinks import build_sink
 from watcher.snapshot import format_json, format_table, take_snapshot
+from watcher.testing import MemoryStore, synthetic_events
 
 __all__ = ["main", "build_parser"]
+
+log = structlog.get_logger("watcher.cli")
 
 PROG = "pod-resources-watcher"
 
@@ -125,6 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--config", "-c", type=Path, help="TOML config file (see config.example.toml)")
 
+    send = sub.add_parser(
+        "send-test",
+        help="send a synthetic event through one configured sink and report the answer",
+        description="Deliver one synthetic event (marked as a test: 'no action needed') through the sink "
+        "named SINK in the config and print the receiver's answer. For pagerduty and alertmanager sinks a "
+        "second event resolves what the first triggered. Exit 0 when delivered, 1 when not.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    send.add_argument("sink", metavar="SINK", help="the sink's name ([sinks.NAME] in the config)")
+    send.add_argument("--config", "-c", type=Path, required=True, help="TOML config file")
+
     check = sub.add_parser(
         "check-config",
         help="validate a config file and print the settings it gives",
@@ -163,12 +182,19 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("action", choices=("verify",))
     audit.add_argument("files", nargs="+", type=Path, metavar="FILE")
 
-    sub.add_parser(
+    demo = sub.add_parser(
         "demo",
-        help="start a simulated kubelet and show what the watcher sees",
-        description="Start a simulated kubelet on a temporary socket and print its snapshot. "
-        "Needs nothing but this package.",
+        help="watch a simulated kubelet through a scripted story (about 10 s)",
+        description="Start a simulated kubelet on a temporary socket and the full watcher (console, "
+        "audit-log and signed-webhook sinks, with a local receiver), then play a story: baseline, a GPU "
+        "hot-plugged, a GPU failing while in use, healing, a pod allocating a NIC, a kubelet restart, "
+        "and a CPU change across a restart; each event is printed as it is delivered, and a summary "
+        "ends it. Needs nothing but this package; everything stays on loopback and a temp directory.",
     )
+    demo.add_argument(
+        "--forever", action="store_true", help="after the story, keep random churn going until Ctrl-C"
+    )
+    demo.add_argument("--seed", type=int, default=None, help="seed for the simulated kubelet's randomness")
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -207,32 +233,67 @@ async def _fake_kubelet(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _demo() -> int:
-    # A short path: unix socket paths are limited to 107 bytes.
-    with tempfile.TemporaryDirectory(prefix="prw-demo-") as root:
-        async with FakeKubelet(root) as kubelet:
-            print(f"Simulated kubelet serving {kubelet.socket_path}\n")
-            async with PodResourcesClient(str(kubelet.socket_path)) as client:
-                snap = await take_snapshot(client)
-            print(format_table(snap))
-            print(
-                f"\nTry it yourself: {PROG} fake-kubelet --root /tmp/kubelet &  "
-                f"{PROG} snapshot --socket /tmp/kubelet/pod-resources/kubelet.sock"
-            )
-    return 0
-
-
 def _settings(path: Path | None) -> Settings:
     return load_settings(path) if path is not None else Settings()
 
 
-async def _run(settings: Settings) -> int:
+async def _run(settings: Settings, config: Path | None) -> int:
     configure_logging(settings.log.level, settings.log.format)
+    structlog.contextvars.bind_contextvars(node=settings.node)
     stop = asyncio.Event()
     agent = Agent(settings, stop=stop)
-    with stop_on_signals(stop):
-        await agent.run()
+    reloads: set[asyncio.Task[None]] = set()
+
+    async def reload() -> None:
+        if config is None:
+            log.warning("SIGHUP ignored: running on built-in defaults, no config file to re-read")
+            return
+        try:
+            new = load_settings(config)
+        except ConfigError as err:
+            log.error("reload failed; keeping the running configuration", error=str(err))
+            return
+        configure_logging(new.log.level, new.log.format)
+        await agent.reload(new)
+
+    def on_hup() -> None:
+        task = asyncio.create_task(reload(), name="reload")
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    try:
+        with stop_on_signals(stop):
+            await agent.run()
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
+        await asyncio.gather(*reloads, return_exceptions=True)
     return 0
+
+
+async def _send_test(settings: Settings, name: str) -> int:
+    configure_logging(settings.log.level, settings.log.format)
+    chosen = [s for s in settings.sinks if s.name == name]
+    if not chosen:
+        names = ", ".join(s.name for s in settings.sinks) or "none"
+        return _fail(f"no sink named {name!r} in the config (sinks: {names})", 2)
+    sink = build_sink(chosen[0], node=settings.node, state_dir=settings.state_dir, store=MemoryStore())
+    try:
+        outcomes = []
+        for event in synthetic_events(settings.node, paging=chosen[0].type in ("pagerduty", "alertmanager")):
+            outcome = await sink.deliver([event])
+            outcomes.append(outcome)
+            verdict = "delivered" if outcome.delivered else ("will retry" if outcome.retry else "REFUSED")
+            status = f"HTTP {outcome.status}" if outcome.status is not None else "no HTTP status"
+            print(
+                f"{name}: {event.kind} -> {verdict} ({status}){': ' + outcome.error if outcome.error else ''}"
+            )
+            if not outcome.delivered:
+                break
+    finally:
+        await sink.close()
+    return 0 if all(o.delivered for o in outcomes) else 1
 
 
 def _check_config(path: Path) -> int:
@@ -300,7 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "run":
-            return asyncio.run(_run(_settings(args.config)))
+            return asyncio.run(_run(_settings(args.config), args.config))
+        if args.command == "send-test":
+            return asyncio.run(_send_test(_settings(args.config), args.sink))
         if args.command == "check-config":
             return _check_config(args.file)
         if args.command == "outbox":
@@ -312,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "fake-kubelet":
             return asyncio.run(_fake_kubelet(args))
         if args.command == "demo":
-            return asyncio.run(_demo())
+            return asyncio.run(run_demo(forever=args.forever, seed=args.seed))
         print(f"{PROG} {__version__}")  # the only command left: version
         return 0
     except ConfigError as err:

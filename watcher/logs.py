@@ -29,6 +29,14 @@ def _redact_secrets(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Mu
     return event_dict
 
 
+def _component(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Every line says which part of the agent wrote it (watcher.agent -> agent)."""
+    name = event_dict.pop("logger", None)
+    if name and "component" not in event_dict:
+        event_dict["component"] = str(name).removeprefix("watcher.")
+    return event_dict
+
+
 def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
     stream = stream if stream is not None else sys.stderr
     numeric = _LEVELS[level]
@@ -37,6 +45,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
+        _component,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: Any = (

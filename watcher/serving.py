@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -80,11 +81,11 @@ class HttpServer:
             runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
             await runner.setup()
             try:
-                site = web.TCPSite(runner, self.host, self.port)
-                await site.start()
-                server = site._server  # aiohttp exposes no public way to learn an ephemeral port
-                sockets = getattr(server, "sockets", None) or []
-                self.bound_port = sockets[0].getsockname()[1] if sockets else self.port
+                # Bind ourselves so an ephemeral port (0) can be reported.
+                family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+                sock = socket.create_server((self.host, self.port), family=family)
+                self.bound_port = sock.getsockname()[1]
+                await web.SockSite(runner, sock).start()
                 log.info("serving HTTP", host=self.host, port=self.bound_port)
                 if on_bound is not None and self.bound_port is not None:
                     on_bound(self.bound_port)
