@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -205,7 +206,20 @@ def test_bad_arguments_exit_2(capfd: pytest.CaptureFixture[str]) -> None:
     assert "must be greater than 0" in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [[], ["snapshot"], ["fake-kubelet"], ["demo"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["snapshot"],
+        ["fake-kubelet"],
+        ["demo"],
+        ["run"],
+        ["check-config"],
+        ["send-test"],
+        ["outbox"],
+        ["audit"],
+    ],
+)
 def test_help_everywhere(argv: list[str], capfd: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main([*argv, "--help"])
@@ -214,10 +228,27 @@ def test_help_everywhere(argv: list[str], capfd: pytest.CaptureFixture[str]) -> 
     assert out.startswith("usage: pod-resources-watcher")
 
 
-def test_demo_runs(capfd: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo"]) == 0
+def test_demo_plays_the_whole_story_and_ends_by_itself(capfd: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    assert main(["demo", "--seed", "3"]) == 0
+    assert time.monotonic() - started < 30
     out = capfd.readouterr().out
-    assert "Simulated kubelet serving" in out and "inventory sha256:" in out
+    for kind in (
+        "watcher.started",
+        "device.added",
+        "device.removed",
+        "allocation.added",
+        "kubelet.restarted",
+        "cpu.removed",
+    ):
+        assert kind in out, kind
+    # Every event reached every sink, and the audit log it wrote is intact.
+    summary = out[out.index("== Summary") :]
+    events = int(summary.split("events: ")[1].split(" ")[0])
+    for sink in ("audit", "console", "webhook"):
+        assert f"deliveries to {sink}: delivered {events}" in summary
+    assert f"webhook receiver got {events} signed CloudEvents" in summary
+    assert f"audit log: intact, {events} records chained" in summary
 
 
 def test_version(capfd: pytest.CaptureFixture[str]) -> None:

@@ -437,8 +437,12 @@ class Agent:
             reasons = waited.result()
             now = time.monotonic()
             h = self._health
+            snapshot_every = self.settings.watch.snapshot_interval
             due = (
-                bool(reasons) or now >= self._next_periodic or (h.retry_at is not None and now >= h.retry_at)
+                bool(reasons)
+                or now >= self._next_periodic
+                or (h.retry_at is not None and now >= h.retry_at)
+                or (snapshot_every > 0 and now >= self._last_snapshot + snapshot_every)
             )
             if due:
                 if await self._until_stopped(self._cycle(reasons or frozenset({"timer"}))) is None:

@@ -298,8 +298,10 @@ class Dispatcher:
                     t.cancel()
                 await asyncio.gather(stop_wait, changed_wait, return_exceptions=True)
                 self._changed.clear()
+                current = {t for tasks in self._tasks.values() for t in tasks}
                 for task in done:
-                    if task in running and not self.stop.is_set():
+                    # A retired worker's task ends on purpose; a current one must not.
+                    if task in current and not self.stop.is_set():
                         task.result()  # a crashed worker: let the supervisor see it
                         raise RuntimeError(f"{task.get_name()} exited unexpectedly")
         finally:

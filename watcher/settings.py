@@ -221,6 +221,10 @@ class SlackSinkSettings(BaseSinkSettings, _HttpSettings):
         default="cycle", metadata=_meta("Slack gets one message per re-query by default.")
     )
     rate: float = field(default=1.0, metadata=_meta("Slack allows about 1 message/s per webhook.", min=0.001))
+    max_batch: int = field(
+        default=1000,
+        metadata=_meta("A whole re-query fits one message (cut short inside it).", min=1, max=10000),
+    )
     type: Literal["slack"] = "slack"
 
 
@@ -304,7 +308,7 @@ def _default_node() -> str:
 
 
 def _default_sinks() -> tuple[SinkSettings, ...]:
-    return (StdoutSinkSettings(),)
+    return (StdoutSinkSettings(name="stdout"),)
 
 
 @dataclass(frozen=True)
@@ -348,9 +352,12 @@ def _convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], ba
         if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
             raise ConfigError(f"{path}: {_describe(value)} is not allowed; expected a table of strings")
         try:
-            return {str(k): expand_env(v) for k, v in value.items()}
+            for v in value.values():
+                expand_env(v)  # an unset variable is a config error now, not a failed send later
         except SecretError as err:
             raise ConfigError(f"{path}: {err}") from err
+        # Kept as written: ${ENV} values are expanded on each send, never stored or printed.
+        return {str(k): v for k, v in value.items()}
     if origin is Literal:
         allowed = typing.get_args(annotation)
         if value not in allowed:

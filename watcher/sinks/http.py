@@ -43,7 +43,8 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 def outcome_of(status: int, headers: Mapping[str, str], body: str) -> Outcome:
-    text = redact(body.strip()[:200])
+    # Redact before cutting: a cut through a secret would leave part of it behind.
+    text = redact(body.strip())[:200]
     if 200 <= status < 300:
         return Outcome.ok(status)
     error = f"HTTP {status}" + (f": {text}" if text else "")
@@ -105,6 +106,10 @@ class HttpClient:
             return Outcome(retry=True, error=f"no answer within {self.timeout:g} s")
         except (aiohttp.ClientError, ssl.SSLError, OSError) as err:
             return Outcome(retry=True, error=redact(f"{type(err).__name__}: {err}"))
+        except ValueError as err:
+            # A request that can never be sent (e.g. a header aiohttp refuses): retrying would
+            # block the queue behind it forever, so it is permanent.
+            return Outcome(error=redact(f"request refused before sending: {err}"))
 
     async def close(self) -> None:
         if self._session is not None:

@@ -80,7 +80,8 @@ def slack_message(events: Sequence[Event], node: str) -> dict[str, Any]:
     seqs = f"seq {events[0].seq}" + (f"-{events[-1].seq}" if n > 1 else "")
     context = f"node *{_escape(node)}* · {events[-1].time} · {seqs} · {ICONS[str(worst)]} {worst}"
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
-    fallback = _cut(f"{node}: {n} change(s); " + "; ".join(e.summary for e in events[:3]), 3000)
+    # The fallback is mrkdwn in notifications too: escape it like the blocks.
+    fallback = _cut(_escape(f"{node}: {n} change(s); " + "; ".join(e.summary for e in events[:3])), 3000)
     return {"text": fallback, "blocks": blocks}
 
 

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from watcher.events import Event
+from watcher.secrets import expand_env
 from watcher.settings import WebhookSinkSettings, check_signing_secret
 from watcher.sinks import Outcome
 from watcher.sinks.http import HttpClient
@@ -48,6 +49,18 @@ def cloudevent(event: Event, *, type_prefix: str) -> dict[str, Any]:
     if subject:
         ce["subject"] = subject
     return ce
+
+
+def ce_header_value(value: str) -> str:
+    """Percent-encode a binary-mode attribute (CloudEvents HTTP binding 3.1.3.2): UTF-8 bytes
+    outside printable ASCII, and space, double quote and percent."""
+    out = []
+    for byte in value.encode():
+        if 0x21 <= byte <= 0x7E and byte not in (0x22, 0x25):
+            out.append(chr(byte))
+        else:
+            out.append(f"%{byte:02X}")
+    return "".join(out)
 
 
 def message_id(events: Sequence[Event]) -> str:
@@ -89,7 +102,7 @@ class WebhookSink:
             body_obj: Any = ce.pop("data")
             del ce["datacontenttype"]
             headers["Content-Type"] = "application/json"
-            headers.update({f"ce-{k}": str(v) for k, v in ce.items()})
+            headers.update({f"ce-{k}": ce_header_value(str(v)) for k, v in ce.items()})
         elif s.format == "cloudevents":
             ces = [cloudevent(e, type_prefix=s.type_prefix) for e in events]
             body_obj = ces if s.batch else ces[0]
@@ -111,7 +124,7 @@ class WebhookSink:
         return body, headers
 
     def _extra_headers(self) -> Mapping[str, str]:
-        headers = dict(self.settings.headers)
+        headers = {k: expand_env(v) for k, v in self.settings.headers.items()}
         if self.settings.bearer_token is not None:
             headers["Authorization"] = f"Bearer {self.settings.bearer_token.get()}"
         return headers
@@ -120,12 +133,13 @@ class WebhookSink:
         assert self.settings.url is not None
         one_per_request = not self.settings.batch or self.settings.format == "cloudevents-binary"
         groups = [[e] for e in events] if one_per_request else [list(events)]
+        outcome = Outcome.ok()
         for group in groups:
             body, headers = self._request(group)
             outcome = await self.http.post(self.settings.url.get(), body, headers)
             if not outcome.delivered:
                 return outcome
-        return Outcome.ok()
+        return outcome
 
     def background(self) -> Callable[[], Awaitable[None]] | None:
         return None

@@ -1,0 +1,315 @@
+"""Operating the agent: HTTP endpoints and metrics, reload, send-test, snapshots and logs."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.agent_harness import Running, make_settings, running_agent
+from watcher.cli import main
+from watcher.fake_kubelet import FakeKubelet
+from watcher.secrets import Secret
+from watcher.settings import FileSinkSettings, StdoutSinkSettings, WebhookSinkSettings
+
+GPU = "nvidia.com/gpu"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _url(run: Running, path: str) -> str:
+    assert run.agent.http is not None
+    return f"http://127.0.0.1:{run.agent.http.bound_port}{path}"
+
+
+async def _get(run: Running, path: str) -> tuple[int, str]:
+    await run.recorder.until(lambda: run.agent.http is not None and run.agent.http.bound_port is not None)
+    async with aiohttp.ClientSession() as session, session.get(_url(run, path)) as response:
+        return response.status, await response.text()
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        metric, _, value = line.rpartition(" ")
+        if "{" in metric:
+            base, _, rest = metric.partition("{")
+            got = ",".join(sorted(rest.rstrip("}").split(",")))
+        else:
+            base, got = metric, ""
+        if base == name and got == want:
+            return float(value)
+    raise AssertionError(f"no sample {name}{{{want}}}")
+
+
+def _promtool(text: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is not installed; .ci/run installs the prometheus package")
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def test_metrics_pass_promtool_and_show_the_scenario(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        mark = len(run.recorder.events)
+        fake.add_device(GPU, "GPU-new", (1,))
+        await run.recorder.kinds_after(mark, 2)
+        inference_gpu = fake.node.pods[("ml", "inference-7f9c")].container("server").devices[GPU][0]
+        fake.make_unhealthy(GPU, inference_gpu)
+        await run.recorder.kinds_after(mark, 4)
+        await run.quiet_cycle()
+        await run.recorder.until(lambda: run.agent.dispatcher.workers["audit"].counts["delivered"] == 5)
+        status, text = await _get(run, "/metrics")
+    assert status == 200
+    _promtool(text)
+    p = "pod_resources_watcher"
+    # 8 GPUs + the hot-plugged one - the failed one.
+    assert _sample(text, f"{p}_resource_allocatable", resource=GPU, numa="all") == 8
+    assert _sample(text, f"{p}_resource_allocatable", resource=GPU, numa="1") == 4
+    assert _sample(text, f"{p}_resource_free", resource=GPU, numa="all") == 4
+    assert _sample(text, f"{p}_resource_allocatable", resource="cpu", numa="all") == 92
+    assert _sample(text, f"{p}_memory_allocatable_bytes", type="hugepages-1Gi", numa="0") == 32 * 1024**3
+    assert _sample(text, f"{p}_events_total", kind="device.added") == 1
+    assert _sample(text, f"{p}_events_total", kind="device.removed") == 1
+    assert _sample(text, f"{p}_events_total", kind="capacity.changed") == 2
+    assert _sample(text, f"{p}_requeries_total", result="changed") >= 3
+    assert _sample(text, f"{p}_requeries_total", result="unchanged") >= 1
+    assert _sample(text, f"{p}_kubelet_up") == 1
+    assert _sample(text, f"{p}_deliveries_total", sink="audit", result="delivered") == 5
+    assert _sample(text, f"{p}_outbox_depth", sink="audit") == 0
+    assert _sample(text, f"{p}_dead_letters", sink="audit") == 0
+    assert _sample(text, f"{p}_delivery_latency_seconds_count", sink="audit") == 5
+    assert _sample(text, f"{p}_requery_duration_seconds_count") >= 4
+    assert _sample(text, f"{p}_last_successful_requery_timestamp_seconds") > 1.7e9
+
+
+async def test_readyz_fails_while_the_kubelet_is_down_and_recovers(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        assert (await _get(run, "/readyz"))[0] == 200
+        assert (await _get(run, "/healthz"))[0] == 200
+        await fake.stop()
+        run.agent.trigger.fire("test")
+        await run.recorder.until(lambda: run.agent.stats.queries_failed > 0)
+        status, body = await _get(run, "/readyz")
+        assert status == 503
+        assert "not answering" in json.loads(body)["reason"]
+        assert (await _get(run, "/healthz"))[0] == 200  # alive, just not ready
+        await fake.start()
+        await run.recorder.until(
+            lambda: run.agent.stats.queries_failed > 0 and run.agent._health.failing_since is None
+        )
+        status, body = await _get(run, "/readyz")
+        assert status == 200, body
+
+
+async def test_inventory_endpoint_serves_the_canonical_inventory(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        status, body = await _get(run, "/inventory")
+    doc = json.loads(body)
+    assert status == 200
+    assert doc["hash"] == run.agent.inventory.content_hash  # type: ignore[union-attr]
+    assert doc["seq"] == run.agent.seq
+    assert doc["node"] == "node-a"
+    assert doc["derived"]["cpus"]["allocatable"] == 92
+
+
+async def test_inventory_snapshot_events_on_an_interval(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    settings = make_settings(short_tmp)
+    settings = dataclasses.replace(settings, watch=dataclasses.replace(settings.watch, snapshot_interval=0.3))
+    async with fake, running_agent(settings, fake) as run:
+        await run.recorder.until(lambda: run.recorder.kinds().count("inventory.snapshot") >= 2)
+    snap = next(e for e in run.recorder.events if e.kind == "inventory.snapshot")
+    assert snap.details["hash"] == snap.inventory_after
+    assert snap.details["inventory"]["allocatable"]["cpu_ids"]
+
+
+class _Flaky:
+    """A webhook receiver that can be down (503) or up."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.ids: list[str] = []
+        self.arrived = asyncio.Condition()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if not self.up:
+            return web.Response(status=503, headers={"Retry-After": "0"})
+        self.ids.append((await request.json())["id"])
+        async with self.arrived:
+            self.arrived.notify_all()
+        return web.Response(status=204)
+
+    async def until(self, count: int) -> None:
+        async with asyncio.timeout(20), self.arrived:
+            await self.arrived.wait_for(lambda: len(set(self.ids)) >= count)
+
+
+async def test_reload_keeps_the_queued_events_of_unchanged_sinks(short_tmp: Path) -> None:
+    receiver = _Flaky()
+    app = web.Application()
+    app.router.add_post("/", receiver.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.create_server(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    hook = WebhookSinkSettings(
+        name="hook", url=Secret(value=f"http://127.0.0.1:{sock.getsockname()[1]}/"), retry_max_delay=0.2
+    )
+    audit = FileSinkSettings(name="audit", path=short_tmp / "a.jsonl")
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    settings = dataclasses.replace(make_settings(short_tmp), sinks=(hook, audit))
+    try:
+        async with fake, running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            for i in range(3):
+                mark = len(run.recorder.events)
+                fake.add_device(GPU, f"GPU-r{i}", (0,))
+                await run.recorder.kinds_after(mark, 2)
+            queued = (await run.agent.outbox.stats("hook")).depth
+            assert queued == len(run.recorder.events)  # the receiver is down: all queued
+            # The audit sink goes, a console sink comes, the webhook stays as it was.
+            new = dataclasses.replace(settings, sinks=(hook, StdoutSinkSettings(name="console")))
+            await run.agent.reload(new)
+            assert sorted(run.agent.dispatcher.workers) == ["console", "hook"]
+            receiver.up = True
+            await receiver.until(len(run.recorder.events))
+            assert [str(e.id) for e in run.recorder.events] == list(dict.fromkeys(receiver.ids))
+    finally:
+        await runner.cleanup()
+
+
+async def test_reload_to_another_socket_reconnects(short_tmp: Path) -> None:
+    first = FakeKubelet(short_tmp / "k1", seed=1)
+    second = FakeKubelet(short_tmp / "k2", seed=2)
+    second.add_device(GPU, "GPU-only-on-the-second", (0,))
+    settings = make_settings(short_tmp)
+    settings = dataclasses.replace(
+        settings,
+        kubelet=dataclasses.replace(settings.kubelet, socket=first.socket_path, root_dir=short_tmp / "k1"),
+    )
+    async with first, second, running_agent(settings, first) as run:
+        await run.recorder.kinds_after(0, 1)
+        mark = len(run.recorder.events)
+        moved = dataclasses.replace(
+            settings,
+            kubelet=dataclasses.replace(
+                settings.kubelet, socket=second.socket_path, root_dir=short_tmp / "k2"
+            ),
+        )
+        await run.agent.reload(moved)
+        await run.recorder.kinds_after(mark, 2)
+        assert "device.added" in run.recorder.kinds(mark)
+        assert second.calls["List"] > 0
+
+
+def test_sighup_reloads_the_config_file(short_tmp: Path) -> None:
+    root = short_tmp / "kubelet"
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "watcher", "fake-kubelet", "--root", str(root)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    config = short_tmp / "w.toml"
+    base = (
+        f'node = "node-a"\nstate_dir = "{short_tmp / "state"}"\n'
+        f'[kubelet]\nsocket = "{root / "pod-resources" / "kubelet.sock"}"\nroot_dir = "{root}"\n'
+        '[http]\nlisten = "127.0.0.1:0"\n[log]\nformat = "json"\n'
+    )
+    config.write_text(base)
+    try:
+        assert fake.stderr is not None
+        assert "serving" in fake.stderr.readline()
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "watcher", "run", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert agent.stdout is not None and agent.stderr is not None
+        assert json.loads(agent.stdout.readline())["kind"] == "watcher.started"
+        config.write_text(base + f'[sinks.audit]\ntype = "file"\npath = "{short_tmp / "audit.jsonl"}"\n')
+        agent.send_signal(signal.SIGHUP)
+        for line in agent.stderr:
+            entry = json.loads(line)
+            assert entry["node"] == "node-a"
+            assert "component" in entry
+            if entry["event"] == "configuration reloaded":
+                assert entry["sinks_changed"] == ["audit", "stdout"]
+                break
+        config.write_text("[watch]\ninterval = -5\n")  # a broken config must not take the agent down
+        agent.send_signal(signal.SIGHUP)
+        for line in agent.stderr:
+            entry = json.loads(line)
+            if entry["event"].startswith("reload failed"):
+                assert "watch.interval" in entry["error"]
+                break
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=20)
+        assert agent.returncode == 0, err
+    finally:
+        fake.send_signal(signal.SIGTERM)
+        fake.wait(timeout=15)
+        if fake.stderr is not None:
+            fake.stderr.close()
+
+
+class _Echo:
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.bodies: list[dict[str, object]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.bodies.append(await request.json())
+        return web.Response(status=self.status, text="nope" if self.status >= 400 else "ok")
+
+
+@pytest.mark.parametrize(("status", "code"), [(200, 0), (400, 1)])
+async def test_send_test_reports_the_receivers_answer(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str], status: int, code: int
+) -> None:
+    echo = _Echo(status)
+    app = web.Application()
+    app.router.add_post("/", echo.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.create_server(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    config = short_tmp / "w.toml"
+    config.write_text(
+        f'state_dir = "{short_tmp}"\n[sinks.team]\ntype = "webhook"\nurl = "http://127.0.0.1:{sock.getsockname()[1]}/"\n'
+    )
+    try:
+        rc = await asyncio.to_thread(main, ["send-test", "team", "--config", str(config)])
+    finally:
+        await runner.cleanup()
+    out = capfd.readouterr().out
+    assert rc == code
+    assert f"HTTP {status}" in out
+    assert echo.bodies[0]["details"]["test"] is True  # type: ignore[index]
+    assert await asyncio.to_thread(main, ["send-test", "nobody", "--config", str(config)]) == 2
+    assert "no sink named 'nobody'" in capfd.readouterr().err
