@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import re
 import typing
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from watcher.cli import main
 from watcher.settings import (
@@ -162,3 +166,105 @@ def test_check_config_command(tmp_path: Path, capfd: pytest.CaptureFixture[str])
     assert "not valid TOML" in capfd.readouterr().err
     assert main(["check-config", str(tmp_path / "missing.toml")]) == 2
     assert "cannot read config" in capfd.readouterr().err
+
+
+def _all_fields() -> list[tuple[type, str]]:
+    from watcher import settings as s
+
+    classes = [
+        s.Settings,
+        s.KubeletSettings,
+        s.WatchSettings,
+        s.LogSettings,
+        s.HttpSettings,
+        *SINK_TYPES.values(),
+    ]
+    return [(cls, f.name) for cls in classes for f in dataclasses.fields(cls) if f.name not in {"type"}]
+
+
+def test_every_setting_is_used_by_the_package() -> None:
+    """A key nobody reads would load fine and do nothing: each one must be read somewhere."""
+    code = "\n".join(
+        p.read_text()
+        for p in (ROOT / "watcher").rglob("*.py")
+        if p.name != "settings.py" and "kubeletapi" not in p.parts
+    )
+    unused = sorted({name for _, name in _all_fields() if not re.search(rf"\.{name}\b|\b{name}=", code)})
+    assert unused == []
+
+
+_VALUES = st.one_of(
+    st.integers(min_value=-(10**9), max_value=10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.booleans(),
+    st.lists(st.text(max_size=5), max_size=3),
+    st.just({}),
+)
+_SECTIONS = ["", "kubelet", "watch", "log", "http", "sinks.a", "sinks"]
+_KEYS = sorted({name for _, name in _all_fields()} | {"typo", "intervall", "socket_file", "url_file"})
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    edits=st.lists(
+        st.tuples(st.sampled_from(_SECTIONS), st.sampled_from(_KEYS), _VALUES), min_size=1, max_size=4
+    ),
+    sink_type=st.sampled_from([*SINK_TYPES, "carrier-pigeon"]),
+)
+def test_any_config_gives_ok_or_one_clear_error_line_and_exit_2(
+    edits: list[tuple[str, str, object]], sink_type: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    doc: dict[str, object] = {"sinks": {"a": {"type": sink_type}}}
+    for section, key, value in edits:
+        target: dict[str, object] = doc
+        for part in filter(None, section.split(".")):
+            nxt = target.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                break
+            target = nxt
+        else:
+            target[key] = value
+    path = tmp_path / "fuzz.toml"
+    path.write_text(_to_toml(doc))
+    code = main(["check-config", str(path)])
+    err = capfd.readouterr().err
+    assert code in (0, 2)
+    if code == 2:
+        lines = err.splitlines()
+        assert len(lines) == 1, err
+        assert lines[0].startswith("pod-resources-watcher: error: ")
+        assert "Traceback" not in err
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(value)
+
+
+def _to_toml(doc: dict[str, object], prefix: str = "") -> str:
+    """A small TOML writer for the fuzzer (the standard library only reads TOML)."""
+    plain = {k: v for k, v in doc.items() if not isinstance(v, dict) or not v}
+    tables = {k: v for k, v in doc.items() if isinstance(v, dict) and v}
+    out = [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in plain.items()]
+    for k, v in tables.items():
+        name = f"{prefix}.{json.dumps(k)}" if prefix else json.dumps(k)
+        assert isinstance(v, dict)
+        out.append(f"\n[{name}]")
+        out.append(_to_toml(v, name))
+    return "\n".join(out) + "\n"

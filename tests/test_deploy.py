@@ -1,0 +1,891 @@
+"""deploy/: what a platform team applies to a thousand nodes, checked offline.
+
+- Every manifest parses (duplicate keys rejected) and validates against the Kubernetes JSON schemas
+  bundled in `kubernetes-validate` (strict: unknown fields fail), newest bundled version. The PodMonitor
+  is a CRD the package has no schema for: its required fields are checked by hand.
+- The kustomizations build. Two builders: real kustomize (`kubectl kustomize`, kustomize v5, where
+  kubectl is installed; the machine image has it), and `build()` below, a small builder for the subset
+  of kustomize these files use, which runs everywhere, fails on any field it does not implement and on
+  any referenced file that is missing. Where both run they must produce the same objects.
+- The DaemonSet mounts the socket's DIRECTORY (never a `.sock` path), device-plugins read-only,
+  `NODE_NAME` from the downward API, probes on /healthz and /readyz, the tight securityContext.
+- The config shipped in the ConfigMap passes `check-config`: as shipped without any secret (the Secret
+  is optional), and with its secret-using sinks uncommented and the example Secret's variables set.
+- The systemd unit is hardened; the Dockerfile is multi-stage on a pinned slim base.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+try:
+    import kubernetes_validate
+    from kubernetes_validate import utils as kv_utils
+except ImportError as err:  # pragma: no cover - a missing test dependency
+    raise ImportError(
+        'tests/test_deploy.py needs kubernetes-validate: add "kubernetes-validate>=1.37" to the test extra'
+    ) from err
+
+from watcher.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+BASE = DEPLOY / "kubernetes"
+SELINUX = BASE / "selinux"
+MONITORING = BASE / "monitoring"
+OVERLAYS = {"selinux": DEPLOY / "overlays" / "selinux", "monitoring": DEPLOY / "overlays" / "monitoring"}
+UNIT = DEPLOY / "systemd" / "pod-resources-watcher.service"
+DOCKERFILE = DEPLOY / "Dockerfile"
+
+NAMESPACE = "pod-resources-watcher"
+APP_LABEL = {"app.kubernetes.io/name": "pod-resources-watcher"}
+BASE_KINDS = ["ConfigMap", "DaemonSet", "Namespace", "ResourceQuota", "Secret", "ServiceAccount"]
+MONITORING_KINDS = sorted([*BASE_KINDS, "PodMonitor", "Service"])
+CONFIG_MAP = "pod-resources-watcher-config"
+SECRET = "pod-resources-watcher-secrets"
+SOCKET_DIR = "/var/lib/kubelet/pod-resources"
+DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
+STATE_DIR = "/var/lib/pod-resources-watcher"
+CONFIG_DIR = "/etc/pod-resources-watcher"
+HTTP_PORT = 9108
+# Kinds that are not namespaced (the namespace transformer leaves them alone).
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PriorityClass",
+    "CustomResourceDefinition",
+}
+# Kinds kubernetes-validate has no schema for; each has a hand-written check below.
+CRDS = {("monitoring.coreos.com/v1", "PodMonitor")}
+
+
+# --- YAML -----------------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last one silently)."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def load_yaml_docs(text: str) -> list[Any]:
+    return [doc for doc in yaml.load_all(text, Loader=_StrictLoader) if doc is not None]
+
+
+def load_yaml(path: Path) -> Any:
+    (doc,) = load_yaml_docs(path.read_text())
+    return doc
+
+
+# --- a small kustomize ----------------------------------------------------------------------------
+
+KUSTOMIZATION_KEYS = {
+    "apiVersion",
+    "kind",
+    "namespace",
+    "resources",
+    "components",
+    "configMapGenerator",
+    "secretGenerator",
+    "patches",
+}
+GENERATOR_KEYS = {"name", "files", "literals", "envs", "type"}
+
+
+class KustomizeError(AssertionError):
+    pass
+
+
+def _existing(directory: Path, ref: str, what: str) -> Path:
+    path = (directory / ref).resolve()
+    if not path.exists():
+        raise KustomizeError(f"{directory}/kustomization.yaml: {what} {ref!r} does not exist")
+    return path
+
+
+def _read_kustomization(directory: Path, kind: str) -> dict[str, Any]:
+    path = directory / "kustomization.yaml"
+    if not path.is_file():
+        raise KustomizeError(f"{directory}: no kustomization.yaml")
+    k = load_yaml(path)
+    unsupported = set(k) - KUSTOMIZATION_KEYS
+    if unsupported:
+        raise KustomizeError(f"{path}: fields this builder does not implement: {sorted(unsupported)}")
+    want_api = (
+        "kustomize.config.k8s.io/v1alpha1" if kind == "Component" else "kustomize.config.k8s.io/v1beta1"
+    )
+    if k.get("kind") != kind or k.get("apiVersion") != want_api:
+        raise KustomizeError(f"{path}: expected {want_api} {kind}, got {k.get('apiVersion')} {k.get('kind')}")
+    return k
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    """kustomize's env-file format: KEY=VALUE lines; blank lines and # comments skipped."""
+    out: dict[str, str] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise KustomizeError(f"{path}:{n}: not KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+def _generate(directory: Path, spec: dict[str, Any], kind: str) -> dict[str, Any]:
+    unsupported = set(spec) - GENERATOR_KEYS
+    if unsupported:
+        raise KustomizeError(f"{directory}: generator fields not implemented: {sorted(unsupported)}")
+    data: dict[str, str] = {}
+    for ref in spec.get("files", []):
+        key, _, file = ref.rpartition("=")
+        path = _existing(directory, file, "file")
+        data[key or path.name] = path.read_text()
+    for literal in spec.get("literals", []):
+        key, _, value = literal.partition("=")
+        data[key] = value
+    for ref in spec.get("envs", []):
+        data.update(_env_file(_existing(directory, ref, "env file")))
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": {"name": spec["name"]}}
+    if kind == "Secret":
+        obj["type"] = spec.get("type", "Opaque")
+        obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    else:
+        obj["data"] = data
+    return obj
+
+
+def _pointer(path: str) -> list[str]:
+    if not path.startswith("/"):
+        raise KustomizeError(f"not a JSON pointer: {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _json_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> None:
+    """RFC 6902 add / replace / remove, as kustomize applies a JSON 6902 patch."""
+    for op in ops:
+        *parents, last = _pointer(op["path"])
+        node: Any = obj
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        kind = op["op"]
+        if isinstance(node, list):
+            index = len(node) if last == "-" else int(last)
+            if kind == "add":
+                node.insert(index, copy.deepcopy(op["value"]))
+            elif kind == "replace":
+                node[index] = copy.deepcopy(op["value"])
+            elif kind == "remove":
+                del node[index]
+            else:
+                raise KustomizeError(f"JSON patch op {kind!r} not implemented")
+        elif kind == "add":
+            node[last] = copy.deepcopy(op["value"])
+        elif kind in ("replace", "remove"):
+            if last not in node:
+                raise KustomizeError(f"{kind} {op['path']}: no such path")
+            if kind == "remove":
+                del node[last]
+            else:
+                node[last] = copy.deepcopy(op["value"])
+        else:
+            raise KustomizeError(f"JSON patch op {kind!r} not implemented")
+
+
+def _matches(obj: dict[str, Any], target: dict[str, Any]) -> bool:
+    group, _, version = obj["apiVersion"].rpartition("/")
+    have = {"group": group, "version": version, "kind": obj["kind"], "name": obj["metadata"]["name"]}
+    unsupported = set(target) - set(have)
+    if unsupported:
+        raise KustomizeError(f"patch target fields not implemented: {sorted(unsupported)}")
+    return all(have[k] == v for k, v in target.items())
+
+
+def _apply_patch(directory: Path, patch: dict[str, Any], objs: list[dict[str, Any]]) -> None:
+    if set(patch) - {"path", "patch", "target"} or "target" not in patch:
+        raise KustomizeError(f"{directory}: only JSON 6902 patches with a target are implemented: {patch}")
+    text = _existing(directory, patch["path"], "patch").read_text() if "path" in patch else patch["patch"]
+    ops = load_yaml_docs(text)
+    if len(ops) != 1 or not isinstance(ops[0], list):
+        raise KustomizeError(f"{directory}: patch {patch} is not a JSON 6902 list (strategic merge?)")
+    hits = [o for o in objs if _matches(o, patch["target"])]
+    if not hits:
+        raise KustomizeError(f"{directory}: patch target {patch['target']} matches nothing")
+    for obj in hits:
+        _json_patch(obj, ops[0])
+
+
+def _run(directory: Path, kind: str, accumulated: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    k = _read_kustomization(directory, kind)
+    objs = list(accumulated)
+    for ref in k.get("resources", []):
+        path = _existing(directory, ref, "resource")
+        objs += build(path) if path.is_dir() else copy.deepcopy(load_yaml_docs(path.read_text()))
+    for ref in k.get("components", []):
+        objs = _run(_existing(directory, ref, "component"), "Component", objs)
+    objs += [_generate(directory, g, "ConfigMap") for g in k.get("configMapGenerator", [])]
+    objs += [_generate(directory, g, "Secret") for g in k.get("secretGenerator", [])]
+    for patch in k.get("patches", []):
+        _apply_patch(directory, patch, objs)
+    if "namespace" in k:
+        for obj in objs:
+            if obj["kind"] not in CLUSTER_SCOPED:
+                obj["metadata"]["namespace"] = k["namespace"]
+    return objs
+
+
+def build(directory: Path) -> list[dict[str, Any]]:
+    """Build a kustomization directory: resources (files and directories), components, config map and
+    secret generators (without the name hash), JSON 6902 patches, namespace."""
+    objs = _run(directory.resolve(), "Kustomization", [])
+    keys = [_key(o) for o in objs]
+    duplicates = {k for k in keys if keys.count(k) > 1}
+    if duplicates:
+        raise KustomizeError(f"{directory}: the same object twice: {sorted(duplicates)}")
+    return objs
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    return (obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
+def kinds(objs: list[dict[str, Any]]) -> list[str]:
+    return sorted(o["kind"] for o in objs)
+
+
+def the(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (obj,) = [o for o in objs if o["kind"] == kind]
+    return obj
+
+
+# --- real kustomize -------------------------------------------------------------------------------
+
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed; build() still runs"
+)
+
+
+def kubectl_kustomize(directory: Path) -> list[dict[str, Any]]:
+    assert KUBECTL is not None
+    result = subprocess.run(
+        [KUBECTL, "kustomize", str(directory)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return load_yaml_docs(result.stdout)
+
+
+def without_name_hashes(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """kustomize appends `-<10 chars>` to generated names and rewrites references to them; undo that."""
+    hashed = {}
+    for obj in objs:
+        name = obj["metadata"]["name"]
+        if obj["kind"] in ("ConfigMap", "Secret") and re.fullmatch(r".+-[a-z0-9]{10}", name):
+            hashed[name] = name[:-11]
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return hashed.get(node, node) if isinstance(node, str) else node
+
+    return [walk(o) for o in objs]
+
+
+# --- builds ---------------------------------------------------------------------------------------
+
+VARIANTS = {"base": BASE, **OVERLAYS}
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, list[dict[str, Any]]]:
+    return {name: build(path) for name, path in VARIANTS.items()}
+
+
+@pytest.fixture(scope="module")
+def daemonset(built: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    return the(built["base"], "DaemonSet")
+
+
+@pytest.fixture(scope="module")
+def container(daemonset: dict[str, Any]) -> dict[str, Any]:
+    containers = daemonset["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["watcher"]
+    return containers[0]
+
+
+def privileged_variant() -> list[dict[str, Any]]:
+    """The base with the selinux component's alternative patch (privileged.yaml) instead of spc_t."""
+    objs = build(BASE)
+    _apply_patch(
+        SELINUX,
+        {"path": "privileged.yaml", "target": {"kind": "DaemonSet", "name": "pod-resources-watcher"}},
+        objs,
+    )
+    return objs
+
+
+def test_every_yaml_file_parses_without_duplicate_keys() -> None:
+    files = sorted(DEPLOY.rglob("*.yaml"))
+    assert len(files) >= 12
+    for path in files:
+        assert load_yaml_docs(path.read_text()), f"{path} is empty"
+
+
+def test_base_builds_to_exactly_the_expected_objects(built: dict[str, list[dict[str, Any]]]) -> None:
+    objs = built["base"]
+    assert kinds(objs) == BASE_KINDS
+    assert the(objs, "Namespace")["metadata"]["name"] == NAMESPACE
+    for obj in objs:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == NAMESPACE, _key(obj)
+    config_map = the(objs, "ConfigMap")
+    assert config_map["metadata"]["name"] == CONFIG_MAP
+    assert list(config_map["data"]) == ["config.toml"]
+    assert the(objs, "Secret")["metadata"]["name"] == SECRET
+    assert the(objs, "ServiceAccount")["automountServiceAccountToken"] is False
+
+
+def test_overlays_add_their_component(built: dict[str, list[dict[str, Any]]]) -> None:
+    assert kinds(built["selinux"]) == BASE_KINDS
+    pod = the(built["selinux"], "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
+    # Only the label changes: the container stays unprivileged.
+    assert pod["containers"][0]["securityContext"]["privileged"] is False
+    assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
+
+    assert kinds(built["monitoring"]) == MONITORING_KINDS
+    for kind in ("Service", "PodMonitor"):
+        assert the(built["monitoring"], kind)["metadata"]["namespace"] == NAMESPACE
+
+
+def test_privileged_alternative_is_a_valid_privileged_container() -> None:
+    sc = the(privileged_variant(), "DaemonSet")["spec"]["template"]["spec"]["containers"][0][
+        "securityContext"
+    ]
+    assert sc["privileged"] is True
+    # The API server rejects privileged with allowPrivilegeEscalation false.
+    assert sc["allowPrivilegeEscalation"] is True
+
+
+def test_builder_rejects_what_it_does_not_implement(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamePrefix: x-\n"
+    )
+    with pytest.raises(KustomizeError, match="namePrefix"):
+        build(tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [missing.yaml]\n"
+    )
+    with pytest.raises(KustomizeError, match="does not exist"):
+        build(tmp_path)
+
+
+def test_every_file_in_the_kustomize_tree_is_used() -> None:
+    """A file nobody references is a file that looks deployed but is not."""
+    referenced = {BASE / "kustomization.yaml", SELINUX / "privileged.yaml"}  # the documented alternative
+    for directory in (BASE, SELINUX, MONITORING):
+        k = load_yaml(directory / "kustomization.yaml")
+        referenced.add(directory / "kustomization.yaml")
+        for ref in k.get("resources", []):
+            referenced.add((directory / ref).resolve())
+        for gen in k.get("configMapGenerator", []) + k.get("secretGenerator", []):
+            for ref in gen.get("files", []) + gen.get("envs", []):
+                referenced.add((directory / ref.rpartition("=")[2]).resolve())
+        for patch in k.get("patches", []):
+            if "path" in patch:
+                referenced.add((directory / patch["path"]).resolve())
+    present = {p.resolve() for p in BASE.rglob("*") if p.is_file()}
+    assert present - referenced == set()
+
+
+@needs_kubectl
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_real_kustomize_builds_the_same_objects(variant: str, built: dict[str, list[dict[str, Any]]]) -> None:
+    real = without_name_hashes(kubectl_kustomize(VARIANTS[variant]))
+    ours = built[variant]
+    assert sorted(map(_key, real)) == sorted(map(_key, ours))
+    by_key = {_key(o): o for o in ours}
+    for obj in real:
+        assert obj == by_key[_key(obj)], _key(obj)
+
+
+@needs_kubectl
+def test_real_kustomize_hashes_generated_names_and_rewrites_references() -> None:
+    objs = kubectl_kustomize(BASE)
+    config_map, secret = the(objs, "ConfigMap")["metadata"]["name"], the(objs, "Secret")["metadata"]["name"]
+    assert re.fullmatch(CONFIG_MAP + r"-[a-z0-9]{10}", config_map)
+    assert re.fullmatch(SECRET + r"-[a-z0-9]{10}", secret)
+    pod = the(objs, "DaemonSet")["spec"]["template"]["spec"]
+    assert {"name": "config", "configMap": {"name": config_map}} in pod["volumes"]
+    assert pod["containers"][0]["envFrom"] == [{"secretRef": {"name": secret, "optional": True}}]
+
+
+# --- schemas --------------------------------------------------------------------------------------
+
+SCHEMA_VERSION = kv_utils.latest_version()
+
+
+def _validate_all(objs: list[dict[str, Any]]) -> None:
+    for obj in objs:
+        if (obj["apiVersion"], obj["kind"]) in CRDS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            where = ".".join(str(p) for p in err.path)
+            pytest.fail(f"{_key(obj)} invalid against Kubernetes {SCHEMA_VERSION}: {where}: {err.message}")
+
+
+def test_schema_version_is_recent() -> None:
+    assert tuple(int(p) for p in SCHEMA_VERSION.split(".")[:2]) >= (1, 30)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_built_objects_validate_against_kubernetes_schemas(
+    variant: str, built: dict[str, list[dict[str, Any]]]
+) -> None:
+    _validate_all(built[variant])
+
+
+def test_privileged_variant_validates() -> None:
+    _validate_all(privileged_variant())
+
+
+@needs_kubectl
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_real_kustomize_output_validates(variant: str) -> None:
+    _validate_all(kubectl_kustomize(VARIANTS[variant]))
+
+
+def test_the_validator_is_strict(daemonset: dict[str, Any]) -> None:
+    """Guards the guard: a misspelt field must fail, not pass as an unknown extra."""
+    bad = copy.deepcopy(daemonset)
+    bad["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]["readonly"] = True
+    with pytest.raises(kubernetes_validate.ValidationError, match="readonly"):
+        kubernetes_validate.validate(bad, SCHEMA_VERSION, strict=True)
+
+
+def test_podmonitor_required_fields_by_hand(built: dict[str, list[dict[str, Any]]]) -> None:
+    """kubernetes-validate bundles no CRD schemas; these are the fields the Prometheus Operator needs."""
+    with pytest.raises(kubernetes_validate.utils.SchemaNotFoundError):
+        kubernetes_validate.validate(the(built["monitoring"], "PodMonitor"), SCHEMA_VERSION, strict=True)
+    pm = the(built["monitoring"], "PodMonitor")
+    assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(pm) == {"apiVersion", "kind", "metadata", "spec"}
+    assert pm["metadata"]["name"] and pm["metadata"]["namespace"] == NAMESPACE
+    assert set(pm["spec"]) <= {"selector", "podMetricsEndpoints", "namespaceSelector", "jobLabel"}
+    assert pm["spec"]["selector"] == {"matchLabels": APP_LABEL}
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "relabelings", "scheme"}
+    assert endpoint["port"] == "http-metrics" and endpoint["path"] == "/metrics"
+    for duration in (endpoint["interval"], endpoint["scrapeTimeout"]):
+        assert re.fullmatch(r"\d+[smh]", duration)
+    for relabel in endpoint["relabelings"]:
+        assert set(relabel) <= {"sourceLabels", "targetLabel", "action", "regex", "replacement"}
+        assert all(label.startswith("__meta_kubernetes_pod_") for label in relabel["sourceLabels"])
+
+    service = the(built["monitoring"], "Service")
+    assert service["spec"]["selector"] == APP_LABEL
+    assert service["spec"]["ports"] == [
+        {"name": "http-metrics", "port": HTTP_PORT, "targetPort": "http-metrics", "protocol": "TCP"}
+    ]
+
+
+# --- the DaemonSet --------------------------------------------------------------------------------
+
+
+def _volume(daemonset: dict[str, Any], name: str) -> dict[str, Any]:
+    (volume,) = [v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == name]
+    return volume
+
+
+def _mount(container: dict[str, Any], name: str) -> dict[str, Any]:
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == name]
+    return mount
+
+
+def _strings(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+def test_mounts_the_socket_directory_writable_never_the_socket(
+    daemonset: dict[str, Any], container: dict[str, Any]
+) -> None:
+    volume = _volume(daemonset, "pod-resources")
+    assert volume["hostPath"] == {"path": SOCKET_DIR, "type": "Directory"}
+    mount = _mount(container, "pod-resources")
+    assert mount["mountPath"] == SOCKET_DIR
+    assert mount.get("readOnly", False) is False
+    # No file path ending in .sock anywhere: not in a hostPath, not in a mount, not in a subPath.
+    for volume in daemonset["spec"]["template"]["spec"]["volumes"]:
+        if "hostPath" in volume:
+            assert not volume["hostPath"]["path"].endswith(".sock")
+            assert volume["hostPath"].get("type") in ("Directory", "DirectoryOrCreate"), volume
+    for mount in container["volumeMounts"]:
+        assert not mount["mountPath"].endswith(".sock")
+        assert "subPath" not in mount and "subPathExpr" not in mount, "a subPath pins one file"
+    assert not [s for s in _strings(daemonset) if s.endswith(".sock")]
+
+
+def test_device_plugins_directory_read_only_and_state_directory(
+    daemonset: dict[str, Any], container: dict[str, Any]
+) -> None:
+    assert _volume(daemonset, "device-plugins")["hostPath"] == {"path": DEVICE_PLUGINS, "type": "Directory"}
+    assert _mount(container, "device-plugins") == {
+        "name": "device-plugins",
+        "mountPath": DEVICE_PLUGINS,
+        "readOnly": True,
+    }
+    assert _volume(daemonset, "state")["hostPath"] == {"path": STATE_DIR, "type": "DirectoryOrCreate"}
+    assert _mount(container, "state")["mountPath"] == STATE_DIR
+    assert _mount(container, "state").get("readOnly", False) is False
+    assert _volume(daemonset, "config")["configMap"]["name"] == CONFIG_MAP
+    assert _mount(container, "config") == {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}
+    # Every mount has its volume and the other way round.
+    volumes = {v["name"] for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    assert volumes == {m["name"] for m in container["volumeMounts"]}
+
+
+def test_node_name_and_secrets_in_the_environment(container: dict[str, Any]) -> None:
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container[
+        "env"
+    ]
+    assert container["envFrom"] == [{"secretRef": {"name": SECRET, "optional": True}}]
+
+
+def test_command_probes_and_port(container: dict[str, Any]) -> None:
+    assert container["args"] == ["run", "--config", f"{CONFIG_DIR}/config.toml"]
+    assert "command" not in container, "the image's ENTRYPOINT is the console command"
+    assert container["ports"] == [{"name": "http-metrics", "containerPort": HTTP_PORT, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http-metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
+    if "startupProbe" in container:
+        assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http-metrics"}
+
+
+def test_resources_are_set_and_documented(container: dict[str, Any]) -> None:
+    resources = container["resources"]
+    assert set(resources) == {"requests", "limits"}
+    for section in resources.values():
+        assert set(section) == {"cpu", "memory"}
+    text = (BASE / "daemonset.yaml").read_text()
+    # The measurement behind the numbers, with the command that produced it.
+    assert "fake-kubelet --root" in text and "VmRSS" in text and "cputime" in text
+    assert "MEASURED_" not in text
+
+
+def test_security_context_is_as_tight_as_the_socket_allows(
+    daemonset: dict[str, Any], container: dict[str, Any]
+) -> None:
+    pod = daemonset["spec"]["template"]["spec"]
+    sc = container["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False  # the socket is root-owned
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] is False
+    assert "seLinuxOptions" not in pod["securityContext"], "spc_t only in the selinux component"
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert pod.get(key, False) is False
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_scheduling_and_rollout(daemonset: dict[str, Any]) -> None:
+    spec = daemonset["spec"]
+    pod = spec["template"]["spec"]
+    assert {"operator": "Exists"} in pod["tolerations"]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert spec["updateStrategy"]["type"] == "RollingUpdate"
+    rolling = spec["updateStrategy"]["rollingUpdate"]
+    assert re.fullmatch(r"\d+%", str(rolling["maxUnavailable"])) and rolling["maxUnavailable"] != "0%"
+    assert rolling.get("maxSurge", 0) in (0, "0%"), "two agents on one node would share the outbox"
+    # A little above the agent's shutdown deadline.
+    assert 10 <= pod["terminationGracePeriodSeconds"] <= 30
+    if "priorityClassName" in pod:
+        assert pod["priorityClassName"] == "system-node-critical"
+
+
+def test_namespace_admits_hostpath_pods(built: dict[str, list[dict[str, Any]]]) -> None:
+    labels = the(built["base"], "Namespace")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    quota = the(built["base"], "ResourceQuota")
+    (scope,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert scope["scopeName"] == "PriorityClass" and scope["values"] == ["system-node-critical"]
+
+
+# --- the config in the ConfigMap --------------------------------------------------------------------
+
+SECRET_BLOCK = re.compile(
+    r"^# --- BEGIN sinks that need the Secret -+\n(?P<body>.*?)^# --- END sinks that need the Secret -+$",
+    re.S | re.M,
+)
+
+
+def _secret_env() -> dict[str, str]:
+    return _env_file(BASE / "secrets.env")
+
+
+def _shipped_config(built: dict[str, list[dict[str, Any]]]) -> str:
+    text: str = the(built["base"], "ConfigMap")["data"]["config.toml"]
+    return text
+
+
+def _with_secret_sinks(config: str) -> str:
+    """The config with its commented secret-using sinks turned on, as the README tells a user to."""
+    match = SECRET_BLOCK.search(config)
+    assert match, "config.toml has no BEGIN/END block of secret-using sinks"
+    body = "\n".join(
+        line[2:] if re.match(r"# (\[|\w+ = )", line) else line for line in match["body"].splitlines()
+    )
+    enabled = config[: match.start()] + body + "\n" + config[match.end() :]
+    assert {"slack", "pagerduty", "inventory"} <= set(tomllib.loads(enabled)["sinks"])
+    return enabled
+
+
+def test_shipped_config_passes_check_config_without_any_secret(
+    built: dict[str, list[dict[str, Any]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The Secret is optional: the config as shipped must need none of its variables."""
+    for name in _secret_env():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NODE_NAME", "gpu-node-17")
+    path = tmp_path / "config.toml"
+    path.write_text(_shipped_config(built))
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    settings = json.loads(out.split("\n", 1)[1])
+    assert settings["node"] == "gpu-node-17"  # from NODE_NAME, i.e. the downward API
+    assert settings["state_dir"] == STATE_DIR
+    assert settings["kubelet"]["socket"] == f"{SOCKET_DIR}/kubelet.sock"
+    assert settings["kubelet"]["root_dir"] == "/var/lib/kubelet"
+    for sink in settings["sinks"]:
+        if sink.get("path"):
+            assert sink["path"].startswith(STATE_DIR + "/"), "only the state dir is writable"
+
+
+def test_config_with_secret_sinks_passes_check_config_with_the_secrets_variables(
+    built: dict[str, list[dict[str, Any]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    secrets = _secret_env()
+    path = tmp_path / "config.toml"
+    path.write_text(_with_secret_sinks(_shipped_config(built)))
+    for name in secrets:
+        monkeypatch.delenv(name, raising=False)
+    assert main(["check-config", str(path)]) == 2  # an unset ${NAME}: one line, exit 2
+    err = capsys.readouterr().err
+    assert "is not set" in err and len(err.strip().splitlines()) == 1
+
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    for value in secrets.values():
+        assert value not in out, "check-config must not print secrets"
+    sinks = json.loads(out.split("\n", 1)[1])["sinks"]
+    assert {s["name"] for s in sinks} >= {"console", "audit", "slack", "pagerduty", "inventory"}
+
+
+def test_secret_keys_and_config_references_agree(built: dict[str, list[dict[str, Any]]]) -> None:
+    config = _shipped_config(built)
+    referenced = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", config))
+    assert referenced == set(_secret_env())
+    # ...and the generated Secret carries exactly those keys, base64 of the placeholders.
+    secret = the(built["base"], "Secret")
+    assert set(secret["data"]) == referenced
+
+
+def test_example_secret_holds_placeholders_only() -> None:
+    for name, value in _secret_env().items():
+        assert re.search(r"REPLACE|example\.invalid", value), f"{name} does not look like a placeholder"
+
+
+def test_http_listen_matches_the_container_port(built: dict[str, list[dict[str, Any]]]) -> None:
+    from watcher import settings as settings_module
+
+    if "http" not in settings_module.Settings.__dataclass_fields__:
+        pytest.skip("watcher.settings has no [http] section yet")
+    listen = tomllib.loads(_shipped_config(built)).get("http", {}).get("listen")
+    if listen is None:
+        listen = settings_module.HttpSettings().listen
+    assert listen.rpartition(":")[2] == str(HTTP_PORT)
+
+
+# --- systemd --------------------------------------------------------------------------------------
+
+
+def _unit(path: Path) -> dict[str, dict[str, list[str]]]:
+    """A unit file as section -> key -> values (keys may repeat, e.g. Environment=)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        assert current is not None, f"{line!r} outside a section"
+        key, sep, value = line.partition("=")
+        assert sep, f"not KEY=VALUE: {line!r}"
+        current.setdefault(key, []).append(value)
+    return sections
+
+
+def test_systemd_unit_is_hardened() -> None:
+    unit = _unit(UNIT)
+    service = unit["Service"]
+
+    def one(key: str) -> str:
+        (value,) = service[key]
+        return value
+
+    assert one("ProtectSystem") == "strict"
+    assert one("ProtectHome") in ("true", "yes")
+    assert one("PrivateTmp") in ("true", "yes")
+    assert one("NoNewPrivileges") in ("true", "yes")
+    assert one("StateDirectory") == "pod-resources-watcher"
+    writable = {p.lstrip("-") for value in service["ReadWritePaths"] for p in value.split()}
+    assert writable == {STATE_DIR, SOCKET_DIR}
+    assert one("Restart") == "on-failure"
+    assert re.fullmatch(r"\d+s?", one("RestartSec"))
+    assert "NODE_NAME=%H" in service["Environment"]
+    assert one("ExecStart").split() == [
+        "/opt/pod-resources-watcher/bin/pod-resources-watcher",
+        "run",
+        "--config",
+        f"{CONFIG_DIR}/config.toml",
+    ]
+    assert one("ExecReload") == "/bin/kill -HUP $MAINPID"
+    assert one("CapabilityBoundingSet") == ""
+    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_verify_finds_nothing_but_the_missing_binary() -> None:
+    result = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(UNIT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if UNIT.name in line]
+    # The binary is not installed here; anything else (unknown key, bad value) is a mistake.
+    problems = [line for line in lines if "is not executable" not in line]
+    assert problems == []
+
+
+# --- Dockerfile -----------------------------------------------------------------------------------
+
+
+def _instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line, pending = pending + line, ""
+        instruction, _, args = line.partition(" ")
+        out.append((instruction.upper(), args.strip()))
+    return out
+
+
+def _stages(instructions: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    stages: list[list[tuple[str, str]]] = []
+    for instruction, args in instructions:
+        if instruction == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((instruction, args))
+    return stages
+
+
+def test_dockerfile_multi_stage_on_a_pinned_slim_base() -> None:
+    instructions = _instructions(DOCKERFILE)
+    args = dict(a.partition("=")[::2] for i, a in instructions if i == "ARG" and "=" in a)
+    stages = _stages(instructions)
+    assert len(stages) >= 2
+    for stage in stages:
+        image = stage[0][1].split()[0]
+        image = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], image)
+        # An exact Python 3.11 patch release of a slim Debian image: never `latest`, `3`, `3.11`.
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-(bookworm|trixie)(@sha256:[0-9a-f]{64})?", image), image
+    assert stages[0][0][1].split()[-2:] == ["AS", "builder"]
+    builder = " ".join(a for i, a in stages[0] if i == "RUN")
+    assert "pip wheel" in builder and "venv" in builder
+
+
+def test_dockerfile_final_stage_has_the_venv_and_no_build_tools() -> None:
+    final = _stages(_instructions(DOCKERFILE))[-1]
+    text = "\n".join(f"{i} {a}" for i, a in final)
+    for tool in ("gcc", "g++", "build-essential", "apt-get install", "make ", "clang", "pip wheel"):
+        assert tool not in text, tool
+    copies = [a for i, a in final if i == "COPY" and a.startswith("--from=")]
+    assert copies == ["--from=builder /opt/pod-resources-watcher /opt/pod-resources-watcher"]
+    entrypoint = json.loads(dict(final)["ENTRYPOINT"])  # exec form: JSON, no shell
+    assert entrypoint == ["/opt/pod-resources-watcher/bin/pod-resources-watcher"]
+    assert json.loads(dict(final)["CMD"]) == ["run", "--config", f"{CONFIG_DIR}/config.toml"]
+    assert dict(final)["EXPOSE"] == str(HTTP_PORT)
+
+
+def test_dockerfile_copies_only_what_exists_and_is_in_the_context() -> None:
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    assert "*" in ignore, "the context starts empty"
+    for instruction, args in _instructions(DOCKERFILE):
+        if instruction != "COPY" or args.startswith("--from="):
+            continue
+        *sources, _ = args.split()
+        for source in sources:
+            assert (ROOT / source).exists(), source
+            assert source.rstrip("/") in allowed, f"{source} is excluded by Dockerfile.dockerignore"
