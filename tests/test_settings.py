@@ -7,7 +7,6 @@ import dataclasses
 import json
 import re
 import typing
-from collections import Counter
 from pathlib import Path
 
 import pytest
