@@ -47,3 +47,18 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
     for t in leaked:
         t.cancel()
     assert not leaked, f"test leaked tasks: {leaked}"
+
+
+# A secret planted in the test configs (URLs, tokens, signing secrets). It must never
+# show up in anything a test captured: stdout, stderr or log records, across the suite.
+PLANTED_SECRET = "plantedSecret-7f3a9c1e5b2d"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    leaked = [name for name, text in report.sections if PLANTED_SECRET in text]
+    if leaked and report.passed:
+        report.outcome = "failed"
+        report.longrepr = f"the planted secret appeared in captured output: {', '.join(leaked)}"

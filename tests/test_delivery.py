@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from tests.agent_harness import make_settings, running_agent
+from tests.conftest import PLANTED_SECRET
 from watcher.audit import verify_files
 from watcher.changes import Change, Kind, Severity
 from watcher.cli import main
@@ -285,20 +286,23 @@ type = "file"
 path = "{audit}"
 [sinks.inventory]
 type = "webhook"
-url = "http://127.0.0.1:{receiver_port}/events"
+url = "http://127.0.0.1:{receiver_port}/events?token={PLANTED_SECRET}"
 signing_secret = "{secret}"
 rate = 500
 retry_max_delay = 0.5
 """
     )
 
+    logs = short_tmp / "agent.log"
+
     def start_agent() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "watcher", "run", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
+        with open(logs, "ab") as log_file:
+            return subprocess.Popen(
+                [sys.executable, "-m", "watcher", "run", "--config", str(config)],
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
 
     async def churn(start: int, count: int) -> None:
         for i in range(start, start + count):
@@ -334,6 +338,10 @@ retry_max_delay = 0.5
             agent.send_signal(signal.SIGTERM)
             agent.wait(timeout=20)
 
+    # The receiver was down for a while: failures were logged, never with the secret in the URL.
+    logged = logs.read_text()
+    assert "delivery failed" in logged
+    assert PLANTED_SECRET not in logged
     # Every event arrived; first arrivals are in seq order; a duplicate is the same event.
     assert recorder.mismatched == []
     first_seen: dict[str, int] = {}

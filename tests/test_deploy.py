@@ -35,7 +35,7 @@ try:
     from kubernetes_validate import utils as kv_utils
 except ImportError as err:  # pragma: no cover - a missing test dependency
     raise ImportError(
-        'tests/test_deploy.py needs kubernetes-validate: add "kubernetes-validate>=1.37" to the test extra'
+        'tests/test_deploy.py needs kubernetes-validate: add "kubernetes-validate>=1.30" to the test extra'
     ) from err
 
 from watcher.cli import main

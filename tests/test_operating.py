@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from tests.agent_harness import Running, make_settings, running_agent
+from tests.conftest import PLANTED_SECRET
 from watcher.cli import main
 from watcher.fake_kubelet import FakeKubelet
 from watcher.secrets import Secret
@@ -177,7 +178,10 @@ async def test_reload_keeps_the_queued_events_of_unchanged_sinks(short_tmp: Path
     sock = socket.create_server(("127.0.0.1", 0))
     await web.SockSite(runner, sock).start()
     hook = WebhookSinkSettings(
-        name="hook", url=Secret(value=f"http://127.0.0.1:{sock.getsockname()[1]}/"), retry_max_delay=0.2
+        name="hook",
+        url=Secret(value=f"http://127.0.0.1:{sock.getsockname()[1]}/"),
+        bearer_token=Secret(value=PLANTED_SECRET),
+        retry_max_delay=0.2,
     )
     audit = FileSinkSettings(name="audit", path=short_tmp / "a.jsonl")
     fake = FakeKubelet(short_tmp / "kubelet", seed=1)
@@ -252,18 +256,29 @@ def test_sighup_reloads_the_config_file(short_tmp: Path) -> None:
         )
         assert agent.stdout is not None and agent.stderr is not None
         assert json.loads(agent.stdout.readline())["kind"] == "watcher.started"
-        config.write_text(base + f'[sinks.audit]\ntype = "file"\npath = "{short_tmp / "audit.jsonl"}"\n')
+        # A sink whose URL carries the planted secret and whose receiver is not there: its
+        # errors are logged, and the secret must not be in them.
+        config.write_text(
+            base.replace("[log]", "[watch]\nsnapshot_interval = 0.3\n[log]")
+            + f'[sinks.audit]\ntype = "file"\npath = "{short_tmp / "audit.jsonl"}"\n'
+            + f'[sinks.gone]\ntype = "webhook"\nurl = "http://127.0.0.1:9/{PLANTED_SECRET}"\n'
+            + "retry_max_delay = 0.1\n"
+        )
         agent.send_signal(signal.SIGHUP)
+        seen: list[str] = []
         for line in agent.stderr:
+            seen.append(line)
             entry = json.loads(line)
             assert entry["node"] == "node-a"
             assert "component" in entry
             if entry["event"] == "configuration reloaded":
-                assert entry["sinks_changed"] == ["audit", "stdout"]
+                assert entry["sinks_changed"] == ["audit", "gone", "stdout"]
+            if entry["event"] == "delivery failed; will retry" and entry.get("sink") == "gone":
                 break
         config.write_text("[watch]\ninterval = -5\n")  # a broken config must not take the agent down
         agent.send_signal(signal.SIGHUP)
         for line in agent.stderr:
+            seen.append(line)
             entry = json.loads(line)
             if entry["event"].startswith("reload failed"):
                 assert "watch.interval" in entry["error"]
@@ -271,6 +286,9 @@ def test_sighup_reloads_the_config_file(short_tmp: Path) -> None:
         agent.send_signal(signal.SIGTERM)
         _, err = agent.communicate(timeout=20)
         assert agent.returncode == 0, err
+        logged = "".join(seen) + err
+        assert "delivery failed" in logged  # the sink's failures were logged ...
+        assert PLANTED_SECRET not in logged  # ... without the secret in its URL
     finally:
         fake.send_signal(signal.SIGTERM)
         fake.wait(timeout=15)
