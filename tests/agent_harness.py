@@ -106,6 +106,8 @@ async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterat
     agent = Agent(settings)
     agent.subscribe(recorder.on_event)
     agent.subscribe_cycles(recorder.on_cycle)
+    # Deliveries wake waiters too, so a test can wait on what a sink received.
+    agent.dispatcher.observers.append(lambda *_: recorder._changed.set())
     task = asyncio.create_task(agent.run(), name="agent-under-test")
     recorder.task = task
     task.add_done_callback(lambda _: recorder._changed.set())

@@ -354,3 +354,76 @@ retry_max_delay = 0.5
         if str(body["id"]) in by_id:
             assert body == by_id[str(body["id"])]
     assert [int(e["seq"]) for e in expected] == list(range(1, len(expected) + 1))  # type: ignore[call-overload]
+
+
+# --- bounded queues, and a hung sink that holds up nobody else ---
+
+
+async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(short_tmp: Path) -> None:
+    from structlog.testing import capture_logs
+
+    from watcher.secrets import Secret
+    from watcher.settings import WebhookSinkSettings
+
+    # Nobody listens on this port: everything queues.
+    dead = WebhookSinkSettings(
+        name="dead", url=Secret(value=f"http://127.0.0.1:{_free_port()}/"), max_queue=3, retry_max_delay=0.05
+    )
+    fake = FakeKubelet(short_tmp / "kubelet", seed=2)
+    settings = dataclasses.replace(make_settings(short_tmp), sinks=(dead,))
+    with capture_logs() as logs:
+        async with fake, running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            for i in range(3):
+                mark = len(run.recorder.events)
+                fake.add_device(GPU, f"GPU-cap-{i}", (0,))
+                await run.recorder.kinds_after(mark, 2)
+            stats = await run.agent.outbox.stats("dead")
+            queued = await run.agent.outbox.pending("dead", 100)
+    total = len(run.recorder.events)
+    assert stats.depth == 3
+    assert stats.dropped == total - 3
+    # The newest stay, the oldest went.
+    assert [e.seq for e in queued] == [e.seq for e in run.recorder.events[-3:]]
+    drops = [e for e in logs if e["event"].startswith("sink queue over its cap")]
+    assert sum(e["dropped"] for e in drops) == total - 3
+
+
+async def test_a_hung_sink_delays_neither_other_sinks_nor_the_watch_loop(short_tmp: Path) -> None:
+    from watcher.secrets import Secret
+    from watcher.settings import WebhookSinkSettings
+
+    # A receiver that accepts the connection and never answers.
+    hang = asyncio.Event()
+
+    async def never(_: web.Request) -> web.Response:
+        await hang.wait()
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/", never)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.create_server(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    slow = WebhookSinkSettings(
+        name="slow", url=Secret(value=f"http://127.0.0.1:{sock.getsockname()[1]}/"), timeout=60
+    )
+    audit = FileSinkSettings(name="audit", path=short_tmp / "audit.jsonl")
+    fake = FakeKubelet(short_tmp / "kubelet", seed=2)
+    settings = dataclasses.replace(make_settings(short_tmp), sinks=(slow, audit))
+    try:
+        async with fake, running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            for i in range(5):
+                mark = len(run.recorder.events)
+                fake.add_device(GPU, f"GPU-h{i}", (1,))
+                await run.recorder.kinds_after(mark, 2, timeout=5)
+            total = len(run.recorder.events)
+            audit_worker = run.agent.dispatcher.workers["audit"]
+            await run.recorder.until(lambda: audit_worker.counts["delivered"] == total, timeout=5)
+            assert run.agent.dispatcher.workers["slow"].counts["delivered"] == 0
+            hang.set()
+    finally:
+        hang.set()
+        await runner.cleanup()
