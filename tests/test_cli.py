@@ -256,3 +256,22 @@ def test_version(capfd: pytest.CaptureFixture[str]) -> None:
 
     assert main(["version"]) == 0
     assert capfd.readouterr().out.strip() == f"pod-resources-watcher {__version__}"
+
+
+def test_demo_forever_churns_until_interrupted_then_summarises() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "watcher", "demo", "--forever", "--seed", "4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("== Random churn"):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "== Summary" in out
+    assert "audit log: intact" in out

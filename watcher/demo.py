@@ -27,6 +27,7 @@ from watcher.audit import verify_files
 from watcher.events import Event
 from watcher.fake_kubelet import FakeKubelet
 from watcher.logs import configure_logging
+from watcher.running import stop_on_signals
 from watcher.secrets import Secret
 from watcher.settings import (
     FileSinkSettings,
@@ -182,8 +183,14 @@ async def run_demo(*, forever: bool = False, out: TextIO | None = None, seed: in
             )
             await _delivered(agent)
             if forever:
-                print("\n== Random churn until Ctrl-C", file=out, flush=True)
-                await _churn(fake, random.Random(seed))
+                interrupted = asyncio.Event()
+                with stop_on_signals(interrupted):
+                    # Said only once Ctrl-C is ours to handle.
+                    print("\n== Random churn until Ctrl-C", file=out, flush=True)
+                    churn = asyncio.ensure_future(_churn(fake, random.Random(seed)))
+                    await interrupted.wait()
+                    churn.cancel()
+                    await asyncio.gather(churn, return_exceptions=True)
         finally:
             agent.stop.set()
             with contextlib.suppress(Exception):
