@@ -10,10 +10,12 @@ moves past them; delivery never holds up the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,6 +70,23 @@ class AgentStats:
     events: int = 0
     last_success: float | None = None  # time.monotonic()
     last_reconnect_latency: float | None = None  # socket change seen -> first successful query
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Defer the cyclic garbage collector while an inventory is built and diffed.
+
+    The model makes no reference cycles (frozen records, tuples), so nothing is
+    lost by waiting; what is won is the p99: a full collection landing in the
+    middle of a large node's thousands of fresh objects doubled a cycle's time.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Generation:
@@ -134,8 +153,7 @@ class Agent:
             max_receive_bytes=settings.kubelet.max_receive_bytes,
         )
         self.trigger = Trigger()
-        # Two RPCs make one re-query: let them go together, hold the sustained rate.
-        self.limiter = RateLimiter(settings.watch.max_rpc_rate, burst=2)
+        self.limiter = RateLimiter(settings.watch.max_rpc_rate)
         self.rate_backoff = Backoff(base=0.2, cap=10.0, rng=self.rng)
         self.retry_backoff = Backoff(base=0.5, cap=min(10.0, settings.watch.interval), rng=self.rng)
         self.stats = AgentStats()
@@ -287,7 +305,7 @@ class Agent:
                 timeout=settings.kubelet.timeout,
                 max_receive_bytes=settings.kubelet.max_receive_bytes,
             )
-            self.limiter = RateLimiter(settings.watch.max_rpc_rate, burst=2)
+            self.limiter = RateLimiter(settings.watch.max_rpc_rate)
             if settings.kubelet.socket != old.kubelet.socket:
                 self.socket_identity = None  # another socket: a first sighting, not a restart
                 self._socket_seen = None
@@ -525,15 +543,16 @@ class Agent:
             await self._failed(err, type(err).__name__, changes, cycle)
             return
 
+        before = self.inventory
         try:
-            after = self._inventory_from(alloc_raw, list_raw)
+            with gc_paused():
+                after = self._inventory_from(alloc_raw, list_raw)
+                diffs = diff(before, after) if before is not None and after is not before else ()
         except DecodeError as err:
             await self._failed(err, "DecodeError", changes, cycle)
             return
-        self._succeeded(changes, alloc_raw)
-        before = self.inventory
-        if before is not None and after is not before:
-            changes.extend(diff(before, after))
+        self._succeeded(changes, alloc_raw)  # lifecycle changes come first
+        changes.extend(diffs)
         self._cycle_result = "changed" if after is not before else "unchanged"
         interval = self.settings.watch.snapshot_interval
         now = time.monotonic()

@@ -20,6 +20,7 @@ from watcher.audit import verify_files
 from watcher.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT, PodResourcesClient
 from watcher.demo import run_demo
 from watcher.fake_kubelet import FakeKubelet
+from watcher.fake_node import default_node, large_node
 from watcher.logs import configure_logging
 from watcher.outbox import OUTBOX_FILE, Outbox
 from watcher.running import stop_on_signals
@@ -119,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate", type=_positive_float, default=100.0, help="rate limit, requests/s (default: 100)"
     )
     fake.add_argument("--burst", type=_positive_int, default=10, help="rate limit burst (default: 10)")
+    fake.add_argument(
+        "--node",
+        choices=("default", "large"),
+        default="default",
+        help="default: the built-in node; large: 512 CPUs, 8 NUMA nodes, 4x64 devices, 250x4 containers",
+    )
+    fake.add_argument("--no-shuffle", action="store_true", help="answer in a stable order (benchmarks)")
 
     run = sub.add_parser(
         "run",
@@ -222,7 +230,10 @@ async def _until_signalled() -> None:
 
 
 async def _fake_kubelet(args: argparse.Namespace) -> int:
-    kubelet = FakeKubelet(args.root, seed=args.seed, rate=args.rate, burst=args.burst)
+    node = large_node() if args.node == "large" else default_node()
+    kubelet = FakeKubelet(
+        args.root, node, seed=args.seed, rate=args.rate, burst=args.burst, shuffle=not args.no_shuffle
+    )
     await kubelet.start()
     print(f"fake kubelet serving {kubelet.socket_path}; stop with Ctrl-C", file=sys.stderr, flush=True)
     try:

@@ -58,7 +58,7 @@ class SinkWorker:
         # Paging sinks must see the end of every condition they started.
         paging = isinstance(s, PagerDutySinkSettings | AlertmanagerSinkSettings)
         self.route = route_of(s, resolutions=paging)
-        self.limiter = RateLimiter(s.rate, burst=1)
+        self.limiter = RateLimiter(s.rate)
         self.backoff = Backoff(base=0.5, cap=s.retry_max_delay, rng=rng)
         self.wake = asyncio.Event()
         self.disabled: str | None = None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from watcher.changes import Change, Kind, Severity
-from watcher.inventory import Claim, ClaimDevice, Container, Inventory, NumaNodes, cpuset_string
+from watcher.inventory import Claim, ClaimDevice, Container, Inventory, NumaNodes, Pod, cpuset_string
 
 __all__ = ["KIND_ORDER", "diff", "inventory_summary"]
 
@@ -45,7 +45,8 @@ _Keyed = tuple[_SortKey, Change]
 
 def diff(before: Inventory, after: Inventory) -> tuple[Change, ...]:
     """Every change from `before` to `after`, each once, in `KIND_ORDER` then by key."""
-    if before == after:
+    # The hashes are computed anyway (state, events); a deep == would walk everything twice.
+    if before is after or before.content_hash == after.content_hash:
         return ()
     keyed: list[tuple[int, _SortKey, Change]] = []
     producers: list[Callable[[Inventory, Inventory], list[_Keyed]]] = [_allocation_changes]
@@ -237,9 +238,9 @@ class _Holding:
         return bool(self.devices or self.cpu_ids or self.memory or self.claims)
 
 
-def _holdings(inv: Inventory) -> dict[tuple[str, str, str], _Holding]:
+def _holdings(pods: Iterable[Pod]) -> dict[tuple[str, str, str], _Holding]:
     out: dict[tuple[str, str, str], _Holding] = {}
-    for pod in inv.pods:
+    for pod in pods:
         for c in pod.containers:
             holding = _Holding.of(c)
             if holding:
@@ -247,8 +248,19 @@ def _holdings(inv: Inventory) -> dict[tuple[str, str, str], _Holding]:
     return out
 
 
+def _changed_pods(before: Inventory, after: Inventory) -> tuple[list[Pod], list[Pod]]:
+    """The pods that differ between the two sides: usually a handful of hundreds."""
+    old = {(p.namespace, p.name): p for p in before.pods}
+    new = {(p.namespace, p.name): p for p in after.pods}
+    return (
+        [p for k, p in old.items() if new.get(k) != p],
+        [p for k, p in new.items() if old.get(k) != p],
+    )
+
+
 def _allocation_changes(before: Inventory, after: Inventory) -> list[_Keyed]:
-    old, new = _holdings(before), _holdings(after)
+    changed_old, changed_new = _changed_pods(before, after)
+    old, new = _holdings(changed_old), _holdings(changed_new)
     out: list[_Keyed] = []
     for key in sorted(old.keys() - new.keys()):
         out.append((key, _allocation_whole(Kind.ALLOCATION_REMOVED, key, old[key])))

@@ -24,7 +24,7 @@ import random
 import secrets
 import time
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,8 @@ class FakeKubelet:
         self.absent: set[str] = set()
         self.delays: dict[str, float] = {}
         self.calls: Counter[str] = Counter()
+        # When each served call was answered (bounded): the benchmarks' view of our load.
+        self.call_times: deque[float] = deque(maxlen=100_000)
         self.rejected = 0
         self.starts = 0
         self._rng = random.Random(seed)
@@ -369,6 +371,7 @@ class FakeKubelet:
         except LookupError as err:
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))
         self.calls[method] += 1
+        self.call_times.append(time.monotonic())
         if self.first_call_at is None:
             self.first_call_at = time.monotonic()
         data: bytes = message.SerializeToString()

@@ -222,6 +222,7 @@ def large_node(
     devices_per_resource: int = 64,
     pods: int = 250,
     containers_per_pod: int = 4,
+    claims: int = 50,
 ) -> FakeNode:
     """A synthetic node at the scale of the biggest machines, for scripts and benchmarks."""
     node = FakeNode()
@@ -246,6 +247,18 @@ def large_node(
             container.cpu_ids = {cpu % cpus}
             cpu += 1
             container.memory = [FakeMemory("memory", GIB, ((p + c) % numa_nodes,))]
+            if c == 1 and p < claims:
+                container.claims = [
+                    FakeClaim(
+                        pod.namespace,
+                        f"claim-{p}",
+                        [
+                            FakeClaimDevice(
+                                "gpu.example.com", "pool-a", f"gpu-{p}", [f"gpu.example.com/gpu=gpu-{p}"]
+                            )
+                        ],
+                    )
+                ]
             pod.containers.append(container)
         node.add_pod(pod)
     return node

@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 # Bumped whenever the canonical form changes, so old hashes never match new ones.
-FORMAT = 1
+FORMAT = 2
 
 NumaNodes = tuple[int, ...]
 
@@ -303,7 +303,9 @@ class Inventory:
 
     @cached_property
     def canonical_bytes(self) -> bytes:
-        return json.dumps(self.canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        # Every dict of the canonical form is built in a fixed key order from sorted
+        # content, so sorting the keys again would only cost time.
+        return json.dumps(self.canonical, separators=(",", ":"), ensure_ascii=False).encode()
 
     @cached_property
     def content_hash(self) -> str:
@@ -562,17 +564,24 @@ def _merge_devices(entries: Iterable[_Devices], into: dict[tuple[str, str], set[
                 numa.update(nodes)
 
 
-def _merge_memory(entries: Iterable[_Memory], into: dict[tuple[str, NumaNodes], int]) -> None:
+def _merge_memory(entries: Sequence[_Memory], into: dict[tuple[str, NumaNodes], int]) -> None:
     for m in entries:
-        key = (m.memory_type, tuple(sorted({n.ID for n in m.topology.nodes})))
+        nodes = m.topology.nodes
+        # One NUMA node is by far the common case: skip the set and the sort.
+        numa = (nodes[0].ID,) if len(nodes) == 1 else tuple(sorted({n.ID for n in nodes}))
+        key = (m.memory_type, numa)
         into[key] = into.get(key, 0) + m.size
 
 
 def _freeze_devices(merged: Mapping[tuple[str, str], set[int]]) -> tuple[Device, ...]:
+    if not merged:
+        return ()
     return tuple(Device(res, dev_id, tuple(sorted(merged[(res, dev_id)]))) for res, dev_id in sorted(merged))
 
 
 def _freeze_memory(merged: Mapping[tuple[str, NumaNodes], int]) -> tuple[Memory, ...]:
+    if not merged:
+        return ()
     return tuple(Memory(t, numa, merged[(t, numa)]) for t, numa in sorted(merged))
 
 
@@ -631,9 +640,11 @@ def build(allocatable: AllocatableResponse | None, pods: ListResponse) -> Invent
             cacc = acc.containers.get(c.name)
             if cacc is None:
                 cacc = acc.containers[c.name] = _ContainerAcc()
-            _merge_devices(c.devices, cacc.devices)
+            if c.devices:
+                _merge_devices(c.devices, cacc.devices)
             cacc.cpu_ids.update(c.cpu_ids)
-            _merge_memory(c.memory, cacc.memory)
+            if c.memory:
+                _merge_memory(c.memory, cacc.memory)
             for dr in c.dynamic_resources:
                 claim = cacc.claims.setdefault((dr.claim_namespace, dr.claim_name), set())
                 claim.update(_claim_device(r) for r in dr.claim_resources)
@@ -651,7 +662,9 @@ def build(allocatable: AllocatableResponse | None, pods: ListResponse) -> Invent
                     claims=tuple(
                         Claim(cns, cn, tuple(sorted(c.claims[(cns, cn)], key=_claim_device_key)))
                         for cns, cn in sorted(c.claims)
-                    ),
+                    )
+                    if c.claims
+                    else (),
                 )
                 for cname, c in sorted(acc.containers.items())
             ),

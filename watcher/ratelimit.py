@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Callable
 
@@ -41,13 +42,33 @@ class TokenBucket:
 
 
 class RateLimiter:
-    """Awaitable token bucket: callers queue in arrival order until a token is free."""
+    """At most `rate` calls in any window of one second (for rate < 1: one call per 1/rate s).
 
-    def __init__(self, rate: float, burst: int = 1) -> None:
-        self.bucket = TokenBucket(rate, burst)
+    A sliding window rather than a token bucket: a bucket lets a burst ride on top of
+    the rate, and "never above the configured rate" must hold in every window.
+    Callers queue in arrival order.
+    """
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be > 0, got {rate}")
+        self.capacity = max(1, int(rate))
+        self.window = self.capacity / rate
+        self._clock = clock
+        self._recent: collections.deque[float] = collections.deque()
         self._lock = asyncio.Lock()
+
+    def delay(self) -> float:
+        """Seconds until a call may go (0: now)."""
+        now = self._clock()
+        while self._recent and now - self._recent[0] >= self.window:
+            self._recent.popleft()
+        if len(self._recent) < self.capacity:
+            return 0.0
+        return self.window - (now - self._recent[0])
 
     async def acquire(self) -> None:
         async with self._lock:
-            while not self.bucket.take():  # noqa: ASYNC110 - waiting on time, not on an event
-                await asyncio.sleep(self.bucket.wait_time())
+            while (wait := self.delay()) > 0:  # noqa: ASYNC110 - waiting on time, not on an event
+                await asyncio.sleep(wait)
+            self._recent.append(self._clock())

@@ -1,0 +1,61 @@
+"""Run N unchanged re-query cycles of a real Agent in this (otherwise idle) process and print
+its RSS after start, halfway and at the end as JSON. Used by bench/run.py's memory section, so
+the figure is the agent's own footprint, not the benchmark harness's.
+
+    python bench/cycles.py SOCKET STATE_DIR CYCLES
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from watcher.agent import Agent  # noqa: E402
+from watcher.logs import configure_logging  # noqa: E402
+from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSettings  # noqa: E402
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def main(sock: Path, state: Path, cycles: int) -> dict[str, float]:
+    configure_logging("error", "json")  # stdout carries the result alone
+    settings = Settings(
+        node="bench-node",
+        state_dir=state,
+        kubelet=KubeletSettings(socket=sock, root_dir=sock.parent.parent),
+        watch=WatchSettings(max_rpc_rate=50),
+        http=HttpSettings(enabled=False),
+        sinks=(),
+    )
+    agent = Agent(settings)
+    agent.limiter.capacity = 10**9  # measure memory, not our own rate cap
+    await agent.outbox.open()
+    reasons = frozenset({"bench"})
+    for _ in range(100):
+        await agent._cycle(reasons)
+    out = {"start": rss_mib()}
+    t0 = time.monotonic()
+    for i in range(cycles):
+        await agent._cycle(reasons)
+        if i == cycles // 2:
+            out["middle"] = rss_mib()
+    out["seconds"] = time.monotonic() - t0
+    out["end"] = rss_mib()
+    out["events"] = agent.stats.events
+    await agent.client.close()
+    await agent.outbox.close()
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])))))

@@ -1,0 +1,731 @@
+"""`make bench`: measure the speed claims side by side and write BENCHMARKS.md.
+
+Every figure comes from this run, on this machine. Sections:
+  1. reconnection after a kubelet restart: ours vs a plain grpc.aio channel polled every 100 ms
+  2. change to event: a device health flip until the event is committed (state-file triggers vs timer)
+  3. unchanged re-query CPU time per cycle on a large node: ours vs a bare client
+  4. changed re-query (normalize, hash, diff, events) on that node
+  5. memory: RSS after start and after many unchanged cycles
+  6. delivery: events/s through the outbox to a local webhook; change-to-receipt
+  7. kubelet friendliness: calls per minute at steady state; the largest 1 s burst in a trigger storm
+
+    .venv/bin/python bench/run.py [--quick] [--output BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import platform
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# watcher first: it silences gRPC's C-core, which reads its settings at import.
+from watcher import __version__  # noqa: E402, I001
+
+import grpc  # noqa: E402
+from aiohttp import web  # noqa: E402
+from grpc import aio  # noqa: E402
+
+from watcher.agent import Agent, gc_paused  # noqa: E402
+from watcher.changes import Change, Kind, Severity  # noqa: E402
+from watcher.diffing import diff  # noqa: E402
+from watcher.events import Event, envelope  # noqa: E402
+from watcher.fake_kubelet import FakeKubelet  # noqa: E402
+from watcher.fake_node import default_node, large_node  # noqa: E402
+from watcher.inventory import build  # noqa: E402
+from watcher.kubeletapi.v1 import api_pb2  # noqa: E402
+from watcher.logs import configure_logging  # noqa: E402
+from watcher.outbox import Outbox  # noqa: E402
+from watcher.secrets import Secret  # noqa: E402
+from watcher.settings import (  # noqa: E402
+    HttpSettings,
+    KubeletSettings,
+    Settings,
+    WatchSettings,
+    WebhookSinkSettings,
+)
+
+GPU = "nvidia.com/gpu"
+ALLOC = "/v1.PodResourcesLister/GetAllocatableResources"
+LIST = "/v1.PodResourcesLister/List"
+
+
+def pct(xs: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p99 of few samples is their maximum)."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(p / 100 * len(s) + 0.5) - 1))]
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:.1f} ms"
+
+
+def settings_for(root: Path, fake: FakeKubelet, **watch: Any) -> Settings:
+    return Settings(
+        node="bench-node",
+        state_dir=root / "state",
+        kubelet=KubeletSettings(socket=fake.socket_path, root_dir=fake.root, unreachable_grace=120),
+        watch=WatchSettings(**watch),
+        http=HttpSettings(enabled=False),
+        sinks=(),
+    )
+
+
+class Watch:
+    """Awaitable record of an agent's events and successful queries."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.events: list[tuple[float, Event]] = []
+        self.successes: list[float] = []
+        self._changed = asyncio.Event()
+        agent.subscribe(self._on_event)
+        agent.subscribe_cycles(self._on_cycle)
+        self.agent = agent
+        self._ok = 0
+
+    def _on_event(self, event: Event) -> None:
+        self.events.append((time.monotonic(), event))
+        self._changed.set()
+
+    def _on_cycle(self, _: frozenset[str]) -> None:
+        if self.agent.stats.queries_ok > self._ok:
+            self._ok = self.agent.stats.queries_ok
+            self.successes.append(self.agent.stats.last_success or time.monotonic())
+        self._changed.set()
+
+    async def until(self, predicate: Callable[[], bool], timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                self._changed.clear()
+                await self._changed.wait()
+
+
+async def _run_agent(agent: Agent) -> asyncio.Task[None]:
+    return asyncio.create_task(agent.run())
+
+
+async def _stop(agent: Agent, task: asyncio.Task[None]) -> None:
+    agent.stop.set()
+    await asyncio.wait_for(task, 20)
+
+
+# --- 1. reconnection ---
+
+
+async def bench_reconnect(plan: dict[float, int]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="prw-b1-", dir="/tmp") as tmp:
+        root = Path(tmp)
+        fake = FakeKubelet(root / "kubelet", default_node(), rate=1000, burst=100)
+        await fake.start()
+        agent = Agent(settings_for(root, fake))
+        watch = Watch(agent)
+        task = await _run_agent(agent)
+        await watch.until(lambda: bool(watch.successes), 20)
+        # The baseline: a plain channel with gRPC's default reconnect backoff, polled every 100 ms.
+        channel = aio.insecure_channel(f"unix://{fake.socket_path}")
+        call = channel.unary_unary(ALLOC)
+        plain_ok: list[float] = []
+
+        async def poll() -> None:
+            while True:
+                try:
+                    await call(b"", timeout=1.0)
+                    plain_ok.append(time.monotonic())
+                except grpc.aio.AioRpcError:
+                    pass
+                await asyncio.sleep(0.1)
+
+        poller = asyncio.create_task(poll())
+        results: dict[float, dict[str, list[float]]] = {}
+        try:
+            for downtime, reps in plan.items():
+                ours: list[float] = []
+                plain: list[float] = []
+                for _ in range(reps):
+                    await fake.stop()
+                    await asyncio.sleep(downtime)
+                    await fake.start()
+                    t0 = fake.started_at
+                    assert t0 is not None
+                    await watch.until(lambda t0=t0: any(s > t0 for s in watch.successes), 30)
+                    ours.append(min(s for s in watch.successes if s > t0) - t0)
+                    async with asyncio.timeout(200):
+                        while not any(s > t0 for s in plain_ok):
+                            await asyncio.sleep(0.05)
+                    plain.append(min(s for s in plain_ok if s > t0) - t0)
+                    await asyncio.sleep(1.5)  # let both settle before the next restart
+                results[downtime] = {"ours": ours, "plain": plain}
+        finally:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
+            await channel.close()
+            await _stop(agent, task)
+            await fake.stop(remove_socket=True)
+    return {"reconnect": results}
+
+
+# --- 2. change to event, and 7. calls per minute at steady state ---
+
+
+async def bench_change_to_event(n_trigger: int, n_timer: int, steady_window: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for mode, n in (("state-file triggers", n_trigger), ("timer only (interval 30 s)", n_timer)):
+        with tempfile.TemporaryDirectory(prefix="prw-b2-", dir="/tmp") as tmp:
+            root = Path(tmp)
+            fake = FakeKubelet(root / "kubelet", default_node())
+            await fake.start()
+            triggers = mode.startswith("state")
+            agent = Agent(settings_for(root, fake, state_file_triggers=triggers))
+            watch = Watch(agent)
+            task = await _run_agent(agent)
+            await watch.until(lambda: bool(watch.events), 20)
+            gpu = fake.node.pods[("ml", "inference-7f9c")].container("server").devices[GPU][0]
+            lat: list[float] = []
+            calls_before, t_start = len(fake.call_times), time.monotonic()
+            for i in range(n):
+                # Spaced so that our own RPC cap (5/s) is not what is measured.
+                await asyncio.sleep(1.0 if triggers else 0.0)
+                mark = len(watch.events)
+                t0 = time.monotonic()
+                if i % 2 == 0:
+                    fake.make_unhealthy(GPU, gpu)
+                else:
+                    fake.heal(GPU, gpu)
+                want = Kind.DEVICE_REMOVED if i % 2 == 0 else Kind.DEVICE_ADDED
+                await watch.until(lambda m=mark, w=want: any(e.kind == w for _, e in watch.events[m:]), 60)
+                lat.append(next(t for t, e in watch.events[mark:] if e.kind == want) - t0)
+            if not triggers:
+                # Steady state with default settings: just watch how often we call.
+                calls_before, t_start = len(fake.call_times), time.monotonic()
+                await asyncio.sleep(steady_window)
+                calls = len(fake.call_times) - calls_before
+                out["steady_calls_per_min"] = calls / (time.monotonic() - t_start) * 60
+                out["steady_window_s"] = steady_window
+            out[mode] = lat
+            await _stop(agent, task)
+            await fake.stop(remove_socket=True)
+    return {"change_to_event": out}
+
+
+# --- 3. unchanged re-query CPU, 5. memory ---
+
+
+def _start_fake(root: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "watcher",
+            "fake-kubelet",
+            "--root",
+            str(root),
+            "--rate",
+            "1000000",
+            "--burst",
+            "1000000",
+            *args,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert "serving" in line, line
+    return proc, root / "pod-resources" / "kubelet.sock"
+
+
+async def _agent_for_cycles(root: Path, sock: Path) -> Agent:
+    settings = Settings(
+        node="bench-node",
+        state_dir=root / "state",
+        kubelet=KubeletSettings(socket=sock, root_dir=root),
+        watch=WatchSettings(max_rpc_rate=50),
+        http=HttpSettings(enabled=False),
+        sinks=(),
+    )
+    agent = Agent(settings)
+    agent.limiter.capacity = 10**9  # measure CPU, not our own rate cap
+    await agent.outbox.open()
+    return agent
+
+
+async def bench_unchanged(cycles: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label, args in (
+        ("large node, shuffled answers (as the kubelet sends them)", ()),
+        ("large node, identical answers", ("--no-shuffle",)),
+    ):
+        with tempfile.TemporaryDirectory(prefix="prw-b3-", dir="/tmp") as tmp:
+            root = Path(tmp)
+            proc, sock = _start_fake(root, "--node", "large", *args)
+            try:
+                agent = await _agent_for_cycles(root, sock)
+                await agent._cycle(frozenset({"bench"}))  # baseline inventory
+                c0 = time.process_time()
+                for _ in range(cycles):
+                    await agent._cycle(frozenset({"bench"}))
+                ours = (time.process_time() - c0) / cycles
+                events = agent.stats.events
+                await agent.client.close()
+                await agent.outbox.close()
+                channel = aio.insecure_channel(
+                    f"unix://{sock}", options=[("grpc.max_receive_message_length", 64 << 20)]
+                )
+                alloc, lst = channel.unary_unary(ALLOC), channel.unary_unary(LIST)
+                await alloc(b""), await lst(b"")
+                c0 = time.process_time()
+                for _ in range(cycles):
+                    a, b = await asyncio.gather(alloc(b""), lst(b""))
+                    api_pb2.AllocatableResourcesResponse.FromString(a)
+                    api_pb2.ListPodResourcesResponse.FromString(b)
+                bare = (time.process_time() - c0) / cycles
+                await channel.close()
+            finally:
+                proc.terminate()
+                proc.wait(10)
+            out[label] = {"ours": ours, "bare": bare, "events": events - 1}
+    return {"unchanged": out}
+
+
+async def bench_memory(cycles: int) -> dict[str, Any]:
+    """The agent's cycles in a process of their own (bench/cycles.py): its RSS, not ours."""
+    with tempfile.TemporaryDirectory(prefix="prw-b5-", dir="/tmp") as tmp:
+        root = Path(tmp)
+        proc, sock = _start_fake(root, "--no-shuffle")
+        try:
+            result = await asyncio.to_thread(
+                subprocess.run,
+                [
+                    sys.executable,
+                    str(ROOT / "bench" / "cycles.py"),
+                    str(sock),
+                    str(root / "state"),
+                    str(cycles),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=1800,
+            )
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    data = json.loads(result.stdout)
+    data["cycles"] = cycles
+    return {"memory": data}
+
+
+# --- 4. changed re-query ---
+
+
+def bench_changed(rounds: int) -> dict[str, Any]:
+    fake = FakeKubelet("/nonexistent", large_node(), seed=1)
+    lst = fake.list_response().SerializeToString()
+    a1 = fake.allocatable_response().SerializeToString()
+    fake.add_device("vendor0.example.com/dev", "dev-extra", (3,))
+    a2 = fake.allocatable_response().SerializeToString()
+    times: list[float] = []
+    prev = build(
+        api_pb2.AllocatableResourcesResponse.FromString(a1), api_pb2.ListPodResourcesResponse.FromString(lst)
+    )
+    prev.content_hash
+    for i in range(rounds):
+        raw = a2 if i % 2 == 0 else a1
+        t0 = time.perf_counter()
+        inv = build(
+            api_pb2.AllocatableResourcesResponse.FromString(raw),
+            api_pb2.ListPodResourcesResponse.FromString(lst),
+        )
+        _ = inv.content_hash
+        changes = diff(prev, inv)
+        [
+            envelope(
+                c, seq=i, node="n", cycle="c", before=prev.content_hash, after=inv.content_hash
+            ).to_json()
+            for c in changes
+        ]
+        times.append(time.perf_counter() - t0)
+        prev = inv
+    return {"changed": times}
+
+
+# --- 6. delivery ---
+
+
+class _Receiver:
+    def __init__(self) -> None:
+        self.count = 0
+        self.ids: dict[str, float] = {}
+        self.done = asyncio.Event()
+        self.want = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        now = time.monotonic()
+        for item in body if isinstance(body, list) else [body]:
+            self.ids.setdefault(item["id"], now)
+        self.count = len(self.ids)
+        if self.want and self.count >= self.want:
+            self.done.set()
+        return web.Response(status=204)
+
+
+async def _serve(receiver: _Receiver) -> tuple[web.AppRunner, int]:
+    app = web.Application()
+    app.router.add_post("/", receiver.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    sock = socket.create_server(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    return runner, sock.getsockname()[1]
+
+
+async def bench_delivery(n_events: int, n_flips: int) -> dict[str, Any]:
+    from watcher.delivering import Dispatcher
+    from watcher.sinks.webhook import WebhookSink
+
+    receiver = _Receiver()
+    runner, port = await _serve(receiver)
+    out: dict[str, Any] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="prw-b6-", dir="/tmp") as tmp:
+            outbox = Outbox(Path(tmp) / "outbox.db")
+            await outbox.open()
+            hook = WebhookSinkSettings(
+                name="hook",
+                url=Secret(value=f"http://127.0.0.1:{port}/"),
+                batch=True,
+                max_batch=500,
+                rate=1000,
+            )
+            stop = asyncio.Event()
+            dispatcher = Dispatcher(outbox, [WebhookSink(hook, node="n")], stop=stop)
+            await outbox.register(["hook"])
+            task = asyncio.create_task(dispatcher.run())
+            receiver.want = n_events
+            change = Change(
+                Kind.DEVICE_ADDED, Severity.INFO, "bench", {"resource": GPU, "device": "x", "numa": [0]}
+            )
+            t0 = time.monotonic()
+            for start in range(0, n_events, 500):
+                events = [
+                    envelope(change, seq=s + 1, node="n", cycle=f"c{s // 50}", before=None, after=None)
+                    for s in range(start, min(n_events, start + 500))
+                ]
+                await outbox.commit(events, dispatcher.queues(events), None)
+                dispatcher.notify()
+            await asyncio.wait_for(receiver.done.wait(), 120)
+            out["throughput"] = n_events / (time.monotonic() - t0)
+            stop.set()
+            await task
+            await dispatcher.close()
+            await outbox.close()
+        # Change to receipt, through the whole agent.
+        receiver.ids.clear()
+        receiver.want = 0
+        with tempfile.TemporaryDirectory(prefix="prw-b6b-", dir="/tmp") as tmp:
+            root = Path(tmp)
+            fake = FakeKubelet(root / "kubelet", default_node())
+            await fake.start()
+            settings = dataclasses.replace(
+                settings_for(root, fake),
+                sinks=(
+                    WebhookSinkSettings(
+                        name="hook", url=Secret(value=f"http://127.0.0.1:{port}/"), rate=1000
+                    ),
+                ),
+            )
+            agent = Agent(settings)
+            watch = Watch(agent)
+            task = await _run_agent(agent)
+            await watch.until(lambda: bool(watch.events), 20)
+            gpu = fake.node.pods[("ml", "inference-7f9c")].container("server").devices[GPU][0]
+            lat = []
+            for i in range(n_flips):
+                await asyncio.sleep(1.0)
+                mark = len(watch.events)
+                t0 = time.monotonic()
+                (fake.make_unhealthy if i % 2 == 0 else fake.heal)(GPU, gpu)
+                want = Kind.DEVICE_REMOVED if i % 2 == 0 else Kind.DEVICE_ADDED
+                await watch.until(lambda m=mark, w=want: any(e.kind == w for _, e in watch.events[m:]), 30)
+                event_id = next(e.id for _, e in watch.events[mark:] if e.kind == want)
+                async with asyncio.timeout(30):
+                    while event_id not in receiver.ids:
+                        await asyncio.sleep(0.002)
+                lat.append(receiver.ids[event_id] - t0)
+            out["change_to_receipt"] = lat
+            await _stop(agent, task)
+            await fake.stop(remove_socket=True)
+    finally:
+        await runner.cleanup()
+    return {"delivery": out}
+
+
+# --- 7. trigger storm ---
+
+
+async def bench_storm(triggers: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="prw-b7-", dir="/tmp") as tmp:
+        root = Path(tmp)
+        fake = FakeKubelet(root / "kubelet", default_node(), rate=1000, burst=100)
+        await fake.start()
+        agent = Agent(settings_for(root, fake))
+        watch = Watch(agent)
+        task = await _run_agent(agent)
+        await watch.until(lambda: bool(watch.successes), 20)
+        await asyncio.sleep(1.5)
+        first = len(fake.call_times)
+        checkpoint = fake.checkpoint_path
+        t0 = time.monotonic()
+        for i in range(triggers):
+            # As the kubelet does: write a temp file, rename it over the checkpoint.
+            tmp_file = checkpoint.with_name(f".storm-{i}")
+            tmp_file.write_text(str(i))
+            os.replace(tmp_file, checkpoint)
+            if i % 50 == 0:
+                await asyncio.sleep(max(0.0, t0 + (i + 1) / triggers - time.monotonic()))
+        storm_s = time.monotonic() - t0
+        await asyncio.sleep(3)
+        times = list(fake.call_times)[first:]
+        worst = 0
+        j = 0
+        for i, t in enumerate(times):
+            while t - times[j] >= 1.0:
+                j += 1
+            worst = max(worst, i - j + 1)
+        await _stop(agent, task)
+        await fake.stop(remove_socket=True)
+    return {
+        "storm": {
+            "triggers": triggers,
+            "storm_s": storm_s,
+            "calls": len(times),
+            "max_per_1s": worst,
+            "limit": agent.settings.watch.max_rpc_rate,
+        }
+    }
+
+
+# --- report ---
+
+
+def machine() -> str:
+    model = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{platform.system()} {platform.release()}, {os.cpu_count()} CPUs ({model}), {mem:.0f} GiB; "
+        f"Python {platform.python_version()}, grpcio {grpc.__version__}, pod-resources-watcher {__version__}"
+    )
+
+
+def verdict(ok: bool) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+def report(r: dict[str, Any], started: datetime, elapsed: float, quick: bool) -> str:
+    L = [
+        "# Benchmarks",
+        "",
+        f"Generated by `make bench` (`bench/run.py{' --quick' if quick else ''}`) on {started:%Y-%m-%d %H:%M} UTC in {elapsed / 60:.1f} min.",
+        f"Machine: {machine()}.",
+        "Everything runs on this machine: the simulated kubelet (`watcher/fake_kubelet.py`, real grpc.aio on a",
+        "unix socket, shuffled answers, the kubelet's rate limiter) and loopback receivers. Percentiles are",
+        "nearest-rank: with few samples p99 is the maximum.",
+        "",
+        "## 1. Reconnection after a kubelet restart",
+        "",
+        "From the new socket's rename into place to the first successful GetAllocatableResources. Ours: the",
+        "agent (directory watch, fresh channel). Baseline, in the same run against the same restarts: a plain",
+        "grpc.aio channel with default reconnect settings, polled every 100 ms.",
+        "",
+        "| downtime | n | ours p50 | ours p99 | plain p50 | plain p99 | plain / ours (p50) | goal |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for downtime, res in r["reconnect"].items():
+        ours, plain = res["ours"], res["plain"]
+        ratio = statistics.median(plain) / max(statistics.median(ours), 1e-6)
+        goal = pct(ours, 99) <= 0.05 and (downtime < 10 or ratio >= 100)
+        L.append(
+            f"| {downtime:g} s | {len(ours)} | {ms(statistics.median(ours))} | {ms(pct(ours, 99))} | "
+            f"{ms(statistics.median(plain))} | {ms(pct(plain, 99))} | {ratio:.0f}x | {verdict(goal)} |"
+        )
+    L += [
+        "",
+        "Goal: ours p99 <= 50 ms at every downtime, and >= 100x faster than the plain channel at 10 s and 30 s.",
+        "",
+    ]
+    c = r["change_to_event"]
+    L += [
+        "## 2. Change to event",
+        "",
+        "A device health flip at the fake kubelet (which rewrites its checkpoint) until the event is committed to the outbox.",
+        "",
+        "| triggers | n | p50 | p99 | goal |",
+        "|---|---|---|---|---|",
+    ]
+    for mode in ("state-file triggers", "timer only (interval 30 s)"):
+        xs = c[mode]
+        goal = verdict(pct(xs, 99) <= 0.1) if mode.startswith("state") else "(reference)"
+        L.append(f"| {mode} | {len(xs)} | {ms(statistics.median(xs))} | {ms(pct(xs, 99))} | {goal} |")
+    L += ["", "Goal: p99 <= 100 ms with state-file triggers.", ""]
+    L += [
+        "## 3. Unchanged re-query",
+        "",
+        "CPU time of this process per cycle (both RPCs, then ours: compare, parse, normalize, hash; the bare client: parse only), the kubelet in another process.",
+        "",
+        "| case | ours | bare client | ours / bare | goal |",
+        "|---|---|---|---|---|",
+    ]
+    for label, res in r["unchanged"].items():
+        ratio = res["ours"] / res["bare"]
+        L.append(
+            f"| {label} | {ms(res['ours'])} | {ms(res['bare'])} | {ratio:.2f}x | {verdict(ratio <= 1.0)} |"
+        )
+    L += [
+        "",
+        "Goal: no more than 1.0x the bare client. Events emitted during these cycles: "
+        + ", ".join(str(v["events"]) for v in r["unchanged"].values())
+        + " (must be 0).",
+        "",
+    ]
+    xs = r["changed"]
+    L += [
+        "## 4. Changed re-query",
+        "",
+        "Normalize, hash, diff and build the events for one changed device on the large node (512 CPUs, 8 NUMA nodes, 4 x 64 devices, 250 x 4 containers, 50 DRA claims).",
+        "",
+        "| n | p50 | p99 | goal |",
+        "|---|---|---|---|",
+        f"| {len(xs)} | {ms(statistics.median(xs))} | {ms(pct(xs, 99))} | {verdict(pct(xs, 99) <= 0.02)} |",
+        "",
+        "Goal: p99 <= 20 ms.",
+        "",
+    ]
+    m = r["memory"]
+    growth = m["end"] - m["start"]
+    L += [
+        "## 5. Memory",
+        "",
+        f"RSS of the agent's process over {m['cycles']:,} unchanged cycles ({m['seconds']:.0f} s), the kubelet in another process.",
+        "",
+        "| after start | halfway | at the end | growth | goal |",
+        "|---|---|---|---|---|",
+        f"| {m['start']:.1f} MiB | {m['middle']:.1f} MiB | {m['end']:.1f} MiB | {growth:+.1f} MiB | {verdict(m['end'] <= 64 and growth <= 2)} |",
+        "",
+        "Goal: <= 64 MiB steady, growth <= 2 MiB.",
+        "",
+    ]
+    d = r["delivery"]
+    xs = d["change_to_receipt"]
+    L += [
+        "## 6. Delivery",
+        "",
+        "| measure | value | goal |",
+        "|---|---|---|",
+        f"| events/s through the outbox to a local webhook (batches of 500) | {d['throughput']:,.0f} | {verdict(d['throughput'] >= 2000)} |",
+        f"| change to receipt, p50 (n={len(xs)}) | {ms(statistics.median(xs))} | |",
+        f"| change to receipt, p99 | {ms(pct(xs, 99))} | {verdict(pct(xs, 99) <= 0.15)} |",
+        "",
+        "Goals: >= 2,000 events/s and p99 <= 150 ms.",
+        "",
+    ]
+    s = r["storm"]
+    steady = c["steady_calls_per_min"]
+    L += [
+        "## 7. Kubelet friendliness",
+        "",
+        "| measure | value | goal |",
+        "|---|---|---|",
+        f"| calls per minute at steady state, default settings (over {c['steady_window_s']:.0f} s) | {steady:.1f} | |",
+        f"| largest number of calls in any 1 s window during {s['triggers']:,} checkpoint rewrites in {s['storm_s']:.1f} s | {s['max_per_1s']} (of {s['calls']} calls) | {verdict(s['max_per_1s'] <= s['limit'])} (limit {s['limit']:g}/s) |",
+        "",
+    ]
+    return "\n".join(L) + "\n"
+
+
+async def main_async(quick: bool) -> dict[str, Any]:
+    configure_logging("error", "json")
+    results: dict[str, Any] = {}
+    if quick:
+        plan, trig, timer, steady, cycles, mem, events, flips, storm = (
+            {1.0: 3, 10.0: 1},
+            10,
+            1,
+            10.0,
+            30,
+            2000,
+            2000,
+            10,
+            300,
+        )
+    else:
+        plan, trig, timer, steady, cycles, mem, events, flips, storm = (
+            {1.0: 10, 10.0: 3, 30.0: 2},
+            60,
+            4,
+            60.0,
+            200,
+            100_000,
+            10_000,
+            60,
+            1000,
+        )
+    steps = [
+        ("reconnection", lambda: bench_reconnect(plan)),
+        ("change to event", lambda: bench_change_to_event(trig, timer, steady)),
+        ("unchanged re-query", lambda: bench_unchanged(cycles)),
+        ("memory", lambda: bench_memory(mem)),
+        ("delivery", lambda: bench_delivery(events, flips)),
+        ("trigger storm", lambda: bench_storm(storm)),
+    ]
+    for name, step in steps:
+        t0 = time.monotonic()
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        results.update(await step())
+        print(f"bench: {name} done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    print("bench: changed re-query ...", file=sys.stderr, flush=True)
+    results.update(bench_changed(100 if quick else 300))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer repetitions (a smoke run, not for the record)"
+    )
+    parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    args = parser.parse_args()
+    started = datetime.now(UTC)
+    t0 = time.monotonic()
+    resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
+    results = asyncio.run(main_async(args.quick))
+    args.output.write_text(report(results, started, time.monotonic() - t0, args.quick))
+    print(f"bench: wrote {args.output}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
