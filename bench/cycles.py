@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from watcher.agent import Agent  # noqa: E402
-from watcher.logs import configure_logging  # noqa: E402
-from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSettings  # noqa: E402
+from watcher.agent import Agent
+from watcher.logs import configure_logging
+from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSettings
 
 
 def rss_mib() -> float:
