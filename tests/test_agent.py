@@ -440,3 +440,23 @@ def test_restart_decision(
     old: tuple[int, int, int, int], new: tuple[int, int, int, int], name_events: bool, replaced: bool
 ) -> None:
     assert is_replacement(FileIdentity(*old), FileIdentity(*new), name_events=name_events) is replaced
+
+
+async def test_reconnects_at_once_even_after_failing_queries_during_the_downtime(
+    fake: FakeKubelet, short_tmp: Path
+) -> None:
+    """gRPC shares subchannels (and their reconnect backoff) between channels unless told not
+    to: a fresh channel after many failures waited out the old backoff, seconds, in the benchmark."""
+    async with await _started(fake, short_tmp) as run:
+        await run.recorder.kinds_after(0, 1)
+        await fake.stop()
+        for _ in range(8):
+            failed = run.agent.stats.queries_failed
+            run.agent.trigger.fire("probe")
+            await run.recorder.until(lambda f=failed: run.agent.stats.queries_failed > f)
+            await asyncio.sleep(0.5)  # the old subchannel's backoff grows with time between attempts
+        await fake.start()
+        assert fake.started_at is not None
+        await run.recorder.until(lambda: fake.first_call_at is not None)
+        assert fake.first_call_at is not None
+        assert fake.first_call_at - fake.started_at < 1.0

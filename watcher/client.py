@@ -112,6 +112,10 @@ class PodResourcesClient:
                     # Retries and reconnects are the watcher's job: it knows when
                     # the socket was replaced, gRPC's backoff does not.
                     ("grpc.enable_retries", 0),
+                    # gRPC shares subchannels between channels to the same target, and
+                    # with them their reconnect backoff: a "fresh" channel would wait out
+                    # the old one's backoff. Each channel gets its own.
+                    ("grpc.use_local_subchannel_pool", 1),
                     ("grpc.initial_reconnect_backoff_ms", 100),
                     ("grpc.min_reconnect_backoff_ms", 100),
                     ("grpc.max_reconnect_backoff_ms", 1000),
