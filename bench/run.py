@@ -682,13 +682,13 @@ async def main_async(quick: bool) -> dict[str, Any]:
     else:
         plan, trig, timer, steady, cycles, mem, events, flips, storm = (
             {1.0: 10, 10.0: 3, 30.0: 2},
-            60,
-            4,
-            60.0,
+            40,
+            3,
+            45.0,
             200,
             100_000,
             10_000,
-            60,
+            30,
             1000,
         )
     steps = [

@@ -38,7 +38,8 @@ def _holdings(inv: Inventory) -> dict[str, frozenset[tuple[str, str]]]:
     out = {}
     for pod in inv.pods:
         for c in pod.containers:
-            held = frozenset((d.resource, d.id) for d in c.devices) | frozenset(("cpu", str(i)) for i in c.cpu_ids)
+            devices = frozenset((d.resource, d.id) for d in c.devices)
+            held = devices | frozenset(("cpu", str(i)) for i in c.cpu_ids)
             if held or c.memory or c.claims:
                 out[f"{pod.namespace}/{pod.name}/{c.name}"] = held
     return out
