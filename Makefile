@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: dev demo run test lint typecheck pytest proto bench clean help
+.PHONY: dev demo run test lint typecheck pytest proto bench chaos clean help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ typecheck: $(STAMP) ## mypy --strict on the package
 
 pytest: $(STAMP) ## the test suite
 	$(BIN)/pytest
+
+chaos: $(STAMP) ## the long reliability suites: 200 kubelet restarts (see RELIABILITY.md)
+	PRW_CHAOS_RESTARTS=200 $(BIN)/pytest -p no:cacheprovider tests/test_chaos.py
 
 bench: $(STAMP) ## measure the speed claims side by side and write BENCHMARKS.md (~10 min)
 	$(BIN)/python bench/run.py

@@ -21,7 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from watcher.changes import Change, Kind, Severity
-from watcher.inventory import Claim, ClaimDevice, Container, Inventory, NumaNodes, Pod, cpuset_string
+from watcher.inventory import (
+    Claim,
+    ClaimDevice,
+    Container,
+    Inventory,
+    NumaNodes,
+    Pod,
+    claim_json,
+    cpuset_string,
+)
 
 __all__ = ["KIND_ORDER", "diff", "inventory_summary"]
 
@@ -338,7 +347,7 @@ def _holding_json(h: _Holding) -> dict[str, Any]:
             for mtype, numa in sorted(h.memory)
         ],
         "claims": [
-            _claim_json(Claim(ns, name, _sorted_claim_devices(h.claims[(ns, name)])))
+            claim_json(Claim(ns, name, _sorted_claim_devices(h.claims[(ns, name)])))
             for ns, name in sorted(h.claims)
         ],
     }
@@ -351,23 +360,6 @@ def _sorted_claim_devices(devices: Iterable[ClaimDevice]) -> tuple[ClaimDevice, 
             key=lambda d: (d.driver, d.pool, d.device, d.cdi_devices, d.share_id or "", d.share_id is None),
         )
     )
-
-
-def _claim_json(c: Claim) -> dict[str, Any]:
-    return {
-        "namespace": c.namespace,
-        "name": c.name,
-        "devices": [
-            {
-                "driver": d.driver,
-                "pool": d.pool,
-                "device": d.device,
-                "cdi_devices": list(d.cdi_devices),
-                "share_id": d.share_id,
-            }
-            for d in c.devices
-        ],
-    }
 
 
 def _holding_text(h: _Holding) -> str:

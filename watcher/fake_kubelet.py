@@ -83,6 +83,7 @@ class FakeKubelet:
         self.disabled: set[str] = set()
         self.absent: set[str] = set()
         self.delays: dict[str, float] = {}
+        self.garbage: set[str] = set()  # methods that answer bytes that are not protobuf
         self.calls: Counter[str] = Counter()
         # When each served call was answered (bounded): the benchmarks' view of our load.
         self.call_times: deque[float] = deque(maxlen=100_000)
@@ -224,6 +225,11 @@ class FakeKubelet:
     def enable(self, method: str) -> None:
         self.disabled.discard(method)
         self.absent.discard(method)
+        self.garbage.discard(method)
+
+    def answer_garbage(self, method: str) -> None:
+        """Answer the method with bytes that do not parse (a broken or foreign server)."""
+        self.garbage.add(self._method(method))
 
     def set_delay(self, method: str, seconds: float) -> None:
         """Make the method take `seconds` before answering (a hung kubelet)."""
@@ -372,6 +378,8 @@ class FakeKubelet:
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))
         self.calls[method] += 1
         self.call_times.append(time.monotonic())
+        if method in self.garbage:
+            return b"\xff\xff\xff\xff garbage, not a protobuf message"
         if self.first_call_at is None:
             self.first_call_at = time.monotonic()
         data: bytes = message.SerializeToString()

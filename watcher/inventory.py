@@ -31,6 +31,7 @@ __all__ = [
     "MissingDevice",
     "Inventory",
     "build",
+    "claim_json",
     "cpuset_string",
     "from_canonical",
 ]
@@ -513,7 +514,8 @@ def _memory_json(m: Memory) -> dict[str, Any]:
     return {"type": m.type, "numa": list(m.numa), "size": m.size}
 
 
-def _claim_json(c: Claim) -> dict[str, Any]:
+def claim_json(c: Claim) -> dict[str, Any]:
+    """A claim in the canonical JSON form (also what events carry)."""
     return {
         "namespace": c.namespace,
         "name": c.name,
@@ -542,7 +544,7 @@ def _pod_json(p: Pod) -> dict[str, Any]:
                 "devices": _devices_json(c.devices),
                 "cpu_ids": list(c.cpu_ids),
                 "memory": [_memory_json(m) for m in c.memory],
-                "dynamic_resources": [_claim_json(cl) for cl in c.claims],
+                "dynamic_resources": [claim_json(cl) for cl in c.claims],
             }
             for c in p.containers
         ],

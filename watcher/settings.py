@@ -31,6 +31,7 @@ __all__ = [
     "WatchSettings",
     "LogSettings",
     "HttpSettings",
+    "HttpSinkSettings",
     "StdoutSinkSettings",
     "FileSinkSettings",
     "SinkSettings",
@@ -178,7 +179,7 @@ class BaseSinkSettings:
 
 
 @dataclass(frozen=True)
-class _HttpSettings:
+class HttpSinkSettings:
     timeout: float = field(default=15.0, metadata=_meta("HTTP request timeout, seconds.", min=0.1, max=300))
     ca_file: Path | None = field(default=None, metadata=_meta("CA bundle to verify the server with."))
     cert_file: Path | None = field(default=None, metadata=_meta("Client certificate (PEM) for mutual TLS."))
@@ -215,7 +216,7 @@ class FileSinkSettings(BaseSinkSettings):
 
 
 @dataclass(frozen=True)
-class SlackSinkSettings(BaseSinkSettings, _HttpSettings):
+class SlackSinkSettings(BaseSinkSettings, HttpSinkSettings):
     url: Secret | None = field(default=None, metadata=_meta("Incoming-webhook URL (secret).", secret=True))
     group: Literal["none", "cycle", "window"] = field(
         default="cycle", metadata=_meta("Slack gets one message per re-query by default.")
@@ -229,7 +230,7 @@ class SlackSinkSettings(BaseSinkSettings, _HttpSettings):
 
 
 @dataclass(frozen=True)
-class PagerDutySinkSettings(BaseSinkSettings, _HttpSettings):
+class PagerDutySinkSettings(BaseSinkSettings, HttpSinkSettings):
     routing_key: Secret | None = field(
         default=None, metadata=_meta("32-character integration key (secret).", secret=True)
     )
@@ -243,7 +244,7 @@ class PagerDutySinkSettings(BaseSinkSettings, _HttpSettings):
 
 
 @dataclass(frozen=True)
-class WebhookSinkSettings(BaseSinkSettings, _HttpSettings):
+class WebhookSinkSettings(BaseSinkSettings, HttpSinkSettings):
     url: Secret | None = field(default=None, metadata=_meta("Where events are POSTed (secret).", secret=True))
     format: Literal["json", "cloudevents", "cloudevents-binary"] = field(
         default="json",
@@ -269,7 +270,7 @@ class WebhookSinkSettings(BaseSinkSettings, _HttpSettings):
 
 
 @dataclass(frozen=True)
-class AlertmanagerSinkSettings(BaseSinkSettings, _HttpSettings):
+class AlertmanagerSinkSettings(BaseSinkSettings, HttpSinkSettings):
     url: str = field(default="http://alertmanager:9093", metadata=_meta("Alertmanager base URL."))
     resend_interval: float = field(
         default=60.0,
@@ -491,7 +492,7 @@ def _check_sink(path: str, sink: Any) -> None:
         raise ConfigError(
             f"{path}.batch: true is not allowed with format 'cloudevents-binary' (one event per request)"
         )
-    if isinstance(sink, _HttpSettings) and (sink.cert_file is None) != (sink.key_file is None):
+    if isinstance(sink, HttpSinkSettings) and (sink.cert_file is None) != (sink.key_file is None):
         raise ConfigError(f"{path}.cert_file: cert_file and key_file go together")
     urls = {"endpoint": getattr(sink, "endpoint", None), "url": getattr(sink, "url", None)}
     for key, url in urls.items():

@@ -36,13 +36,7 @@ class AlertmanagerSink:
         self.node = node
         self.store = store
         self.url = settings.url.rstrip("/") + "/api/v2/alerts"
-        self.http = HttpClient(
-            timeout=settings.timeout,
-            ca_file=settings.ca_file,
-            cert_file=settings.cert_file,
-            key_file=settings.key_file,
-            tls_verify=settings.tls_verify,
-        )
+        self.http = HttpClient.for_sink(settings)
         self._lock = asyncio.Lock()
 
     @property

@@ -19,11 +19,13 @@ import aiohttp
 
 from watcher import __version__
 from watcher.secrets import redact
+from watcher.settings import HttpSinkSettings
 from watcher.sinks import Outcome
 
 __all__ = ["HttpClient", "parse_retry_after", "outcome_of", "USER_AGENT"]
 
 USER_AGENT = f"pod-resources-watcher/{__version__}"
+MAX_BODY_BYTES = 64 * 1024
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
@@ -77,6 +79,16 @@ class HttpClient:
         self.tls_verify = tls_verify
         self._session: aiohttp.ClientSession | None = None
 
+    @classmethod
+    def for_sink(cls, settings: HttpSinkSettings) -> HttpClient:
+        return cls(
+            timeout=settings.timeout,
+            ca_file=settings.ca_file,
+            cert_file=settings.cert_file,
+            key_file=settings.key_file,
+            tls_verify=settings.tls_verify,
+        )
+
     def _ssl(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
         if self.cert_file is not None and self.key_file is not None:
@@ -100,7 +112,10 @@ class HttpClient:
             async with self.session().post(
                 url, data=body, headers=dict(headers), allow_redirects=False
             ) as response:
-                text = await response.text(errors="replace")
+                # Only the start of the body matters (an error message); a receiver that
+                # answers with megabytes must not cost us megabytes.
+                head = await response.content.read(MAX_BODY_BYTES)
+                text = head.decode(response.charset or "utf-8", errors="replace")
                 return outcome_of(response.status, response.headers, text)
         except TimeoutError:
             return Outcome(retry=True, error=f"no answer within {self.timeout:g} s")

@@ -79,13 +79,7 @@ class PagerDutySink:
         self.settings = settings
         self.node = node
         self.store = store
-        self.http = HttpClient(
-            timeout=settings.timeout,
-            ca_file=settings.ca_file,
-            cert_file=settings.cert_file,
-            key_file=settings.key_file,
-            tls_verify=settings.tls_verify,
-        )
+        self.http = HttpClient.for_sink(settings)
 
     @property
     def _store_key(self) -> str:

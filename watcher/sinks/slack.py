@@ -91,13 +91,7 @@ class SlackSink:
         self.name = settings.name
         self.settings = settings
         self.node = node
-        self.http = HttpClient(
-            timeout=settings.timeout,
-            ca_file=settings.ca_file,
-            cert_file=settings.cert_file,
-            key_file=settings.key_file,
-            tls_verify=settings.tls_verify,
-        )
+        self.http = HttpClient.for_sink(settings)
 
     async def deliver(self, events: Sequence[Event]) -> Outcome:
         assert self.settings.url is not None

@@ -85,13 +85,7 @@ class WebhookSink:
         self.name = settings.name
         self.settings = settings
         self.node = node
-        self.http = HttpClient(
-            timeout=settings.timeout,
-            ca_file=settings.ca_file,
-            cert_file=settings.cert_file,
-            key_file=settings.key_file,
-            tls_verify=settings.tls_verify,
-        )
+        self.http = HttpClient.for_sink(settings)
 
     def _request(self, events: Sequence[Event]) -> tuple[bytes, dict[str, str]]:
         s = self.settings
