@@ -34,7 +34,7 @@ pytest: $(STAMP) ## the test suite
 	$(BIN)/pytest
 
 chaos: $(STAMP) ## the long reliability suites: 200 kubelet restarts (see RELIABILITY.md)
-	PRW_CHAOS_RESTARTS=200 $(BIN)/pytest -p no:cacheprovider tests/test_chaos.py
+	PRW_CHAOS_RESTARTS=200 PRW_CHAOS_REPORT=$${PRW_CHAOS_REPORT:-/dev/null} $(BIN)/pytest -p no:cacheprovider tests/test_chaos.py
 
 bench: $(STAMP) ## measure the speed claims side by side and write BENCHMARKS.md (~10 min)
 	$(BIN)/python bench/run.py

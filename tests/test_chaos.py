@@ -10,8 +10,10 @@ growth in open file descriptors or asyncio tasks.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -126,5 +128,23 @@ async def test_kubelet_chaos(short_tmp: Path) -> None:
         assert devices == _devices(last)
         assert holdings == _holdings(last)
         # Nothing accumulates: a few fds of slack for sockets mid-close.
-        assert _fds() <= fds_before + 5
-        assert len(asyncio.all_tasks()) <= tasks_before + 2
+        fds_after, tasks_after = _fds(), len(asyncio.all_tasks())
+        assert fds_after <= fds_before + 5
+        assert tasks_after <= tasks_before + 2
+        report = os.environ.get("PRW_CHAOS_REPORT")
+        if report:
+            kinds = Counter(str(e.kind) for e in events)
+            Path(report).write_text(
+                json.dumps(
+                    {
+                        "restarts": RESTARTS,
+                        "restarts_detected": kinds["kubelet.restarted"],
+                        "events_checked": len(events),
+                        "events_by_kind": dict(sorted(kinds.items())),
+                        "fds": [fds_before, fds_after],
+                        "tasks": [tasks_before, tasks_after],
+                        "final_hash_matches": last.content_hash == truth.content_hash,
+                    },
+                    indent=2,
+                )
+            )
