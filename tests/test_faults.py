@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
 from tests.agent_harness import make_settings, running_agent
@@ -104,3 +107,54 @@ def test_absurd_but_valid_responses_build_without_blowing_up() -> None:
     assert len(inv.devices) == 100_001
     assert inv.cpu_ids == (-5, 0, 2**62)
     assert took < 10  # linear work; a quadratic blow-up would take minutes
+
+
+def _fill(path: Path) -> None:
+    """Write zeros until the filesystem refuses: a full disk, to the last block."""
+    with open(path, "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+
+
+@pytest.fixture
+def tiny_filesystem(short_tmp: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs: a state directory that can really fill up (root only)."""
+    path = short_tmp / "state"
+    path.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(path)], capture_output=True, check=False
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+async def test_a_full_state_directory_is_loud_and_nothing_is_lost(
+    short_tmp: Path, tiny_filesystem: Path
+) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    settings = make_settings(short_tmp)
+    assert settings.state_dir == tiny_filesystem
+    with capture_logs() as logs:
+        async with fake, running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            filler = tiny_filesystem / "filler"
+            _fill(filler)
+            mark = len(run.recorder.events)
+            fake.add_device(GPU, "GPU-while-full", (0,))
+            await _logged(logs, lambda e: e["event"].startswith("could not commit"))
+            assert run.recorder.kinds(mark) == []  # nothing emitted that is not stored
+            assert not run.agent.stats.events > mark  # and the agent is still there
+            filler.unlink()
+            kinds = await run.recorder.kinds_after(mark, 2)
+            await run.quiet_cycle()
+    assert sorted(kinds) == ["capacity.changed", "device.added"]
+    assert run.recorder.kinds(mark).count("device.added") == 1
+    errors = [e for e in logs if e["event"].startswith("could not commit")]
+    assert errors[0]["log_level"] == "error"

@@ -105,8 +105,30 @@ class SinkWorker:
             return events
         return None
 
+    async def _record(self, what: str, fn: Callable[..., Awaitable[None]], *args: object) -> bool:
+        """Write a delivery's outcome to the outbox, retrying while the disk refuses (full,
+        read-only): the worker must outlive a bad disk. False if stopped before it could."""
+        attempt = 0
+        while True:
+            try:
+                await fn(*args)
+                return True
+            except Exception as err:  # sqlite3.Error, OSError: the state directory is in trouble
+                delay = self.backoff.delay(attempt)
+                attempt += 1
+                self.log.error(
+                    "could not record a delivery in the outbox; will retry",
+                    what=what,
+                    error=repr(err),
+                    attempt=attempt,
+                    hint="is the state directory full or read-only?",
+                )
+                if self.stop.is_set():
+                    return False
+                await _sleep_or_stop(self.stop, delay)
+
     async def run(self) -> None:
-        await self.outbox.set_disabled(self.name, None)
+        await self._record("enable", self.outbox.set_disabled, self.name, None)
         while not self.stop.is_set():
             if self.disabled is not None:
                 await self.stop.wait()
@@ -143,14 +165,15 @@ class SinkWorker:
                 self.log.exception("sink raised; treating as a transient failure")
                 outcome = Outcome(retry=True, error=redact(f"{type(err).__name__}: {err}"))
             if outcome.delivered:
-                await self.outbox.ack(self.name, seqs)
+                # Not recorded (stopping on a bad disk): it is sent again next time, same ids.
+                await self._record("ack", self.outbox.ack, self.name, seqs)
                 if attempt:
                     self.log.info("delivered after retrying", attempts=attempt + 1, events=len(batch))
                 self._notify("delivered", batch, started)
                 return True
             if outcome.gone:
                 self.disabled = outcome.error
-                await self.outbox.set_disabled(self.name, outcome.error)
+                await self._record("disable", self.outbox.set_disabled, self.name, outcome.error)
                 self.log.error(
                     "receiver answered 410 Gone: sink DISABLED until the agent restarts or reloads; "
                     "its events stay queued (bounded). Fix the sink's URL.",
@@ -161,7 +184,9 @@ class SinkWorker:
                 self._notify("gone", batch, started)
                 return False
             if not outcome.retry:
-                await self.outbox.dead_letter(self.name, seqs, outcome.status, outcome.error)
+                await self._record(
+                    "dead letter", self.outbox.dead_letter, self.name, seqs, outcome.status, outcome.error
+                )
                 self.log.error(
                     "permanent failure: events dead-lettered; see `pod-resources-watcher outbox list`",
                     status=outcome.status,
