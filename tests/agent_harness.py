@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+from aiohttp import web
 
 from watcher.agent import Agent
 from watcher.events import Event, event_schema
@@ -98,6 +100,19 @@ def make_settings(root: Path, **overrides: Any) -> Settings:
         sinks=(FileSinkSettings(path=root / "state" / "events.jsonl", name="audit"),),
         **overrides,
     )
+
+
+async def serve_post(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> tuple[web.AppRunner, int]:
+    """A real aiohttp receiver on 127.0.0.1 (any free port) answering POST / with `handler`."""
+    app = web.Application()
+    app.router.add_post("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.create_server(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    return runner, sock.getsockname()[1]
 
 
 @asynccontextmanager

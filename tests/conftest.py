@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from watcher.fake_kubelet import FakeKubelet
 
@@ -32,6 +34,18 @@ async def kubelet(short_tmp: Path) -> AsyncIterator[FakeKubelet]:
         yield fake
     finally:
         await fake.stop(remove_socket=True)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging() -> Iterator[None]:
+    """Tests that run the CLI in-process configure logging onto a stream pytest closes
+    afterwards; put logging back so no test depends on which ran before it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.reset_defaults()
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.agent_harness import make_settings, running_agent
+from tests.agent_harness import make_settings, running_agent, serve_post
 from tests.conftest import PLANTED_SECRET
 from watcher.audit import verify_files
 from watcher.changes import Change, Kind, Severity
@@ -325,7 +325,7 @@ retry_max_delay = 0.5
             recorder = _Recorder()
             app = web.Application()
             app.router.add_post("/events", recorder.handle)
-            runner = web.AppRunner(app)
+            runner = web.AppRunner(app, access_log=None)  # its lines would carry the URL's token
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", receiver_port)
             await site.start()
@@ -400,15 +400,8 @@ async def test_a_hung_sink_delays_neither_other_sinks_nor_the_watch_loop(short_t
         await hang.wait()
         return web.Response(status=204)
 
-    app = web.Application()
-    app.router.add_post("/", never)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = socket.create_server(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    slow = WebhookSinkSettings(
-        name="slow", url=Secret(value=f"http://127.0.0.1:{sock.getsockname()[1]}/"), timeout=60
-    )
+    runner, port = await serve_post(never)
+    slow = WebhookSinkSettings(name="slow", url=Secret(value=f"http://127.0.0.1:{port}/"), timeout=60)
     audit = FileSinkSettings(name="audit", path=short_tmp / "audit.jsonl")
     fake = FakeKubelet(short_tmp / "kubelet", seed=2)
     settings = dataclasses.replace(make_settings(short_tmp), sinks=(slow, audit))

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.agent_harness import Running, make_settings, running_agent
+from tests.agent_harness import Running, make_settings, running_agent, serve_post
 from tests.conftest import PLANTED_SECRET
 from watcher.cli import main
 from watcher.fake_kubelet import FakeKubelet
@@ -171,15 +170,10 @@ class _Flaky:
 
 async def test_reload_keeps_the_queued_events_of_unchanged_sinks(short_tmp: Path) -> None:
     receiver = _Flaky()
-    app = web.Application()
-    app.router.add_post("/", receiver.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = socket.create_server(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
+    runner, port = await serve_post(receiver.handle)
     hook = WebhookSinkSettings(
         name="hook",
-        url=Secret(value=f"http://127.0.0.1:{sock.getsockname()[1]}/"),
+        url=Secret(value=f"http://127.0.0.1:{port}/"),
         bearer_token=Secret(value=PLANTED_SECRET),
         retry_max_delay=0.2,
     )
@@ -311,15 +305,10 @@ async def test_send_test_reports_the_receivers_answer(
     short_tmp: Path, capfd: pytest.CaptureFixture[str], status: int, code: int
 ) -> None:
     echo = _Echo(status)
-    app = web.Application()
-    app.router.add_post("/", echo.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = socket.create_server(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
+    runner, port = await serve_post(echo.handle)
     config = short_tmp / "w.toml"
     config.write_text(
-        f'state_dir = "{short_tmp}"\n[sinks.team]\ntype = "webhook"\nurl = "http://127.0.0.1:{sock.getsockname()[1]}/"\n'
+        f'state_dir = "{short_tmp}"\n[sinks.team]\ntype = "webhook"\nurl = "http://127.0.0.1:{port}/"\n'
     )
     try:
         rc = await asyncio.to_thread(main, ["send-test", "team", "--config", str(config)])
