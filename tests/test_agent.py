@@ -208,6 +208,9 @@ async def test_corrupt_outbox_is_moved_aside_and_a_fresh_baseline_taken(
             assert run.recorder.events[0].details["baseline"] == "fresh"
     assert any("corrupt" in e["event"] and e["log_level"] == "error" for e in logs)
     assert list((short_tmp / "state").glob("outbox.db.corrupt-*"))
+    # The old seq went with the database: continue from the clock, never from 1 again
+    # (an audit log that holds seq 1..n would otherwise skip the new events).
+    assert run.recorder.events[0].seq > 1_000_000_000
 
 
 async def test_unreadable_saved_state_warns_and_seq_never_repeats(fake: FakeKubelet, short_tmp: Path) -> None:

@@ -102,6 +102,9 @@ class _Generation:
     def retire(self) -> None:
         self._retired.set()
 
+    # watchfiles sets its stop event when a watch is cancelled: that retires this one.
+    set = retire
+
     async def wait(self) -> bool:
         waits = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self._retired.wait())]
         try:
@@ -176,9 +179,13 @@ class Agent:
         self._name_events = False  # the directory said the socket's name was replaced
         self._said_not_a_socket: FileIdentity | None = None
         self._watch_generation = _Generation(self.stop)
+        # Held by a re-query and by a reload's client swap: a reload never closes a channel
+        # under a call in flight.
+        self._cycle_lock = asyncio.Lock()
         self._supervised: dict[str, asyncio.Task[None]] = {}
         self._last_snapshot = time.monotonic()
         self._cycle_result = "failed"
+        self._uncommitted: tuple[Any, ...] = ()
         self.metrics = Metrics()
         self.http: HttpServer | None = None
         self.dispatcher.observers.append(self._on_delivery)
@@ -199,7 +206,11 @@ class Agent:
         try:
             await self.outbox.register(self.dispatcher.workers)
             self._restore(
-                state_from_json(await self.outbox.load_state(), min_seq=await self.outbox.max_seq())
+                state_from_json(
+                    await self.outbox.load_state(),
+                    min_seq=await self.outbox.max_seq(),
+                    lost=self.outbox.recovered_from_corruption,
+                )
             )
             tasks: dict[str, Callable[[], Awaitable[None]]] = {
                 "query-loop": self._query_loop,
@@ -269,7 +280,8 @@ class Agent:
         }
 
     async def metrics_text(self) -> bytes:
-        self.metrics.set_outbox({name: await self.outbox.stats(name) for name in self.dispatcher.workers})
+        names = list(self.dispatcher.workers)  # a reload may change the dict while we await
+        self.metrics.set_outbox({name: await self.outbox.stats(name) for name in names})
         return self.metrics.render()
 
     def _on_delivery(self, sink: str, result: str, events: Sequence[Event], _: float) -> None:
@@ -298,21 +310,25 @@ class Agent:
         )
         changed = await self.dispatcher.reload(sinks)
         if settings.kubelet != old.kubelet or settings.watch != old.watch:
-            await self.client.close()
-            self.socket_path = settings.kubelet.socket
-            self.client = PodResourcesClient(
-                str(self.socket_path),
-                timeout=settings.kubelet.timeout,
-                max_receive_bytes=settings.kubelet.max_receive_bytes,
-            )
-            self.limiter = RateLimiter(settings.watch.max_rpc_rate)
-            if settings.kubelet.socket != old.kubelet.socket:
-                self.socket_identity = None  # another socket: a first sighting, not a restart
-                self._socket_seen = None
-            self._watch_generation.retire()
-            self._watch_generation = _Generation(self.stop)
-            self.trigger.fire("reload", urgent=True)
+            async with self._cycle_lock:
+                await self._swap_client(settings, old)
         self.log.info("configuration reloaded", sinks_changed=changed, socket=str(self.socket_path))
+
+    async def _swap_client(self, settings: Settings, old: Settings) -> None:
+        await self.client.close()
+        self.socket_path = settings.kubelet.socket
+        self.client = PodResourcesClient(
+            str(self.socket_path),
+            timeout=settings.kubelet.timeout,
+            max_receive_bytes=settings.kubelet.max_receive_bytes,
+        )
+        self.limiter = RateLimiter(settings.watch.max_rpc_rate)
+        if settings.kubelet.socket != old.kubelet.socket:
+            self.socket_identity = None  # another socket: a first sighting, not a restart
+            self._socket_seen = None
+        self._watch_generation.retire()
+        self._watch_generation = _Generation(self.stop)
+        self.trigger.fire("reload", urgent=True)
 
     # -- state --
 
@@ -489,6 +505,30 @@ class Agent:
         return alloc, pods
 
     async def _cycle(self, reasons: frozenset[str]) -> None:
+        async with self._cycle_lock:
+            await self._locked_cycle(reasons)
+
+    def _markers(self) -> tuple[Any, ...]:
+        """What a cycle may move before its commit (the lifecycle bookkeeping)."""
+        return (
+            self.socket_identity,
+            self._name_events,
+            dataclasses.replace(self._health),
+            set(self._degraded_reported),
+            self._ever_connected,
+        )
+
+    def _restore_markers(self, markers: tuple[Any, ...]) -> None:
+        (
+            self.socket_identity,
+            self._name_events,
+            self._health,
+            self._degraded_reported,
+            self._ever_connected,
+        ) = markers
+
+    async def _locked_cycle(self, reasons: frozenset[str]) -> None:
+        self._uncommitted = self._markers()
         started = time.perf_counter()
         self._cycle_result = "failed"
         try:
@@ -642,6 +682,7 @@ class Agent:
         h = self._health
         if h.failing_since is None or h.unreachable_reported:
             return
+        self._uncommitted = self._markers()
         down_for = time.monotonic() - h.failing_since
         if down_for < self.settings.kubelet.unreachable_grace:
             return
@@ -698,6 +739,8 @@ class Agent:
             )
         except Exception as err:  # disk full, read-only, corrupt: never crash, never advance
             self.log.error("could not commit events and state; will retry next cycle", error=repr(err))
+            # The lifecycle events (restarted, unreachable, ...) must come again next time.
+            self._restore_markers(self._uncommitted)
             self._health.retry_at = time.monotonic() + self.retry_backoff.delay(self._health.attempt)
             self._last_raw = None
             return

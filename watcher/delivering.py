@@ -254,7 +254,7 @@ class Dispatcher:
             worker.wake.set()
 
     async def enforce_caps(self) -> None:
-        for name, worker in self.workers.items():
+        for name, worker in list(self.workers.items()):  # a reload may change the dict meanwhile
             s = worker.sink.settings
             dropped = await self.outbox.enforce_caps(name, s.max_queue, s.max_age)
             if dropped:
@@ -274,39 +274,47 @@ class Dispatcher:
             tasks.append(asyncio.create_task(_until(worker.stop, background), name=f"sink:{worker.name}"))
         self._tasks[worker.name] = tasks
 
-    async def _retire(self, name: str) -> None:
-        worker = self.workers.pop(name)
-        worker.stop.set()
-        worker.wake.set()
-        tasks = self._tasks.pop(name, [])
-        _, pending = await asyncio.wait(tasks, timeout=5.0) if tasks else (set(), set())
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await worker.sink.close()
-
     async def reload(self, sinks: Sequence[Sink]) -> list[str]:
-        """Replace changed sinks, add new ones, retire removed ones; return what changed."""
+        """Replace changed sinks, add new ones, retire removed ones; return what changed.
+
+        A replacement goes into `workers` before the old worker is waited for, so
+        events committed meanwhile are queued for it and none is lost.
+        """
         new = {s.name: s for s in sinks}
-        changed = []
-        for name in list(self.workers):
-            if name not in new or new[name].settings != self.workers[name].sink.settings:
-                await self._retire(name)
-                changed.append(name)
+        changed: list[str] = []
+        retiring: list[tuple[SinkWorker, list[asyncio.Task[None]]]] = []
+        for name, old in list(self.workers.items()):
+            if name in new and new[name].settings == old.sink.settings:
+                continue
+            changed.append(name)
+            retiring.append((old, self._tasks.pop(name, [])))
+            if name in new:
+                self.workers[name] = self._worker(new[name])
+            else:
+                del self.workers[name]
         for name, sink in new.items():
-            if name in self.workers:
+            if name not in self.workers:
+                self.workers[name] = self._worker(sink)
+                changed.append(name)
+            elif self.workers[name].sink is not sink:
                 with contextlib.suppress(Exception):
                     await sink.close()  # an unchanged twin built by the reload: keep the running one
-                continue
-            self.workers[name] = self._worker(sink)
-            await self.outbox.register([name])
-            self._start(self.workers[name])
-            if name not in changed:
-                changed.append(name)
+        for old, tasks in retiring:
+            old.stop.set()
+            old.wake.set()
+            _, pending = await asyncio.wait(tasks, timeout=5.0) if tasks else (set(), set())
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await old.sink.close()
+        for name in changed:
+            if name in self.workers and name not in self._tasks:
+                await self.outbox.register([name])
+                self._start(self.workers[name])
         self._changed.set()
         self.notify()
-        return sorted(changed)
+        return sorted(set(changed))
 
     async def run(self) -> None:
         for worker in self.workers.values():
@@ -338,7 +346,7 @@ class Dispatcher:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def close(self) -> None:
-        for worker in self.workers.values():
+        for worker in list(self.workers.values()):
             with contextlib.suppress(Exception):
                 await worker.sink.close()
 

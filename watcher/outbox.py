@@ -98,6 +98,8 @@ class Outbox:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._db: sqlite3.Connection | None = None
+        # True when a corrupt database was moved aside: seq must not restart from 0.
+        self.recovered_from_corruption = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox")
 
     # -- opening --
@@ -114,6 +116,7 @@ class Outbox:
                 moved_to=str(aside),
                 error=str(err),
             )
+            self.recovered_from_corruption = True
             for suffix in ("", "-wal", "-shm"):
                 src = Path(str(self.path) + suffix)
                 if src.exists():
@@ -392,4 +395,16 @@ class _Transaction:
         return self.db
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self.db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+        if exc_type is not None:
+            # SQLite may have rolled back already (disk full): a second ROLLBACK would raise
+            # and hide the real error.
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            return
+        try:
+            self.db.execute("COMMIT")
+        except BaseException:
+            # A failed COMMIT can leave the transaction open; every later BEGIN would fail.
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise

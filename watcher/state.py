@@ -50,11 +50,16 @@ def _fresh_seq() -> int:
     return int(time.time() * 1000)
 
 
-def state_from_json(doc: Any, *, min_seq: int = 0) -> SavedState:
+def state_from_json(doc: Any, *, min_seq: int = 0, lost: bool = False) -> SavedState:
     """The saved state; None is a first run, anything unreadable a warning and a fresh baseline.
 
-    `min_seq` is the highest seq known to exist elsewhere (the outbox's events).
+    `min_seq` is the highest seq known to exist elsewhere (the outbox's events); `lost`
+    says an earlier state was lost (a corrupt outbox), so seq must not start from 0 again.
     """
+    if doc is None and lost:
+        seq = max(_fresh_seq(), min_seq)
+        log.warning("saved state was lost with the outbox: fresh baseline", seq_restarts_at=seq + 1)
+        return SavedState(seq=seq)
     if doc is None:
         log.info("no saved state: first run, taking a fresh baseline")
         return SavedState(seq=min_seq)

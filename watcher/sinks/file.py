@@ -13,12 +13,16 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+import structlog
+
 from watcher.audit import GENESIS, last_record, make_record
 from watcher.events import Event
 from watcher.settings import FileSinkSettings
 from watcher.sinks import Outcome
 
 __all__ = ["FileSink"]
+
+log = structlog.get_logger("watcher.sinks.file")
 
 
 class FileSink:
@@ -104,7 +108,10 @@ class FileSink:
             while True:
                 await asyncio.sleep(self.settings.fsync_interval)
                 async with self._lock:
-                    await asyncio.to_thread(self._sync)
+                    try:
+                        await asyncio.to_thread(self._sync)
+                    except OSError as err:  # a bad disk must not stop the agent; the next write says so too
+                        log.error("audit log fsync failed", path=str(self.path), error=str(err))
 
         return fsync_periodically
 
