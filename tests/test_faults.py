@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import shutil
 import subprocess
@@ -158,3 +159,124 @@ async def test_a_full_state_directory_is_loud_and_nothing_is_lost(
     assert run.recorder.kinds(mark).count("device.added") == 1
     errors = [e for e in logs if e["event"].startswith("could not commit")]
     assert errors[0]["log_level"] == "error"
+
+
+# --- sink faults: a trickling receiver, a certificate for another host ---
+
+
+async def test_a_receiver_that_trickles_its_status_line_times_out_and_is_retried() -> None:
+    from watcher.sinks.http import HttpClient
+
+    handlers: set[asyncio.Task[Any]] = set()
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n":
+                writer.write(bytes([byte]))  # a byte every 0.25 s: about 10 s for the status line
+                await writer.drain()
+                await asyncio.sleep(0.25)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = HttpClient(timeout=1.0)
+    try:
+        started = time.monotonic()
+        outcome = await client.post(f"http://127.0.0.1:{port}/", b"{}", {"Content-Type": "application/json"})
+        took = time.monotonic() - started
+    finally:
+        await client.close()
+        server.close()
+        for task in handlers:  # the server does not stop its handlers itself
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()
+        gc.collect()  # finalize the dropped connection on this loop, not the next test's
+    assert outcome.retry
+    assert not outcome.delivered
+    assert "no answer within 1 s" in outcome.error
+    assert took < 5  # the total timeout decides, not the trickle
+
+
+async def test_a_2xx_with_a_trickling_or_huge_body_is_delivered_at_once() -> None:
+    from aiohttp import web
+
+    from tests.agent_harness import serve_post
+    from watcher.sinks.http import HttpClient
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=200)
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(40):  # 10 s of body, a byte at a time, then megabytes
+                await response.write(b".")
+                await asyncio.sleep(0.25)
+            await response.write(b"x" * (8 << 20))
+        return response
+
+    runner, port = await serve_post(trickle)
+    client = HttpClient(timeout=30.0)
+    try:
+        started = time.monotonic()
+        outcome = await client.post(f"http://127.0.0.1:{port}/", b"{}", {"Content-Type": "application/json"})
+        took = time.monotonic() - started
+    finally:
+        await client.close()
+        await runner.cleanup()
+        gc.collect()  # finalize the dropped connection on this loop, not the next test's
+    assert outcome.delivered
+    assert took < 5  # the answer is the status; the body is not waited for
+
+
+async def test_a_certificate_for_another_host_is_refused_unless_verification_is_off(short_tmp: Path) -> None:
+    import ssl
+
+    from aiohttp import web
+
+    from watcher.sinks.http import HttpClient
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is needed to make the test certificate")
+    cert, key = short_tmp / "cert.pem", short_tmp / "key.pem"
+    await asyncio.to_thread(
+        subprocess.run,
+        [
+            openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=wrong.invalid", "-addext", "subjectAltName=DNS:wrong.invalid",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/", ok)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = __import__("socket").create_server(("127.0.0.1", 0))
+    await web.SockSite(runner, sock, ssl_context=ctx).start()
+    url = f"https://127.0.0.1:{sock.getsockname()[1]}/"
+    strict = HttpClient(timeout=5, ca_file=cert)
+    lax = HttpClient(timeout=5, ca_file=cert, tls_verify=False)
+    try:
+        refused = await strict.post(url, b"{}", {})
+        accepted = await lax.post(url, b"{}", {})
+    finally:
+        await strict.close()
+        await lax.close()
+        await runner.cleanup()
+    # The CA is trusted, but the certificate names another host: refused, and retried later.
+    assert refused.retry
+    assert "certificate" in refused.error.lower() or "hostname" in refused.error.lower()
+    assert accepted.delivered
