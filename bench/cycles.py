@@ -27,8 +27,8 @@ def rss_mib() -> float:
     return float("nan")
 
 
-async def main(sock: Path, state: Path, cycles: int) -> dict[str, float]:
-    configure_logging("error", "json")  # stdout carries the result alone
+async def agent_for_cycles(sock: Path, state: Path) -> Agent:
+    """An Agent whose cycles a benchmark drives directly, without its own rate cap."""
     settings = Settings(
         node="bench-node",
         state_dir=state,
@@ -38,8 +38,14 @@ async def main(sock: Path, state: Path, cycles: int) -> dict[str, float]:
         sinks=(),
     )
     agent = Agent(settings)
-    agent.limiter.capacity = 10**9  # measure memory, not our own rate cap
+    agent.limiter.capacity = 10**9  # measure the cycle, not our own rate cap
     await agent.outbox.open()
+    return agent
+
+
+async def main(sock: Path, state: Path, cycles: int) -> dict[str, float]:
+    configure_logging("error", "json")  # stdout carries the result alone
+    agent = await agent_for_cycles(sock, state)
     reasons = frozenset({"bench"})
     for _ in range(100):
         await agent._cycle(reasons)

@@ -42,6 +42,7 @@ import grpc
 from aiohttp import web
 from grpc import aio
 
+from bench.cycles import agent_for_cycles
 from watcher.agent import Agent, gc_paused
 from watcher.changes import Change, Kind, Severity
 from watcher.diffing import diff
@@ -116,6 +117,17 @@ class Watch:
                 await self._changed.wait()
 
 
+async def _watched_agent(root: Path) -> tuple[FakeKubelet, Agent, Watch, asyncio.Task[None]]:
+    """A started fake kubelet (limit high enough not to be measured) and an agent that has answered."""
+    fake = FakeKubelet(root / "kubelet", default_node(), rate=1000, burst=100)
+    await fake.start()
+    agent = Agent(settings_for(root, fake))
+    watch = Watch(agent)
+    task = await _run_agent(agent)
+    await watch.until(lambda: bool(watch.successes), 20)
+    return fake, agent, watch, task
+
+
 async def _run_agent(agent: Agent) -> asyncio.Task[None]:
     return asyncio.create_task(agent.run())
 
@@ -131,12 +143,7 @@ async def _stop(agent: Agent, task: asyncio.Task[None]) -> None:
 async def bench_reconnect(plan: dict[float, int]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="prw-b1-", dir="/tmp") as tmp:
         root = Path(tmp)
-        fake = FakeKubelet(root / "kubelet", default_node(), rate=1000, burst=100)
-        await fake.start()
-        agent = Agent(settings_for(root, fake))
-        watch = Watch(agent)
-        task = await _run_agent(agent)
-        await watch.until(lambda: bool(watch.successes), 20)
+        fake, agent, watch, task = await _watched_agent(root)
         # The baseline: a plain channel with gRPC's default reconnect backoff, polled every 100 ms.
         channel = aio.insecure_channel(f"unix://{fake.socket_path}")
         call = channel.unary_unary(ALLOC)
@@ -251,21 +258,6 @@ def _start_fake(root: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
     return proc, root / "pod-resources" / "kubelet.sock"
 
 
-async def _agent_for_cycles(root: Path, sock: Path) -> Agent:
-    settings = Settings(
-        node="bench-node",
-        state_dir=root / "state",
-        kubelet=KubeletSettings(socket=sock, root_dir=root),
-        watch=WatchSettings(max_rpc_rate=50),
-        http=HttpSettings(enabled=False),
-        sinks=(),
-    )
-    agent = Agent(settings)
-    agent.limiter.capacity = 10**9  # measure CPU, not our own rate cap
-    await agent.outbox.open()
-    return agent
-
-
 async def bench_unchanged(cycles: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for label, args in (
@@ -276,7 +268,7 @@ async def bench_unchanged(cycles: int) -> dict[str, Any]:
             root = Path(tmp)
             proc, sock = _start_fake(root, "--node", "large", *args)
             try:
-                agent = await _agent_for_cycles(root, sock)
+                agent = await agent_for_cycles(sock, root / "state")
                 await agent._cycle(frozenset({"bench"}))  # baseline inventory
                 c0 = time.process_time()
                 for _ in range(cycles):
@@ -483,12 +475,7 @@ async def bench_delivery(n_events: int, n_flips: int) -> dict[str, Any]:
 async def bench_storm(triggers: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="prw-b7-", dir="/tmp") as tmp:
         root = Path(tmp)
-        fake = FakeKubelet(root / "kubelet", default_node(), rate=1000, burst=100)
-        await fake.start()
-        agent = Agent(settings_for(root, fake))
-        watch = Watch(agent)
-        task = await _run_agent(agent)
-        await watch.until(lambda: bool(watch.successes), 20)
+        fake, agent, _, task = await _watched_agent(root)
         await asyncio.sleep(1.5)
         first = len(fake.call_times)
         checkpoint = fake.checkpoint_path
