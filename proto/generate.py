@@ -1,4 +1,4 @@
-"""Regenerate the Python modules and typed stubs for proto/v1/api.proto.
+"""Regenerate the Python modules and typed stubs for proto/v1/*.proto (the API and our views of it).
 
 Run through `make proto`. The output is committed under watcher/kubeletapi/v1;
 tests/test_proto.py calls `generate()` into a temporary directory and fails
@@ -17,9 +17,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 # The import path the generated code uses; protoc maps it onto proto/.
 VIRTUAL_PREFIX = "watcher/kubeletapi"
-PROTO_FILES = ["v1/api.proto"]
+PROTO_FILES = ["v1/api.proto", "v1/views.proto"]
 OUTPUT_DIR = ROOT / VIRTUAL_PREFIX / "v1"
-GENERATED = ["api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi"]
+GENERATED = [
+    "api_pb2.py",
+    "api_pb2.pyi",
+    "api_pb2_grpc.py",
+    "api_pb2_grpc.pyi",
+    "views_pb2.py",
+    "views_pb2.pyi",
+]
 
 
 def _plugin(name: str) -> str:

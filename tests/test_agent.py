@@ -132,11 +132,14 @@ async def test_shuffled_unchanged_answers_produce_no_events(fake: FakeKubelet, s
         await run.recorder.kinds_after(0, 1)
         mark = len(run.recorder.events)
         parsed_before = run.agent.stats.parsed
+        rebuilt_before = run.agent.decoder.stats.pods_rebuilt
         for _ in range(100):
             await run.quiet_cycle()
         assert run.recorder.kinds(mark) == []
-        # Every answer came shuffled, so each one was parsed and found equal.
+        # Every answer came shuffled, so each one was decoded and found equal,
+        # without building a single pod again.
         assert run.agent.stats.parsed - parsed_before == 100
+        assert run.agent.decoder.stats.pods_rebuilt == rebuilt_before
 
 
 async def test_identical_bytes_take_the_fast_path(short_tmp: Path) -> None:

@@ -28,12 +28,12 @@ from watcher import errors, lifecycle
 from watcher.backoff import Backoff
 from watcher.changes import LIFECYCLE_KINDS, Change, Severity
 from watcher.client import PodResourcesClient
+from watcher.decoding import Decoder, Outcome
 from watcher.delivering import Dispatcher
 from watcher.diffing import diff
 from watcher.events import Event, envelope, new_cycle_id
 from watcher.identity import FileIdentity, SocketState, is_replacement, probe_socket
-from watcher.inventory import Inventory, build
-from watcher.kubeletapi.v1 import api_pb2
+from watcher.inventory import Inventory
 from watcher.metrics import Metrics
 from watcher.outbox import OUTBOX_FILE, Outbox
 from watcher.ratelimit import RateLimiter
@@ -167,7 +167,7 @@ class Agent:
         self.seq = 0
         self.inventory: Inventory | None = None
         self.socket_identity: FileIdentity | None = None
-        self._last_raw: tuple[bytes | None, bytes] | None = None
+        self.decoder = Decoder()
         self._started_reported = False
         self._ever_connected = False
         self._degraded: str | None = None  # why GetAllocatableResources is unavailable
@@ -602,19 +602,16 @@ class Agent:
         await self._emit(changes, cycle, after, before=before, baseline=before is None)
 
     def _inventory_from(self, alloc_raw: bytes | None, list_raw: bytes) -> Inventory:
-        raw = (alloc_raw, list_raw)
         before = self.inventory
-        if raw == self._last_raw and before is not None:
+        after, outcome = self.decoder.decode(alloc_raw, list_raw)
+        if outcome is Outcome.SAME_BYTES:
             self.stats.fast_path += 1
+        else:
+            self.stats.parsed += 1
+        if before is not None and after is not before and after.content_hash == before.content_hash:
+            # The decoder compares with the last answer it decoded; ours may be older (a
+            # restored state, a commit that failed) yet equal.
             return before
-        self.stats.parsed += 1
-        after = build(
-            api_pb2.AllocatableResourcesResponse.FromString(alloc_raw) if alloc_raw is not None else None,
-            api_pb2.ListPodResourcesResponse.FromString(list_raw),
-        )
-        self._last_raw = raw
-        if before is not None and after.content_hash == before.content_hash:
-            return before  # a reordering, not a change
         return after
 
     def _succeeded(self, changes: list[Change], alloc_raw: bytes | None) -> None:
@@ -742,7 +739,6 @@ class Agent:
             # The lifecycle events (restarted, unreachable, ...) must come again next time.
             self._restore_markers(self._uncommitted)
             self._health.retry_at = time.monotonic() + self.retry_backoff.delay(self._health.attempt)
-            self._last_raw = None
             return
         self.seq = seq
         if after is not None and after is not self.inventory:

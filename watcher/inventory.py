@@ -31,6 +31,8 @@ __all__ = [
     "MissingDevice",
     "Inventory",
     "build",
+    "build_allocatable",
+    "build_pod",
     "claim_json",
     "cpuset_string",
     "from_canonical",
@@ -193,7 +195,7 @@ class Container:
     claims: tuple[Claim, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Pod:
     """A pod's holdings; pod-level CPUs and memory overlap the containers' (newest kubelets)."""
 
@@ -206,6 +208,12 @@ class Pod:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @cached_property
+    def canonical_bytes(self) -> bytes:
+        # Cached on the pod (no slots, for that) because the decoder carries unchanged
+        # pods into the next inventory: their part of its canonical form is then free.
+        return _dumps(_pod_json(self))
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,20 +301,25 @@ class Inventory:
         """
         return {
             "format": FORMAT,
-            "allocatable": {
-                "known": self.allocatable_known,
-                "devices": _devices_json(self.devices),
-                "cpu_ids": list(self.cpu_ids),
-                "memory": [_memory_json(m) for m in self.memory],
-            },
+            "allocatable": self._allocatable_json(),
             "pods": [_pod_json(p) for p in self.pods],
+        }
+
+    def _allocatable_json(self) -> dict[str, Any]:
+        return {
+            "known": self.allocatable_known,
+            "devices": _devices_json(self.devices),
+            "cpu_ids": list(self.cpu_ids),
+            "memory": [_memory_json(m) for m in self.memory],
         }
 
     @cached_property
     def canonical_bytes(self) -> bytes:
-        # Every dict of the canonical form is built in a fixed key order from sorted
-        # content, so sorting the keys again would only cost time.
-        return json.dumps(self.canonical, separators=(",", ":"), ensure_ascii=False).encode()
+        """`canonical` as compact JSON: exactly `_dumps(self.canonical)`, assembled from each pod's own
+        (cached) fragment so that an inventory sharing most pods with the last one costs little."""
+        head = _dumps({"format": FORMAT, "allocatable": self._allocatable_json()})
+        pods = b",".join(p.canonical_bytes for p in self.pods)
+        return head[:-1] + b',"pods":[' + pods + b"]}"
 
     @cached_property
     def content_hash(self) -> str:
@@ -503,6 +516,12 @@ def _numa_sort_key(node: int | None) -> tuple[int, int]:
 # --- canonical JSON helpers ---
 
 
+def _dumps(obj: Any) -> bytes:
+    # Every dict of the canonical form is built in a fixed key order from sorted
+    # content, so sorting the keys again would only cost time.
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def _devices_json(devices: Iterable[Device]) -> dict[str, dict[str, list[int]]]:
     out: dict[str, dict[str, list[int]]] = {}
     for d in devices:
@@ -623,19 +642,34 @@ def build(allocatable: AllocatableResponse | None, pods: ListResponse) -> Invent
     container, pod or claim are merged; repeated ids are de-duplicated; memory
     blocks of the same type and NUMA nodes are summed.
     """
-    alloc_devices: dict[tuple[str, str], set[int]] = {}
-    alloc_memory: dict[tuple[str, NumaNodes], int] = {}
-    cpu_ids: tuple[int, ...] = ()
-    if allocatable is not None:
-        _merge_devices(allocatable.devices, alloc_devices)
-        _merge_memory(allocatable.memory, alloc_memory)
-        cpu_ids = tuple(sorted(set(allocatable.cpu_ids)))
-
-    pod_accs: dict[tuple[str, str], _PodAcc] = {}
+    groups: dict[tuple[str, str], list[_Pod]] = {}
     for p in pods.pod_resources:
-        acc = pod_accs.get((p.namespace, p.name))
-        if acc is None:
-            acc = pod_accs[(p.namespace, p.name)] = _PodAcc()
+        groups.setdefault((p.namespace, p.name), []).append(p)
+    devices, cpu_ids, memory = build_allocatable(allocatable) if allocatable is not None else ((), (), ())
+    return Inventory(
+        devices=devices,
+        cpu_ids=cpu_ids,
+        memory=memory,
+        pods=tuple(build_pod(ns, name, groups[(ns, name)]) for ns, name in sorted(groups)),
+        allocatable_known=allocatable is not None,
+    )
+
+
+def build_allocatable(
+    allocatable: AllocatableResponse,
+) -> tuple[tuple[Device, ...], tuple[int, ...], tuple[Memory, ...]]:
+    """The allocatable side of an Inventory: devices, CPU ids and memory, merged and sorted."""
+    devices: dict[tuple[str, str], set[int]] = {}
+    memory: dict[tuple[str, NumaNodes], int] = {}
+    _merge_devices(allocatable.devices, devices)
+    _merge_memory(allocatable.memory, memory)
+    return _freeze_devices(devices), tuple(sorted(set(allocatable.cpu_ids))), _freeze_memory(memory)
+
+
+def build_pod(namespace: str, name: str, entries: Iterable[_Pod]) -> Pod:
+    """One pod from every List entry naming it (normally one), merged."""
+    acc = _PodAcc()
+    for p in entries:
         acc.cpu_ids.update(p.cpu_ids)
         _merge_memory(p.memory, acc.memory)
         for c in p.containers:
@@ -650,37 +684,26 @@ def build(allocatable: AllocatableResponse | None, pods: ListResponse) -> Invent
             for dr in c.dynamic_resources:
                 claim = cacc.claims.setdefault((dr.claim_namespace, dr.claim_name), set())
                 claim.update(_claim_device(r) for r in dr.claim_resources)
-
-    built_pods = tuple(
-        Pod(
-            namespace=ns,
-            name=name,
-            containers=tuple(
-                Container(
-                    name=cname,
-                    devices=_freeze_devices(c.devices),
-                    cpu_ids=tuple(sorted(c.cpu_ids)),
-                    memory=_freeze_memory(c.memory),
-                    claims=tuple(
-                        Claim(cns, cn, tuple(sorted(c.claims[(cns, cn)], key=_claim_device_key)))
-                        for cns, cn in sorted(c.claims)
-                    )
-                    if c.claims
-                    else (),
+    return Pod(
+        namespace=namespace,
+        name=name,
+        containers=tuple(
+            Container(
+                name=cname,
+                devices=_freeze_devices(c.devices),
+                cpu_ids=tuple(sorted(c.cpu_ids)),
+                memory=_freeze_memory(c.memory),
+                claims=tuple(
+                    Claim(cns, cn, tuple(sorted(c.claims[(cns, cn)], key=_claim_device_key)))
+                    for cns, cn in sorted(c.claims)
                 )
-                for cname, c in sorted(acc.containers.items())
-            ),
-            cpu_ids=tuple(sorted(acc.cpu_ids)),
-            memory=_freeze_memory(acc.memory),
-        )
-        for (ns, name), acc in sorted(pod_accs.items())
-    )
-    return Inventory(
-        devices=_freeze_devices(alloc_devices),
-        cpu_ids=cpu_ids,
-        memory=_freeze_memory(alloc_memory),
-        pods=built_pods,
-        allocatable_known=allocatable is not None,
+                if c.claims
+                else (),
+            )
+            for cname, c in sorted(acc.containers.items())
+        ),
+        cpu_ids=tuple(sorted(acc.cpu_ids)),
+        memory=_freeze_memory(acc.memory),
     )
 
 
