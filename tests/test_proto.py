@@ -109,3 +109,30 @@ def test_service_methods() -> None:
         "GetAllocatableResources": ("AllocatableResourcesRequest", "AllocatableResourcesResponse"),
         "Get": ("GetPodResourcesRequest", "GetPodResourcesResponse"),
     }
+
+
+# view -> the message it reads. A view that missed a field would make changes to it invisible.
+VIEWS = {
+    "AllocatableView": "AllocatableResourcesResponse",
+    "ListView": "ListPodResourcesResponse",
+    "PodView": "PodResources",
+    "ContainerView": "ContainerResources",
+}
+
+
+@pytest.mark.parametrize("view_name", sorted(VIEWS))
+def test_each_view_reads_every_field_of_its_message_with_the_same_wire_shape(view_name: str) -> None:
+    from watcher.kubeletapi.v1 import views_pb2
+
+    view = views_pb2.DESCRIPTOR.message_types_by_name[view_name]
+    real = api_pb2.DESCRIPTOR.message_types_by_name[VIEWS[view_name]]
+    assert {f.name for f in view.fields} == {f.name for f in real.fields}
+    for f in real.fields:
+        v = view.fields_by_name[f.name]
+        assert v.number == f.number, f.name
+        assert v.is_repeated == f.is_repeated, f.name
+        if f.type == T.TYPE_MESSAGE:
+            # A message read as bytes keeps its encoding; or as another view of it.
+            assert v.type == T.TYPE_BYTES or VIEWS.get(v.message_type.name) == f.message_type.name, f.name
+        else:
+            assert v.type == f.type, f.name
