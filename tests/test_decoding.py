@@ -14,7 +14,16 @@ from google.protobuf.message import DecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.test_inventory_properties import FAST, MUTATIONS, Model, models, render
+from tests.test_inventory_properties import (
+    FAST,
+    MUTATIONS,
+    MContainer,
+    Model,
+    _shuffled,
+    models,
+    render,
+    render_claim_resource,
+)
 from watcher.decoding import Decoder, Outcome
 from watcher.fake_kubelet import FakeKubelet
 from watcher.fake_node import FakeContainer, FakeMemory, FakePod, default_node, large_node
@@ -22,7 +31,84 @@ from watcher.inventory import Inventory, build
 from watcher.kubeletapi.v1 import api_pb2
 
 
+def _kubelet_render(model: Model, rng: random.Random) -> tuple[bytes | None, bytes]:
+    """The node as a kubelet sends it: one entry per device per NUMA node, per memory block, per
+    container and per pod, every repeated field in random order (Go maps), nothing split."""
+
+    def devices(devs: dict[tuple[str, str], tuple[int, ...]]) -> list[api_pb2.ContainerDevices]:
+        out = []
+        for (resource, dev_id), numa in devs.items():
+            if not numa:
+                out.append(api_pb2.ContainerDevices(resource_name=resource, device_ids=[dev_id]))
+            for n in numa:
+                topology = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n)])
+                out.append(
+                    api_pb2.ContainerDevices(resource_name=resource, device_ids=[dev_id], topology=topology)
+                )
+        return _shuffled(rng, out)
+
+    def memory(blocks: dict[tuple[str, tuple[int, ...]], int]) -> list[api_pb2.ContainerMemory]:
+        return _shuffled(
+            rng,
+            [
+                api_pb2.ContainerMemory(
+                    memory_type=t,
+                    size=size,
+                    topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in numa]),
+                )
+                for (t, numa), size in blocks.items()
+            ],
+        )
+
+    def claims(c: MContainer) -> list[api_pb2.DynamicResource]:
+        return _shuffled(
+            rng,
+            [
+                api_pb2.DynamicResource(
+                    claim_namespace=ns,
+                    claim_name=name,
+                    claim_resources=[render_claim_resource(rng, d) for d in sorted(devs, key=repr)],
+                )
+                for (ns, name), devs in c.claims.items()
+            ],
+        )
+
+    alloc = None
+    if model.known:
+        alloc = api_pb2.AllocatableResourcesResponse(
+            devices=devices(model.devices),
+            cpu_ids=_shuffled(rng, model.cpu_ids),
+            memory=memory(model.memory),
+        ).SerializeToString()
+    pods = [
+        api_pb2.PodResources(
+            namespace=ns,
+            name=name,
+            containers=_shuffled(
+                rng,
+                [
+                    api_pb2.ContainerResources(
+                        name=cname,
+                        devices=devices(c.devices),
+                        cpu_ids=_shuffled(rng, c.cpu_ids),
+                        memory=memory(c.memory),
+                        dynamic_resources=claims(c),
+                    )
+                    for cname, c in p.containers.items()
+                ],
+            ),
+            cpu_ids=_shuffled(rng, p.cpu_ids),
+            memory=memory(p.memory),
+        )
+        for (ns, name), p in model.pods.items()
+    ]
+    return alloc, api_pb2.ListPodResourcesResponse(pod_resources=_shuffled(rng, pods)).SerializeToString()
+
+
 def _wire(model: Model, rng: random.Random) -> tuple[bytes | None, bytes]:
+    """Mostly as a kubelet sends it; sometimes split and regrouped every way the model allows."""
+    if rng.random() < 0.8:
+        return _kubelet_render(model, rng)
     alloc, lst = render(model, rng)
     return (alloc.SerializeToString() if alloc is not None else None), lst.SerializeToString()
 
@@ -39,16 +125,20 @@ def _answers(fake: FakeKubelet) -> tuple[bytes, bytes]:
 
 
 @FAST
-@given(model=models(), rng=st.randoms(use_true_random=True), steps=st.lists(st.integers(0, 99), max_size=6))
+@given(
+    model=models(),
+    rng=st.randoms(use_true_random=True),
+    steps=st.lists(st.integers(0, len(MUTATIONS)), max_size=8),
+)
 def test_every_answer_decodes_to_what_a_full_build_gives(
     model: Model, rng: random.Random, steps: list[int]
 ) -> None:
     decoder = Decoder()
     last: Inventory | None = None
-    for step in [0, *steps]:
-        # Re-render the node (a new order and split) or change it by one mutation.
-        mutate = MUTATIONS[step % len(MUTATIONS)] if step >= 50 else None
-        changed = mutate(model) if mutate is not None else None
+    for step in [len(MUTATIONS), *steps]:
+        # Change the node by one mutation (when it applies), or only render it anew:
+        # another order, other splits.
+        changed = MUTATIONS[step](model) if step < len(MUTATIONS) else None
         if changed is not None:
             model = changed
         wire = _wire(model, random.Random(rng.getrandbits(64)))

@@ -440,6 +440,45 @@ def _share_id_toggled(model: Model) -> Model | None:
     return None
 
 
+def _pod_cpu_changed(model: Model) -> Model | None:
+    if not model.pods:
+        return None
+    key = min(model.pods)
+    p = model.pods[key]
+    cpus = p.cpu_ids - {min(p.cpu_ids)} if p.cpu_ids else frozenset({63})
+    return dataclasses.replace(model, pods={**model.pods, key: dataclasses.replace(p, cpu_ids=cpus)})
+
+
+def _pod_memory_changed(model: Model) -> Model | None:
+    if not model.pods:
+        return None
+    key = min(model.pods)
+    p = model.pods[key]
+    memory = {k: v + 1 for k, v in p.memory.items()} if p.memory else {("memory", (0,)): 1}
+    return dataclasses.replace(model, pods={**model.pods, key: dataclasses.replace(p, memory=memory)})
+
+
+def _container_memory_changed(model: Model) -> Model | None:
+    found = _first_container(model)
+    if found is None:
+        return None
+    pod_key, name, c = found
+    memory = {k: v + 1 for k, v in c.memory.items()} if c.memory else {("hugepages-2Mi", ()): 2}
+    return _with_container(model, pod_key, name, dataclasses.replace(c, memory=memory))
+
+
+def _claim_dropped_or_added(model: Model) -> Model | None:
+    found = _first_container(model)
+    if found is None:
+        return None
+    pod_key, name, c = found
+    if c.claims:
+        claims = {k: v for k, v in c.claims.items() if k != min(c.claims)}
+    else:
+        claims = {("default", "new-claim"): frozenset({("drv", "pool", "dev", frozenset(), None)})}
+    return _with_container(model, pod_key, name, dataclasses.replace(c, claims=claims))
+
+
 def _pod_dropped(model: Model) -> Model | None:
     if not model.pods:
         return None
@@ -461,6 +500,10 @@ MUTATIONS: list[Callable[[Model], Model | None]] = [
     _container_cpu_changed,
     _container_device_dropped_or_added,
     _share_id_toggled,
+    _pod_cpu_changed,
+    _pod_memory_changed,
+    _container_memory_changed,
+    _claim_dropped_or_added,
     _pod_dropped,
     _known_toggled,
 ]
