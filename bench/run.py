@@ -51,7 +51,7 @@ from watcher.events import Event, envelope
 from watcher.fake_kubelet import FakeKubelet
 from watcher.fake_node import default_node, large_node
 from watcher.inventory import build
-from watcher.kubeletapi.v1 import api_pb2
+from watcher.kubeletapi.v1 import api_pb2, views_pb2
 from watcher.logs import configure_logging
 from watcher.outbox import Outbox
 from watcher.secrets import Secret
@@ -312,6 +312,45 @@ async def bench_unchanged(cycles: int, blocks: int = 10) -> dict[str, Any]:
                 proc.terminate()
                 proc.wait(10)
     return {"unchanged": out}
+
+
+def bench_decode_profile(rounds: int) -> dict[str, Any]:
+    """Where an unchanged, reordered cycle's decoding time goes (thread CPU time, medians), beside
+    the bare client's parse of the same answers: the part of section 3 that is ours."""
+    fake = FakeKubelet("/nonexistent", large_node(), seed=2)
+    answers = [
+        (fake.allocatable_response().SerializeToString(), fake.list_response().SerializeToString())
+        for _ in range(rounds)
+    ]
+    decoder = Decoder()
+    decoder.decode(*answers[0])
+
+    def median_of(step: Callable[[bytes, bytes], object]) -> float:
+        times = []
+        for alloc, lst in answers:
+            t0 = time.thread_time()
+            step(alloc, lst)
+            times.append(time.thread_time() - t0)
+        return statistics.median(times)
+
+    return {
+        "decode_profile_n": rounds,
+        "decode_profile": {
+            "bare parse of both answers": median_of(
+                lambda a, b: (
+                    api_pb2.AllocatableResourcesResponse.FromString(a),
+                    api_pb2.ListPodResourcesResponse.FromString(b),
+                )
+            ),
+            "ours: the whole decode": median_of(decoder.decode),
+            "- parse both answers as views": median_of(
+                lambda a, b: (views_pb2.AllocatableView.FromString(a), views_pb2.ListView.FromString(b))
+            ),
+            "- per-pod signatures (250 pods)": median_of(
+                lambda _a, b: Decoder._signatures(views_pb2.ListView.FromString(b))
+            ),
+        },
+    }
 
 
 async def bench_memory(cycles: int) -> dict[str, Any]:
@@ -636,6 +675,25 @@ def report(r: dict[str, Any], started: datetime, elapsed: float, quick: bool) ->
             f"| {label} | {res['cycles']} | {ms(res['ours'])} | {ms(res['bare'])} | {ratio:.2f}x "
             f"| {verdict(ratio <= 1.0)} | {outcomes} |"
         )
+    prof = r["decode_profile"]
+    lines += [
+        "",
+        "Where the difference goes: decoding the same reordered large-node answers in this process "
+        "(thread CPU time, median of "
+        + str(r.get("decode_profile_n", 300))
+        + "), beside the bare client's parse:",
+        "",
+        "| step | time |",
+        "|---|---|",
+        *(f"| {step} | {t * 1e3:.3f} ms |" for step, t in prof.items()),
+        "",
+        "With identical bytes the agent compares and stops, and costs what the bare client costs "
+        "(less its parse). With reordered answers it must find out that nothing changed, which the "
+        "bare client never does: its parse is one call into C. Ours is one C parse into views, then "
+        "one short Python step per pod (sorting its entries' bytes); that per-pod step is what "
+        "remains above the bare client, and a pure-Python agent cannot go below touching each pod "
+        "once. Closing the rest would take compiled code, outside this project's stack.",
+    ]
     lines += [
         "",
         "Goal: no more than 1.0x the bare client. Events emitted during these cycles: "
@@ -724,7 +782,7 @@ async def main_async(quick: bool) -> dict[str, Any]:
             40,
             3,
             45.0,
-            200,
+            600,
             100_000,
             10_000,
             30,
@@ -745,6 +803,7 @@ async def main_async(quick: bool) -> dict[str, Any]:
         print(f"bench: {name} done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     print("bench: changed re-query ...", file=sys.stderr, flush=True)
     results.update(bench_changed(100 if quick else 300))
+    results.update(bench_decode_profile(50 if quick else 300))
     return results
 
 
