@@ -279,3 +279,17 @@ def test_bytes_that_do_not_parse_raise_and_leave_the_decoder_as_it_was(which: st
         decoder.decode(*bad)
     again, outcome = decoder.decode(*_answers(fake))
     assert (again, outcome) == (first, Outcome.REORDERED)
+
+
+def test_after_a_pod_listed_twice_its_disappearance_is_still_seen() -> None:
+    # Found by the property above: a full build (a pod listed twice) kept no keys, and an
+    # empty key set then compared equal to the next answer's.
+    alone = api_pb2.PodResources(name="p", namespace="ns", containers=[api_pb2.ContainerResources(name="c")])
+    doubled = api_pb2.ListPodResourcesResponse(pod_resources=[alone, alone]).SerializeToString()
+    empty = api_pb2.ListPodResourcesResponse().SerializeToString()
+    decoder = Decoder()
+    first, _ = decoder.decode(None, doubled)
+    assert [p.name for p in first.pods] == ["p"]
+    gone, outcome = decoder.decode(None, empty)
+    assert outcome is Outcome.CHANGED
+    assert gone.pods == ()

@@ -74,14 +74,15 @@ class Decoder:
         self._last: Inventory | None = None
         self._raw: tuple[bytes | None, bytes] | None = None
         self._alloc_key: _AllocKey | None = None
-        self._pods: dict[_Name, _Remembered] = {}
+        # The keys of `_last`, or None when it was built without them (a pod listed twice).
+        self._pods: dict[_Name, _Remembered] | None = None
 
     def forget(self) -> None:
         """Drop what was remembered: the next answer is decoded in full."""
         self._last = None
         self._raw = None
         self._alloc_key = None
-        self._pods = {}
+        self._pods = None
 
     def decode(self, alloc_raw: bytes | None, list_raw: bytes) -> tuple[Inventory, Outcome]:
         """The inventory for these answers (`alloc_raw` None: List-only mode) and how it was found."""
@@ -105,9 +106,10 @@ class Decoder:
 
         alloc_same = last is not None and last.allocatable_known == (alloc_raw is not None)
         alloc_same = alloc_same and alloc_key == self._alloc_key
-        old = self._pods
+        old = self._pods or {}
         if (
             last is not None
+            and self._pods is not None
             and alloc_same
             and len(pods) == len(old)
             and all(name in old and old[name][0] == sig for name, (sig, _) in pods.items())
