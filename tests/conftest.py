@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -76,3 +79,49 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if leaked and report.passed:
         report.outcome = "failed"
         report.longrepr = f"the planted secret appeared in captured output: {', '.join(leaked)}"
+
+
+# --- a filesystem that really fills up ---
+
+
+def fill(path: Path) -> None:
+    """Write zeros until the filesystem refuses: a full disk, to the last block."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (65536, 4096, 1):  # unbuffered, so nothing is left to fail at close
+            with contextlib.suppress(OSError):
+                while os.write(fd, b"\0" * size):
+                    pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted on `path` (root only; the test is skipped where that is not possible)."""
+    path.mkdir(exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, check=False
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def tiny_filesystem(short_tmp: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs as the state directory: one that can really fill up."""
+    with _tmpfs(short_tmp / "state", "size=2m") as path:
+        yield path
+
+
+@pytest.fixture
+def read_only_state(short_tmp: Path) -> Iterator[Path]:
+    """A read-only tmpfs as the state directory; `mount -o remount,rw` makes it writable."""
+    with _tmpfs(short_tmp / "state", "ro,size=2m") as path:
+        yield path

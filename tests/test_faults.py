@@ -5,23 +5,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from tests.agent_harness import make_settings, running_agent
+from tests.agent_harness import Running, make_settings, running_agent
+from tests.conftest import fill
 from watcher.fake_kubelet import FakeKubelet
 from watcher.inventory import build
 from watcher.kubeletapi.v1 import api_pb2
 
 GPU = "nvidia.com/gpu"
+
+
+async def _get(run: Running, path: str) -> tuple[int, str]:
+    assert run.agent.http is not None and run.agent.http.bound_port is not None
+    url = f"http://127.0.0.1:{run.agent.http.bound_port}{path}"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()
 
 
 async def _logged(logs: list[dict[str, Any]], predicate: Callable[[dict[str, Any]], bool]) -> None:
@@ -110,32 +120,6 @@ def test_absurd_but_valid_responses_build_without_blowing_up() -> None:
     assert took < 10  # linear work; a quadratic blow-up would take minutes
 
 
-def _fill(path: Path) -> None:
-    """Write zeros until the filesystem refuses: a full disk, to the last block."""
-    with open(path, "wb") as f, contextlib.suppress(OSError):
-        while True:
-            f.write(b"\0" * 65536)
-            f.flush()
-
-
-@pytest.fixture
-def tiny_filesystem(short_tmp: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs: a state directory that can really fill up (root only)."""
-    path = short_tmp / "state"
-    path.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(path)], capture_output=True, check=False
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 async def test_a_full_state_directory_is_loud_and_nothing_is_lost(
     short_tmp: Path, tiny_filesystem: Path
 ) -> None:
@@ -146,15 +130,26 @@ async def test_a_full_state_directory_is_loud_and_nothing_is_lost(
         async with fake, running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
             filler = tiny_filesystem / "filler"
-            _fill(filler)
+            fill(filler)
             mark = len(run.recorder.events)
             fake.add_device(GPU, "GPU-while-full", (0,))
             await _logged(logs, lambda e: e["event"].startswith("could not commit"))
             assert run.recorder.kinds(mark) == []  # nothing emitted that is not stored
             assert not run.agent.stats.events > mark  # and the agent is still there
+            # ...and says so where an operator looks.
+            status, body = await _get(run, "/readyz")
+            assert status == 503
+            assert f"cannot store events and state in {tiny_filesystem}" in json.loads(body)["reason"]
+            _, metrics = await _get(run, "/metrics")
+            assert "pod_resources_watcher_state_writable 0.0" in metrics
+            assert "pod_resources_watcher_state_commit_failures_total 0.0" not in metrics
             filler.unlink()
             kinds = await run.recorder.kinds_after(mark, 2)
             await run.quiet_cycle()
+            status, _ = await _get(run, "/readyz")
+            assert status == 200
+            _, metrics = await _get(run, "/metrics")
+            assert "pod_resources_watcher_state_writable 1.0" in metrics
     assert sorted(kinds) == ["capacity.changed", "device.added"]
     assert run.recorder.kinds(mark).count("device.added") == 1
     errors = [e for e in logs if e["event"].startswith("could not commit")]
@@ -280,3 +275,60 @@ async def test_a_certificate_for_another_host_is_refused_unless_verification_is_
     assert refused.retry
     assert "certificate" in refused.error.lower() or "hostname" in refused.error.lower()
     assert accepted.delivered
+
+
+async def _refused_then_recovered(run: Running, logs: list[dict[str, Any]], fix: Callable[[], None]) -> None:
+    """While the state directory refuses: loud, watching, nothing emitted, not ready; then `fix`."""
+    await _logged(logs, lambda e: e["event"].startswith(("cannot open the outbox", "could not commit")))
+    cycles = run.recorder.cycles
+    await run.quiet_cycle()  # still watching
+    assert run.recorder.cycles > cycles
+    assert run.recorder.events == []  # nothing emitted that is not stored
+    status, body = await _get(run, "/readyz")
+    assert status == 503 and "cannot store events and state" in json.loads(body)["reason"]
+    fix()
+
+
+async def test_a_full_state_directory_at_start_keeps_its_outbox_and_catches_up(
+    short_tmp: Path, tiny_filesystem: Path
+) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    settings = make_settings(short_tmp)
+    async with fake:
+        async with running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+        fill(tiny_filesystem / "filler")
+        fake.add_device(GPU, "GPU-while-away", (0,))
+        with capture_logs() as logs:
+            async with running_agent(settings, fake) as run:
+                await _refused_then_recovered(run, logs, (tiny_filesystem / "filler").unlink)
+                await run.recorder.kinds_after(0, 3, timeout=30)
+                await run.quiet_cycle()
+    # A full disk is not a corrupt database: the outbox and its saved baseline were kept,
+    # so the change made meanwhile is reported, once, against it.
+    assert not list(tiny_filesystem.glob("*.corrupt-*"))
+    assert not any("corrupt" in e["event"] for e in logs)
+    assert run.recorder.kinds() == ["watcher.started", "device.added", "capacity.changed"]
+    assert run.recorder.events[0].details["baseline"] == "saved"
+
+
+async def test_a_read_only_state_directory_at_start_is_loud_and_the_agent_keeps_watching(
+    short_tmp: Path, read_only_state: Path
+) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+
+    def writable() -> None:
+        subprocess.run(["mount", "-o", "remount,rw", str(read_only_state)], check=True)
+
+    with capture_logs() as logs:
+        async with fake, running_agent(make_settings(short_tmp), fake) as run:
+            await _refused_then_recovered(run, logs, writable)
+            await run.recorder.kinds_after(0, 1, timeout=30)
+            fake.add_device(GPU, "GPU-after", (1,))
+            await run.recorder.kinds_after(1, 2)
+            status, _ = await _get(run, "/readyz")
+            assert status == 200
+    opened = [e for e in logs if e["event"].startswith("cannot open the outbox")]
+    assert opened and opened[0]["log_level"] == "error"
+    assert any(e["event"].startswith("outbox open: events flow again") for e in logs)
+    assert run.recorder.kinds() == ["watcher.started", "device.added", "capacity.changed"]

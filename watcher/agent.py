@@ -37,7 +37,7 @@ from watcher.inventory import Inventory
 from watcher.metrics import Metrics
 from watcher.outbox import OUTBOX_FILE, Outbox
 from watcher.ratelimit import RateLimiter
-from watcher.running import supervise
+from watcher.running import sleep_or_stop, supervise
 from watcher.serving import Health, HttpServer
 from watcher.settings import Settings, parse_listen
 from watcher.sinks import Sink, build_sinks
@@ -168,6 +168,8 @@ class Agent:
         self.inventory: Inventory | None = None
         self.socket_identity: FileIdentity | None = None
         self.decoder = Decoder()
+        self._commit_error: str | None = None  # the last failure to store events and state
+        self.outbox_ready = asyncio.Event()
         self._started_reported = False
         self._ever_connected = False
         self._degraded: str | None = None  # why GetAllocatableResources is unavailable
@@ -202,22 +204,15 @@ class Agent:
 
     async def run(self) -> None:
         structlog.contextvars.bind_contextvars(node=self.settings.node)
-        await self.outbox.open()
         try:
-            await self.outbox.register(self.dispatcher.workers)
-            self._restore(
-                state_from_json(
-                    await self.outbox.load_state(),
-                    min_seq=await self.outbox.max_seq(),
-                    lost=self.outbox.recovered_from_corruption,
-                )
-            )
             tasks: dict[str, Callable[[], Awaitable[None]]] = {
                 "query-loop": self._query_loop,
                 "socket-watch": self._watch_socket,
                 "state-watch": self._watch_state_files,
-                "delivery": self.dispatcher.run,
+                "delivery": self._deliver_once_open,
             }
+            if not await self._open_outbox(first=True):
+                tasks["outbox-open"] = self._open_outbox_later
             if self.settings.http.enabled:
                 host, port = parse_listen(self.settings.http.listen)
                 self.http = HttpServer(self, host, port)
@@ -236,6 +231,58 @@ class Agent:
             await self.dispatcher.close()
             await self.outbox.close()
             self.log.info("watcher stopped", seq=self.seq)
+
+    # -- the outbox: events and state --
+
+    async def _open_outbox(self, *, first: bool = False) -> bool:
+        """Open the outbox and restore the saved state; False (said loudly) if the disk refuses."""
+        try:
+            await self.outbox.open()
+            await self.outbox.register(self.dispatcher.workers)
+            saved = await self.outbox.load_state()
+            max_seq = await self.outbox.max_seq()
+        except Exception as err:  # sqlite3.Error, OSError: full, read-only, missing
+            with contextlib.suppress(Exception):
+                await self.outbox.disconnect()  # half open: start clean next time
+            self._commit_error = f"{type(err).__name__}: {err}"
+            self.metrics.state_writable.set(0)
+            if first:
+                self.log.error(
+                    "cannot open the outbox: watching anyway, but nothing is emitted until it can be "
+                    "written; retrying (check the state directory: full, read-only, wrong owner?)",
+                    state_dir=str(self.settings.state_dir),
+                    error=repr(err),
+                )
+            return False
+        # Under the cycle lock: a cycle must not diff from a baseline that is being replaced.
+        async with self._cycle_lock:
+            self._restore(state_from_json(saved, min_seq=max_seq, lost=self.outbox.recovered_from_corruption))
+        if not first:
+            self.log.info("outbox open: events flow again", state_dir=str(self.settings.state_dir))
+            self._commit_error = None
+            self.metrics.state_writable.set(1)
+            self.trigger.fire("outbox", urgent=True)
+        self.outbox_ready.set()
+        return True
+
+    async def _open_outbox_later(self) -> None:
+        attempt = 0
+        while not self.stop.is_set():
+            await sleep_or_stop(self.stop, self.retry_backoff.delay(attempt))
+            attempt += 1
+            if not self.stop.is_set() and await self._open_outbox():
+                break
+        await self.stop.wait()  # a supervised task ends with the agent
+
+    async def _deliver_once_open(self) -> None:
+        # The sinks read their queues from the outbox: nothing to do before it is open.
+        ready, stop = asyncio.ensure_future(self.outbox_ready.wait()), asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait((ready, stop), return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (ready, stop):
+            waiter.cancel()
+        await asyncio.gather(ready, stop, return_exceptions=True)
+        if not self.stop.is_set():
+            await self.dispatcher.run()
 
     # -- status (the HTTP endpoints) --
 
@@ -257,6 +304,9 @@ class Agent:
             "last_success_age_s": None if age is None else round(age, 3),
             "seq": self.seq,
         }
+        if self._commit_error is not None:
+            where = self.settings.state_dir
+            return Health(False, f"cannot store events and state in {where}: {self._commit_error}", details)
         if age is None:
             return Health(
                 False, f"the kubelet has not answered yet ({h.last_error or 'no query yet'})", details
@@ -735,12 +785,23 @@ class Agent:
                 events, self.dispatcher.queues(events), state_to_json(self._state(seq, after))
             )
         except Exception as err:  # disk full, read-only, corrupt: never crash, never advance
-            self.log.error("could not commit events and state; will retry next cycle", error=repr(err))
+            self.log.error(
+                "could not commit events and state; will retry next cycle (check the state directory)",
+                state_dir=str(self.settings.state_dir),
+                error=repr(err),
+            )
+            self._commit_error = f"{type(err).__name__}: {err}"
+            self.metrics.commit_failures.inc()
+            self.metrics.state_writable.set(0)
             # The lifecycle events (restarted, unreachable, ...) must come again next time.
             self._restore_markers(self._uncommitted)
             self._health.retry_at = time.monotonic() + self.retry_backoff.delay(self._health.attempt)
             return
         self.seq = seq
+        if self._commit_error is not None:
+            self.log.info("events and state stored again", state_dir=str(self.settings.state_dir))
+            self._commit_error = None
+            self.metrics.state_writable.set(1)
         if after is not None and after is not self.inventory:
             self.metrics.set_inventory(after)
         self.inventory = after

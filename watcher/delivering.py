@@ -22,6 +22,7 @@ from watcher.backoff import Backoff
 from watcher.events import Event
 from watcher.outbox import Outbox
 from watcher.ratelimit import RateLimiter
+from watcher.running import sleep_or_stop
 from watcher.secrets import redact
 from watcher.settings import AlertmanagerSinkSettings, PagerDutySinkSettings
 from watcher.sinks import Outcome, Sink, route_of
@@ -33,11 +34,6 @@ log = structlog.get_logger("watcher.delivering")
 # (sink name, result, events, seconds from event creation to delivery or failure)
 DeliveryObserver = Callable[[str, str, Sequence[Event], float], None]
 IDLE_RECHECK_S = 5.0
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), max(0.0, seconds))
 
 
 class SinkWorker:
@@ -100,7 +96,7 @@ class SinkWorker:
                 now = time.monotonic()
                 first_seen = first_seen or now
                 if now - first_seen < s.group_window:
-                    await _sleep_or_stop(self.stop, s.group_window - (now - first_seen))
+                    await sleep_or_stop(self.stop, s.group_window - (now - first_seen))
                     continue
             return events
         return None
@@ -125,7 +121,7 @@ class SinkWorker:
                 )
                 if self.stop.is_set():
                     return False
-                await _sleep_or_stop(self.stop, delay)
+                await sleep_or_stop(self.stop, delay)
 
     async def run(self) -> None:
         await self._record("enable", self.outbox.set_disabled, self.name, None)
@@ -214,7 +210,7 @@ class SinkWorker:
                 error=outcome.error,
                 events=len(batch),
             )
-            await _sleep_or_stop(self.stop, delay)
+            await sleep_or_stop(self.stop, delay)
 
 
 class Dispatcher:

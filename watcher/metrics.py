@@ -75,6 +75,15 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
             registry=r,
         )
+        self.commit_failures = Counter(
+            f"{P}_state_commit_failures",
+            "Cycles whose events and state could not be stored (state directory full, read-only, broken).",
+            registry=r,
+        )
+        self.state_writable = Gauge(
+            f"{P}_state_writable", "0 while the last attempt to store events and state failed.", registry=r
+        )
+        self.state_writable.set(1)
         self.last_success = Gauge(
             f"{P}_last_successful_requery_timestamp_seconds",
             "Unix time of the last successful re-query.",

@@ -28,7 +28,7 @@ import structlog
 
 from watcher.events import Event
 
-__all__ = ["Outbox", "OUTBOX_FILE", "DeadLetter", "SinkStats"]
+__all__ = ["Outbox", "OUTBOX_FILE", "OutboxUnavailableError", "DeadLetter", "SinkStats"]
 
 OUTBOX_FILE = "outbox.db"
 T = TypeVar("T")
@@ -92,6 +92,22 @@ class SinkStats:
     disabled: str | None
 
 
+class OutboxUnavailableError(RuntimeError):
+    """The outbox could not be opened (yet): nothing can be stored."""
+
+
+def _is_corruption(err: sqlite3.DatabaseError) -> bool:
+    """A damaged database file, as opposed to a disk that refuses (full, read-only, missing).
+
+    sqlite3.OperationalError is a DatabaseError too: treating a full or read-only disk as
+    corruption would move a healthy outbox aside and lose what it holds.
+    """
+    name = getattr(err, "sqlite_errorname", None)
+    if name is None:  # raised by us (quick_check said so), not by SQLite
+        return not isinstance(err, sqlite3.OperationalError)
+    return str(name).startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+
+
 class Outbox:
     """The outbox database. Async methods run on the outbox thread; `sync_*` ones on the caller's."""
 
@@ -109,6 +125,8 @@ class Outbox:
         try:
             self._db = self._connect()
         except sqlite3.DatabaseError as err:
+            if not _is_corruption(err):
+                raise  # full, read-only, unopenable: the data is fine, the disk is not
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             log.error(
                 "outbox database is corrupt: moved aside, starting empty",
@@ -149,14 +167,22 @@ class Outbox:
     async def open(self) -> None:
         await self._run(self.sync_open)
 
+    async def disconnect(self) -> None:
+        """Close the database but keep the outbox usable: `open()` may be called again."""
+        await self._run(self.sync_close)
+
     async def close(self) -> None:
         await self._run(self.sync_close)
         self._executor.shutdown(wait=True)
 
     @property
+    def is_open(self) -> bool:
+        return self._db is not None
+
+    @property
     def db(self) -> sqlite3.Connection:
         if self._db is None:
-            raise RuntimeError("outbox is not open")
+            raise OutboxUnavailableError(f"the outbox {self.path} is not open")
         return self._db
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:

@@ -11,11 +11,11 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
-__all__ = ["supervise", "TaskExitedError", "stop_on_signals"]
+__all__ = ["StopFlag", "TaskExitedError", "sleep_or_stop", "stop_on_signals", "supervise"]
 
 log = structlog.get_logger("watcher.running")
 
@@ -90,3 +90,16 @@ def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+
+
+class StopFlag(Protocol):
+    """asyncio.Event's reading half: what a loop checks to know it should end."""
+
+    def is_set(self) -> bool: ...
+    async def wait(self) -> Any: ...
+
+
+async def sleep_or_stop(stop: StopFlag, seconds: float) -> None:
+    """Sleep `seconds`, or less if `stop` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), max(0.0, seconds))

@@ -9,17 +9,17 @@ batch, in any order, or not at all, so callers decide with the file's identity
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import os
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
-from typing import Any, Protocol
 
 import structlog
 import watchfiles
 from watchfiles._rust_notify import WatchfilesRustInternalError
+
+from watcher.running import StopFlag, sleep_or_stop
 
 __all__ = ["DirectoryWatch", "Batch", "StopFlag"]
 
@@ -28,13 +28,6 @@ log = structlog.get_logger("watcher.watching")
 # name -> what happened to it: "added", "deleted", "modified". Empty: a tick.
 Batch = dict[str, set[str]]
 _RawChanges = set[tuple[watchfiles.Change, str]]
-
-
-class StopFlag(Protocol):
-    """asyncio.Event's reading half: what a watch checks to know it should end."""
-
-    def is_set(self) -> bool: ...
-    async def wait(self) -> Any: ...
 
 
 class _DirectoryGoneError(Exception):
@@ -112,7 +105,7 @@ class DirectoryWatch:
                 if self.polling or not _is_limit_error(err):
                     # Unknown trouble: say so, wait a little, try again; never crash the agent.
                     self.log.error("directory watch failed; retrying", error=str(err))
-                    await _sleep_or_stop(self.stop, 1.0)
+                    await sleep_or_stop(self.stop, 1.0)
                     continue
                 self.polling = True
                 self.log.warning(
@@ -186,8 +179,3 @@ def _is_limit_error(err: BaseException) -> bool:
         s in text
         for s in ("too many open files", "no space left", "watch limit", "os error 24", "os error 28")
     )
-
-
-async def _sleep_or_stop(stop: StopFlag, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
