@@ -9,6 +9,7 @@ the log itself holds each event once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -45,6 +46,7 @@ class FileSink:
         if self._fd is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._cut_torn_tail()
         newest_first = [self.path, *(self.rotated(i) for i in range(1, self.settings.keep + 1))]
         last = last_record(newest_first)
         if last is not None:
@@ -52,6 +54,40 @@ class FileSink:
         # O_APPEND: every write lands at the end, whatever else holds the file.
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
         self._size = os.fstat(self._fd).st_size
+
+    def _cut_torn_tail(self) -> None:
+        """Cut off a last line that has no newline: half a record, from a crash mid-write.
+
+        It is never a valid record, and appending after it would spoil the next
+        one too. The event it was writing was not acknowledged, so it is still
+        queued and is written again, whole.
+        """
+        try:
+            f = open(self.path, "r+b")  # noqa: SIM115 - closed below, in every path
+        except FileNotFoundError:
+            return
+        with f:
+            size = end = f.seek(0, os.SEEK_END)
+            keep = 0
+            while end > 0:
+                start = max(0, end - 65536)
+                f.seek(start)
+                block = f.read(end - start)
+                if end == size and block.endswith(b"\n"):
+                    return
+                newline = block.rfind(b"\n")
+                if newline >= 0:
+                    keep = start + newline + 1
+                    break
+                end = start
+            f.truncate(keep)
+            os.fsync(f.fileno())
+        log.warning(
+            "audit log ended in half a record (the agent stopped mid-write): cut it off; "
+            "its event is written again",
+            path=str(self.path),
+            bytes_cut=size - keep,
+        )
 
     def _rotate(self) -> None:
         assert self._fd is not None
@@ -77,7 +113,14 @@ class FileSink:
             data = (line + "\n").encode()
             if self._size > 0 and self._size + len(data) > self.settings.max_bytes:
                 self._rotate()
-            os.write(self._fd, data)
+            try:
+                _write_all(self._fd, data)
+            except OSError:
+                # A full disk can take part of a record. Never keep half of one: cut
+                # the file back to where it began; the batch is retried.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._size)
+                raise
             self._size += len(data)
             self._n += 1
             self._prev = digest
@@ -121,3 +164,10 @@ class FileSink:
                 await asyncio.to_thread(self._sync)
                 os.close(self._fd)
                 self._fd = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    # os.write may write less than asked (a disk that fills up mid-record).
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
