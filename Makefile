@@ -33,8 +33,10 @@ typecheck: $(STAMP) ## mypy --strict on the package
 pytest: $(STAMP) ## the test suite
 	$(BIN)/pytest
 
-chaos: $(STAMP) ## the long reliability suites: 200 kubelet restarts (see RELIABILITY.md)
-	PRW_CHAOS_RESTARTS=200 PRW_CHAOS_REPORT=$${PRW_CHAOS_REPORT:-/dev/null} $(BIN)/pytest -p no:cacheprovider tests/test_chaos.py
+chaos: $(STAMP) ## the long reliability suites: 200 kubelet restarts, 70 receiver flaps (see RELIABILITY.md)
+	PRW_CHAOS_RESTARTS=200 PRW_CHAOS_FLAPS=70 \
+	PRW_CHAOS_REPORT=$${PRW_CHAOS_REPORT:-/dev/null} PRW_SINK_CHAOS_REPORT=$${PRW_SINK_CHAOS_REPORT:-/dev/null} \
+	$(BIN)/pytest -p no:cacheprovider tests/test_chaos.py tests/test_sink_chaos.py
 
 bench: $(STAMP) ## measure the speed claims side by side and write BENCHMARKS.md (~10 min)
 	$(BIN)/python bench/run.py
