@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -125,3 +126,63 @@ def read_only_state(short_tmp: Path) -> Iterator[Path]:
     """A read-only tmpfs as the state directory; `mount -o remount,rw` makes it writable."""
     with _tmpfs(short_tmp / "state", "ro,size=2m") as path:
         yield path
+
+
+@dataclasses.dataclass
+class FailingDisk:
+    """An ext4 image mounted with errors=remount-ro: `fail()` makes the kernel take it read-only
+    (as after an I/O error), `repair()` checks it and mounts it again in the same place."""
+
+    path: Path
+    image: Path
+
+    def _device(self) -> str:
+        found = subprocess.run(
+            ["findmnt", "-n", "-o", "SOURCE", str(self.path)], capture_output=True, text=True
+        )
+        return found.stdout.strip()
+
+    def fail(self) -> None:
+        trigger = Path("/sys/fs/ext4") / Path(self._device()).name / "trigger_fs_error"
+        trigger.write_text("pod-resources-watcher test\n")
+
+    def mount(self) -> None:
+        subprocess.run(
+            ["mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.path)],
+            check=True,
+            capture_output=True,
+        )
+
+    def repair(self) -> None:
+        # While the agent holds files on it, the failed filesystem lives on (detached), and
+        # mounting its image again would bring back the same read-only instance. So the repair
+        # is the image copied, checked and mounted in its place: a new disk with the old data.
+        subprocess.run(["umount", "-l", str(self.path)], check=True)
+        fresh = self.image.with_name(self.image.name + ".repaired")
+        shutil.copyfile(self.image, fresh)
+        subprocess.run(["e2fsck", "-fy", str(fresh)], check=False, capture_output=True)
+        self.image = fresh
+        self.mount()
+
+
+@pytest.fixture
+def failing_disk(short_tmp: Path) -> Iterator[FailingDisk]:
+    """The state directory on a disk that can fail under the agent (root, loop devices, ext4)."""
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
+        pytest.skip("needs root and mkfs.ext4")
+    disk = FailingDisk(short_tmp / "state", short_tmp / "state.img")
+    disk.path.mkdir()
+    with open(disk.image, "wb") as f:
+        f.truncate(32 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(disk.image)], check=True, capture_output=True)
+    try:
+        disk.mount()
+    except subprocess.CalledProcessError as err:
+        pytest.skip(f"cannot loop-mount an image here: {err.stderr.decode().strip()}")
+    if not (Path("/sys/fs/ext4") / Path(disk._device()).name / "trigger_fs_error").exists():
+        subprocess.run(["umount", "-l", str(disk.path)], check=False)
+        pytest.skip("this kernel cannot inject an ext4 error")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk.path)], check=False)

@@ -19,7 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.agent_harness import Running, make_settings, running_agent
-from tests.conftest import fill
+from tests.conftest import FailingDisk, fill
 from watcher.fake_kubelet import FakeKubelet
 from watcher.inventory import build
 from watcher.kubeletapi.v1 import api_pb2
@@ -332,3 +332,40 @@ async def test_a_read_only_state_directory_at_start_is_loud_and_the_agent_keeps_
     assert opened and opened[0]["log_level"] == "error"
     assert any(e["event"].startswith("outbox open: events flow again") for e in logs)
     assert run.recorder.kinds() == ["watcher.started", "device.added", "capacity.changed"]
+
+
+async def test_a_state_disk_that_goes_read_only_under_the_agent_is_loud_and_nothing_is_lost(
+    short_tmp: Path, failing_disk: FailingDisk
+) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    settings = make_settings(short_tmp)
+    assert settings.state_dir == failing_disk.path
+    with capture_logs() as logs:
+        async with fake, running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            failing_disk.fail()  # the kernel remounts it read-only, as after an I/O error
+            fake.add_device(GPU, "GPU-while-read-only", (0,))
+            await _logged(logs, lambda e: e["event"].startswith("could not commit"))
+            mark = len(run.recorder.events)
+            assert run.recorder.kinds() == ["watcher.started"]
+            status, body = await _get(run, "/readyz")
+            assert status == 503 and "cannot store events and state" in json.loads(body)["reason"]
+            status, metrics = await _get(run, "/metrics")
+            assert status == 200 and "pod_resources_watcher_state_writable 0.0" in metrics
+            cycles = run.recorder.cycles
+            await run.quiet_cycle()
+            assert run.recorder.cycles > cycles  # still watching
+            failing_disk.repair()  # checked and mounted again: a new filesystem under the agent
+            try:
+                kinds = await run.recorder.kinds_after(mark, 2, timeout=30)
+            except TimeoutError:
+                for e in logs[-15:]:
+                    print("LOG", {k: str(v)[:200] for k, v in e.items()})
+                raise
+            await run.quiet_cycle()
+            status, _ = await _get(run, "/readyz")
+            assert status == 200
+    assert sorted(kinds) == ["capacity.changed", "device.added"]
+    assert run.recorder.kinds().count("device.added") == 1
+    errors = [e for e in logs if e["event"].startswith("could not commit")]
+    assert errors and errors[0]["log_level"] == "error"

@@ -331,7 +331,10 @@ class Agent:
 
     async def metrics_text(self) -> bytes:
         names = list(self.dispatcher.workers)  # a reload may change the dict while we await
-        self.metrics.set_outbox({name: await self.outbox.stats(name) for name in names})
+        try:
+            self.metrics.set_outbox({name: await self.outbox.stats(name) for name in names})
+        except Exception as err:  # a failing state directory: /metrics must still say so
+            self.log.debug("outbox figures unavailable", error=repr(err))
         return self.metrics.render()
 
     def _on_delivery(self, sink: str, result: str, events: Sequence[Event], _: float) -> None:
@@ -781,6 +784,8 @@ class Agent:
         ]
         seq = self.seq + len(events)
         try:
+            if self._commit_error is not None and self.outbox_ready.is_set():
+                await self.outbox.reopen()  # the last commit failed: the disk may be back
             await self.outbox.commit(
                 events, self.dispatcher.queues(events), state_to_json(self._state(seq, after))
             )

@@ -84,8 +84,16 @@ class SinkWorker:
     async def _next_batch(self) -> list[Event] | None:
         s = self.sink.settings
         first_seen: float | None = None
+        failures = 0
         while not self.stop.is_set():
-            events = await self.outbox.pending(self.name, self.batch_size)
+            try:
+                events = await self.outbox.pending(self.name, self.batch_size)
+                failures = 0
+            except Exception as err:  # the outbox is being reopened, or its disk failed
+                self.log.error("could not read the sink's queue; will retry", error=repr(err))
+                await sleep_or_stop(self.stop, self.backoff.delay(failures))
+                failures += 1
+                continue
             if not events:
                 first_seen = None
                 await self._wait_for_work()

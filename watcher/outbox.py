@@ -167,6 +167,16 @@ class Outbox:
     async def open(self) -> None:
         await self._run(self.sync_open)
 
+    async def reopen(self) -> None:
+        """Close the database and open it again. After the disk under it failed (I/O errors,
+        an emergency read-only remount) a fresh connection, on whatever is mounted there now,
+        is the only way back."""
+        await self._run(self._sync_reopen)
+
+    def _sync_reopen(self) -> None:
+        self.sync_close()
+        self.sync_open()
+
     async def disconnect(self) -> None:
         """Close the database but keep the outbox usable: `open()` may be called again."""
         await self._run(self.sync_close)

@@ -135,8 +135,17 @@ class FileSink:
             try:
                 await asyncio.to_thread(self._write, events)
             except OSError as err:
+                # Open the file afresh next time: after the disk was remounted or replaced,
+                # the old descriptor may point at a filesystem that is gone.
+                self._forget_fd()
                 return Outcome(retry=True, error=f"cannot write {self.path}: {err.strerror or err}")
         return Outcome.ok()
+
+    def _forget_fd(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
     def _sync(self) -> None:
         if self._fd is not None and self._dirty:
