@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -142,7 +143,8 @@ async def test_a_full_state_directory_is_loud_and_nothing_is_lost(
             assert f"cannot store events and state in {tiny_filesystem}" in json.loads(body)["reason"]
             _, metrics = await _get(run, "/metrics")
             assert "pod_resources_watcher_state_writable 0.0" in metrics
-            assert "pod_resources_watcher_state_commit_failures_total 0.0" not in metrics
+            failures = re.search(r"^pod_resources_watcher_state_commit_failures_total (\S+)$", metrics, re.M)
+            assert failures is not None and float(failures.group(1)) >= 1
             filler.unlink()
             kinds = await run.recorder.kinds_after(mark, 2)
             await run.quiet_cycle()
@@ -369,3 +371,48 @@ async def test_a_state_disk_that_goes_read_only_under_the_agent_is_loud_and_noth
     assert run.recorder.kinds().count("device.added") == 1
     errors = [e for e in logs if e["event"].startswith("could not commit")]
     assert errors and errors[0]["log_level"] == "error"
+
+
+async def test_a_failed_commit_is_retried_from_the_same_bytes_and_recovers_with_nothing_new(
+    short_tmp: Path,
+) -> None:
+    # No root needed: the outbox refuses one commit (as a bad disk would), in process.
+    fake = FakeKubelet(short_tmp / "kubelet", shuffle=False)  # the retry sees the same bytes
+    with capture_logs() as logs:
+        async with fake, running_agent(make_settings(short_tmp), fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            outbox = run.agent.outbox
+            real_commit = outbox.commit
+            refusals = 0
+
+            async def refuse_once(*args: Any) -> None:
+                nonlocal refusals
+                if refusals == 0:
+                    refusals += 1
+                    raise OSError(28, "No space left on device")
+                await real_commit(*args)
+
+            outbox.commit = refuse_once  # type: ignore[method-assign]
+            fast = run.agent.stats.fast_path
+            fake.add_device(GPU, "GPU-refused-once", (0,))
+            await _logged(logs, lambda e: e["event"].startswith("could not commit"))
+            kinds = await run.recorder.kinds_after(1, 2)
+            assert run.agent.stats.fast_path > fast  # decided from byte-identical answers
+            await run.quiet_cycle()
+            assert sorted(kinds) == ["capacity.changed", "device.added"]
+            assert run.recorder.kinds().count("device.added") == 1
+
+            # A refused commit whose change is undone before the retry: nothing to emit, but
+            # the agent must still find out the disk is back.
+            refusals = 0
+            fake.remove_device(GPU, "GPU-refused-once")
+            await _logged(logs, lambda e: e["event"].startswith("could not commit") and refusals == 1)
+            fake.add_device(GPU, "GPU-refused-once", (0,))
+            mark = len(run.recorder.events)
+            status, _ = await _get(run, "/readyz")
+            assert status == 503
+            await run.quiet_cycle()
+            await run.quiet_cycle()
+            status, _ = await _get(run, "/readyz")
+            assert status == 200
+            assert run.recorder.kinds(mark) == []

@@ -97,10 +97,12 @@ path = "{self.audit}"
             )
 
     async def held(self) -> list[int]:
-        """The seqs of the commit the agent is stuck in, once it is."""
+        """The seqs of the commit the agent is stuck in, once it is (its rows already in the WAL)."""
         holding = self.hold_dir / "holding"
         await _until(lambda: holding.exists() and holding.read_text() != "")
-        return list(json.loads(holding.read_text()))
+        held = json.loads(holding.read_text())
+        assert held["wal"] > 0, "the held transaction should have spilled into the WAL"
+        return list(held["seqs"])
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -206,8 +206,12 @@ rate = 100
             for phase in range(PHASES):
                 mode = MODES[phase % len(MODES)]
                 await flappy.switch(mode)
-                ends = time.monotonic() + PHASE_S
-                while time.monotonic() < ends:
+                # A phase lasts PHASE_S, and until the agent has met this mode at least once
+                # (after a 429 it waits out Retry-After: 1 s), within a bound.
+                ends, latest = time.monotonic() + PHASE_S, time.monotonic() + 10
+                while time.monotonic() < ends or (
+                    mode != "refuse" and flappy.requests[mode] == 0 and time.monotonic() < latest
+                ):
                     batch += 1
                     if batch % 2:
                         for i in range(25):

@@ -35,7 +35,7 @@ from watcher.events import Event, envelope, new_cycle_id
 from watcher.identity import FileIdentity, SocketState, is_replacement, probe_socket
 from watcher.inventory import Inventory
 from watcher.metrics import Metrics
-from watcher.outbox import OUTBOX_FILE, Outbox
+from watcher.outbox import OUTBOX_FILE, Outbox, OutboxUnavailableError
 from watcher.ratelimit import RateLimiter
 from watcher.running import sleep_or_stop, supervise
 from watcher.serving import Health, HttpServer
@@ -169,6 +169,7 @@ class Agent:
         self.socket_identity: FileIdentity | None = None
         self.decoder = Decoder()
         self._commit_error: str | None = None  # the last failure to store events and state
+        self._commit_failures = 0  # in a row, for the retry backoff
         self.outbox_ready = asyncio.Event()
         self._started_reported = False
         self._ever_connected = False
@@ -236,6 +237,12 @@ class Agent:
 
     async def _open_outbox(self, *, first: bool = False) -> bool:
         """Open the outbox and restore the saved state; False (said loudly) if the disk refuses."""
+        # Under the cycle lock: no cycle may commit to a database whose saved state has not
+        # been read back yet, nor diff from a baseline that is being replaced.
+        async with self._cycle_lock:
+            return await self._open_outbox_locked(first=first)
+
+    async def _open_outbox_locked(self, *, first: bool) -> bool:
         try:
             await self.outbox.open()
             await self.outbox.register(self.dispatcher.workers)
@@ -254,9 +261,7 @@ class Agent:
                     error=repr(err),
                 )
             return False
-        # Under the cycle lock: a cycle must not diff from a baseline that is being replaced.
-        async with self._cycle_lock:
-            self._restore(state_from_json(saved, min_seq=max_seq, lost=self.outbox.recovered_from_corruption))
+        self._restore(state_from_json(saved, min_seq=max_seq, lost=self.outbox.recovered_from_corruption))
         if not first:
             self.log.info("outbox open: events flow again", state_dir=str(self.settings.state_dir))
             self._commit_error = None
@@ -361,10 +366,13 @@ class Agent:
         sinks = build_sinks(
             settings.sinks, node=settings.node, state_dir=settings.state_dir, store=self.outbox
         )
-        changed = await self.dispatcher.reload(sinks)
-        if settings.kubelet != old.kubelet or settings.watch != old.watch:
-            async with self._cycle_lock:
-                await self._swap_client(settings, old)
+        try:
+            changed = await self.dispatcher.reload(sinks)
+        finally:
+            # The kubelet side applies whatever happened to the sinks.
+            if settings.kubelet != old.kubelet or settings.watch != old.watch:
+                async with self._cycle_lock:
+                    await self._swap_client(settings, old)
         self.log.info("configuration reloaded", sinks_changed=changed, socket=str(self.socket_path))
 
     async def _swap_client(self, settings: Settings, old: Settings) -> None:
@@ -765,7 +773,9 @@ class Agent:
                 error=self._health.last_error,
             )
             changes.insert(0, started)
-        state_moves = after is not self.inventory or bool(changes)
+        # After a failed commit, try again even with nothing new: that is how the agent
+        # finds out the disk is back (and /readyz, the metrics and the sinks with it).
+        state_moves = after is not self.inventory or bool(changes) or self._commit_error is not None
         if not state_moves:
             return
         previous = before if before is not None else self.inventory
@@ -784,7 +794,11 @@ class Agent:
         ]
         seq = self.seq + len(events)
         try:
-            if self._commit_error is not None and self.outbox_ready.is_set():
+            if not self.outbox_ready.is_set():
+                raise OutboxUnavailableError(
+                    f"the outbox in {self.settings.state_dir} could not be opened yet"
+                )
+            if self._commit_error is not None:
                 await self.outbox.reopen()  # the last commit failed: the disk may be back
             await self.outbox.commit(
                 events, self.dispatcher.queues(events), state_to_json(self._state(seq, after))
@@ -800,9 +814,12 @@ class Agent:
             self.metrics.state_writable.set(0)
             # The lifecycle events (restarted, unreachable, ...) must come again next time.
             self._restore_markers(self._uncommitted)
-            self._health.retry_at = time.monotonic() + self.retry_backoff.delay(self._health.attempt)
+            # Its own count: the markers just put back the kubelet's, which is 0 here.
+            self._health.retry_at = time.monotonic() + self.retry_backoff.delay(self._commit_failures)
+            self._commit_failures += 1
             return
         self.seq = seq
+        self._commit_failures = 0
         if self._commit_error is not None:
             self.log.info("events and state stored again", state_dir=str(self.settings.state_dir))
             self._commit_error = None
@@ -812,7 +829,7 @@ class Agent:
         self.inventory = after
         self._started_reported = True
         self.dispatcher.notify()
-        await self.dispatcher.enforce_caps()
+        await self.dispatcher.enforce_caps()  # logs, never raises: the events are stored already
         for event in events:
             self.stats.events += 1
             self.metrics.events.labels(str(event.kind)).inc()

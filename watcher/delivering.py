@@ -243,6 +243,7 @@ class Dispatcher:
         self.rng = rng if rng is not None else random.Random()
         self.workers: dict[str, SinkWorker] = {s.name: self._worker(s) for s in sinks}
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._running = False
         self._changed = asyncio.Event()
 
     def _worker(self, sink: Sink) -> SinkWorker:
@@ -260,7 +261,11 @@ class Dispatcher:
     async def enforce_caps(self) -> None:
         for name, worker in list(self.workers.items()):  # a reload may change the dict meanwhile
             s = worker.sink.settings
-            dropped = await self.outbox.enforce_caps(name, s.max_queue, s.max_age)
+            try:
+                dropped = await self.outbox.enforce_caps(name, s.max_queue, s.max_age)
+            except Exception as err:  # a failing disk must not stop the agent: next time
+                log.error("could not enforce a sink's queue caps; will retry", sink=name, error=repr(err))
+                continue
             if dropped:
                 worker.counts["dropped"] += dropped
                 log.warning(
@@ -314,15 +319,21 @@ class Dispatcher:
                 await old.sink.close()
         for name in changed:
             if name in self.workers and name not in self._tasks:
-                await self.outbox.register([name])
-                self._start(self.workers[name])
+                try:
+                    await self.outbox.register([name])
+                except Exception as err:  # the outbox is not open: it registers every sink when it is
+                    log.error("could not register a sink in the outbox yet", sink=name, error=repr(err))
+                if self._running:  # before that, run() starts every worker
+                    self._start(self.workers[name])
         self._changed.set()
         self.notify()
         return sorted(set(changed))
 
     async def run(self) -> None:
+        self._running = True
         for worker in self.workers.values():
-            self._start(worker)
+            if worker.name not in self._tasks:
+                self._start(worker)
         try:
             while not self.stop.is_set():
                 running = [t for tasks in self._tasks.values() for t in tasks]

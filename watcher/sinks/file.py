@@ -68,6 +68,8 @@ class FileSink:
             return
         with f:
             size = end = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return
             keep = 0
             while end > 0:
                 start = max(0, end - 65536)
