@@ -39,7 +39,9 @@ async def agent_for_cycles(sock: Path, state: Path) -> Agent:
     )
     agent = Agent(settings)
     agent.limiter.capacity = 10**9  # measure the cycle, not our own rate cap
-    await agent.outbox.open()
+    # As agent.run() does: open the outbox and restore the state, so commits are accepted.
+    if not await agent._open_outbox(first=True):
+        raise SystemExit(f"cannot open the outbox in {state}")
     return agent
 
 
@@ -58,6 +60,7 @@ async def main(sock: Path, state: Path, cycles: int) -> dict[str, float]:
     out["seconds"] = time.monotonic() - t0
     out["end"] = rss_mib()
     out["events"] = agent.stats.events
+    out["commit_failures"] = agent.stats.commit_failures
     await agent.client.close()
     await agent.outbox.close()
     return out

@@ -296,6 +296,7 @@ async def bench_unchanged(cycles: int, blocks: int = 10) -> dict[str, Any]:
                     bare += time.process_time() - c0
                 stats = agent.decoder.stats
                 n = blocks * per_block
+                assert agent.stats.commit_failures == 0, "cycles failed to commit"
                 out[label] = {
                     "ours": ours / n,
                     "bare": bare / n,
@@ -725,6 +726,7 @@ def report(r: dict[str, Any], started: datetime, elapsed: float, quick: bool) ->
         "",
     ]
     m = r["memory"]
+    assert m["commit_failures"] == 0, "the memory section's cycles failed to commit"
     growth = m["end"] - m["start"]
     lines += [
         "## 5. Memory",

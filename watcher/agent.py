@@ -68,6 +68,7 @@ class AgentStats:
     parsed: int = 0
     reconnects: int = 0
     events: int = 0
+    commit_failures: int = 0
     last_success: float | None = None  # time.monotonic()
     last_reconnect_latency: float | None = None  # socket change seen -> first successful query
 
@@ -811,6 +812,7 @@ class Agent:
             )
             self._commit_error = f"{type(err).__name__}: {err}"
             self.metrics.commit_failures.inc()
+            self.stats.commit_failures += 1
             self.metrics.state_writable.set(0)
             # The lifecycle events (restarted, unreachable, ...) must come again next time.
             self._restore_markers(self._uncommitted)
