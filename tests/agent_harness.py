@@ -131,3 +131,29 @@ async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterat
     finally:
         agent.stop.set()
         await asyncio.wait_for(task, timeout=15)
+
+
+def write_agent_config(
+    path: Path, root: Path, kubelet: FakeKubelet, sinks: str, *, log_level: str = "warning", http: str = ""
+) -> Path:
+    """A TOML config for the agent run as a process: state under `root`, the fake kubelet, an audit log
+    at root/state/audit.jsonl, and `sinks` (more [sinks.NAME] tables). `http`: a listen address, or off."""
+    http_table = f'listen = "{http}"' if http else "enabled = false"
+    path.write_text(
+        f"""node = "node-a"
+state_dir = "{root / "state"}"
+[kubelet]
+socket = "{kubelet.socket_path}"
+root_dir = "{kubelet.root}"
+[watch]
+max_rpc_rate = 50
+[log]
+level = "{log_level}"
+[http]
+{http_table}
+[sinks.audit]
+type = "file"
+path = "{root / "state" / "audit.jsonl"}"
+{sinks}"""
+    )
+    return path

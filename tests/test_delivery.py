@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.agent_harness import make_settings, running_agent, serve_post
+from tests.agent_harness import make_settings, running_agent, serve_post, write_agent_config
 from tests.conftest import PLANTED_SECRET
 from watcher.audit import verify_files
 from watcher.changes import Change, Kind, Severity
@@ -268,29 +268,18 @@ async def test_nothing_is_lost_when_the_receiver_is_down_and_the_agent_is_killed
     fake = FakeKubelet(kubelet_root, seed=11)
     audit = short_tmp / "state" / "audit.jsonl"
     secret = "whsec_" + "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTAx"
-    config = short_tmp / "watcher.toml"
-    config.write_text(
-        f"""node = "node-a"
-state_dir = "{short_tmp / "state"}"
-[kubelet]
-socket = "{fake.socket_path}"
-root_dir = "{kubelet_root}"
-[watch]
-max_rpc_rate = 50
-[log]
-level = "warning"
-[http]
-listen = "127.0.0.1:0"
-[sinks.audit]
-type = "file"
-path = "{audit}"
-[sinks.inventory]
+    config = write_agent_config(
+        short_tmp / "watcher.toml",
+        short_tmp,
+        fake,
+        f"""[sinks.inventory]
 type = "webhook"
 url = "http://127.0.0.1:{receiver_port}/events?token={PLANTED_SECRET}"
 signing_secret = "{secret}"
 rate = 500
 retry_max_delay = 0.5
-"""
+""",
+        http="127.0.0.1:0",
     )
 
     logs = short_tmp / "agent.log"

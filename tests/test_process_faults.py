@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from tests.agent_harness import write_agent_config
 from tests.conftest import fill
 from watcher.audit import make_record, verify_files
 from watcher.changes import Change, Kind, Severity
@@ -55,24 +56,7 @@ class _Agent:
         self.audit = root / "state" / "audit.jsonl"
         self.hold_dir = root / "hold"
         self.hold_dir.mkdir(exist_ok=True)
-        self.config = root / "watcher.toml"
-        self.config.write_text(
-            f"""node = "node-a"
-state_dir = "{root / "state"}"
-[kubelet]
-socket = "{fake.socket_path}"
-root_dir = "{fake.root}"
-[watch]
-max_rpc_rate = 50
-[log]
-level = "warning"
-[http]
-enabled = false
-[sinks.audit]
-type = "file"
-path = "{self.audit}"
-"""
-        )
+        self.config = write_agent_config(root / "watcher.toml", root, fake, "")
         self.argv = ["run", "--config", str(self.config)]
         self.log = root / "agent.log"
         self.proc: subprocess.Popen[bytes] | None = None

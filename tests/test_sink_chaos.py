@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.agent_harness import write_agent_config
 from watcher.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"
@@ -158,23 +159,12 @@ async def test_a_flapping_receiver_loses_nothing_blocks_nobody_and_memory_stays_
     fake = FakeKubelet(short_tmp / "kubelet", seed=3)
     flappy, steady = Receiver(_free_port()), Receiver(_free_port())
     audit = short_tmp / "state" / "audit.jsonl"
-    config = short_tmp / "watcher.toml"
-    config.write_text(
-        f"""node = "node-a"
-state_dir = "{short_tmp / "state"}"
-[kubelet]
-socket = "{fake.socket_path}"
-root_dir = "{fake.root}"
-[watch]
-max_rpc_rate = 50
-[log]
-level = "error"
-[http]
-enabled = false
-[sinks.audit]
-type = "file"
-path = "{audit}"
-fsync = "interval"
+    config = write_agent_config(
+        short_tmp / "watcher.toml",
+        short_tmp,
+        fake,
+        # The first line still belongs to the audit log's table.
+        f"""fsync = "interval"
 [sinks.flappy]
 type = "webhook"
 url = "http://127.0.0.1:{flappy.port}/"
@@ -189,7 +179,8 @@ url = "http://127.0.0.1:{steady.port}/"
 batch = true
 max_batch = 100
 rate = 100
-"""
+""",
+        log_level="error",
     )
     log = short_tmp / "agent.log"
     await flappy.listen()
