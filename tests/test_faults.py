@@ -416,3 +416,91 @@ async def test_a_failed_commit_is_retried_from_the_same_bytes_and_recovers_with_
             status, _ = await _get(run, "/readyz")
             assert status == 200
             assert run.recorder.kinds(mark) == []
+
+
+def _audit_log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line)["event"] for line in path.read_text().splitlines() if line.strip()]
+
+
+async def test_a_commit_reported_failed_but_stored_is_continued_from_not_numbered_again(
+    short_tmp: Path,
+) -> None:
+    # An fsync error or a remount can fail a commit that still reached the disk. The next
+    # cycle must continue from what the outbox holds: numbering its own events again would
+    # collide with the stored ones and lose them (INSERT OR IGNORE keeps the first).
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    settings = make_settings(short_tmp)
+    audit = settings.state_dir / "events.jsonl"
+    with capture_logs() as logs:
+        async with fake, running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            outbox = run.agent.outbox
+            real_commit = outbox.commit
+            ghosts = 0
+
+            async def stored_but_failed(*args: Any) -> None:
+                nonlocal ghosts
+                await real_commit(*args)
+                if ghosts == 0:
+                    ghosts += 1
+                    raise OSError(5, "Input/output error")
+
+            outbox.commit = stored_but_failed  # type: ignore[method-assign]
+            fake.add_device(GPU, "GPU-ghost", (0,))
+            await _logged(logs, lambda e: e["event"].startswith("could not commit"))
+            # The node moves on before the retry: the ghost's device goes, another comes.
+            fake.remove_device(GPU, "GPU-ghost")
+            fake.add_device(GPU, "GPU-next", (1,))
+
+            def seen() -> set[tuple[str, str]]:
+                return {(str(e["kind"]), str(e["details"].get("device"))) for e in _audit_log(audit)}
+
+            want = {
+                ("device.added", "GPU-ghost"),
+                ("device.removed", "GPU-ghost"),
+                ("device.added", "GPU-next"),
+            }
+            async with asyncio.timeout(20):
+                while not want <= seen():
+                    await run.quiet_cycle()
+    events = _audit_log(audit)
+    seqs = [int(e["seq"]) for e in events]
+    assert seqs == list(range(1, len(seqs) + 1))
+    devices = [(e["kind"], e["details"]["device"]) for e in events if str(e["kind"]).startswith("device.")]
+    assert devices == [
+        ("device.added", "GPU-ghost"),
+        ("device.removed", "GPU-ghost"),
+        ("device.added", "GPU-next"),
+    ]
+    assert any(
+        e["event"].startswith("the outbox holds events from a commit reported as failed") for e in logs
+    )
+
+
+async def test_an_outbox_failure_met_only_by_a_sink_is_reported_and_repaired_on_a_quiet_node(
+    short_tmp: Path,
+) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    with capture_logs() as logs:
+        async with fake, running_agent(make_settings(short_tmp), fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            outbox = run.agent.outbox
+            real_ack = outbox.ack
+            refused = 0
+
+            async def refuse_once(*args: Any) -> None:
+                nonlocal refused
+                if refused == 0:
+                    refused += 1
+                    raise OSError(5, "Input/output error")
+                await real_ack(*args)
+
+            outbox.ack = refuse_once  # type: ignore[method-assign]
+            fake.add_device(GPU, "GPU-acked-late", (0,))
+            await _logged(logs, lambda e: e["event"].startswith("the outbox failed under a sink"))
+            # No change is pending, yet the agent reopens the outbox and says it is fine again.
+            await _logged(logs, lambda e: e["event"].startswith("events and state stored again"))
+            status, _ = await _get(run, "/readyz")
+            assert status == 200
+    assert refused == 1
+    assert run.recorder.kinds().count("device.added") == 1

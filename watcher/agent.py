@@ -172,6 +172,9 @@ class Agent:
         self._commit_error: str | None = None  # the last failure to store events and state
         self._commit_failures = 0  # in a row, for the retry backoff
         self.outbox_ready = asyncio.Event()
+        self._reload_lock = asyncio.Lock()
+        self._open_error: str | None = None  # why the outbox could not be opened, until it is
+        self.dispatcher.on_outbox_error = self._outbox_trouble
         self._started_reported = False
         self._ever_connected = False
         self._degraded: str | None = None  # why GetAllocatableResources is unavailable
@@ -229,9 +232,11 @@ class Agent:
             )
             await supervise(tasks, stop=self.stop, grace=SHUTDOWN_GRACE_S, on_start=self._supervised.update)
         finally:
-            await self.client.close()
-            await self.dispatcher.close()
-            await self.outbox.close()
+            for close in (self.client.close, self.dispatcher.close, self.outbox.close):
+                try:
+                    await close()
+                except Exception as err:  # one failing close must not skip the others
+                    self.log.error("error while shutting down", error=repr(err))
             self.log.info("watcher stopped", seq=self.seq)
 
     # -- the outbox: events and state --
@@ -252,7 +257,7 @@ class Agent:
         except Exception as err:  # sqlite3.Error, OSError: full, read-only, missing
             with contextlib.suppress(Exception):
                 await self.outbox.disconnect()  # half open: start clean next time
-            self._commit_error = f"{type(err).__name__}: {err}"
+            self._commit_error = self._open_error = f"{type(err).__name__}: {err}"
             self.metrics.state_writable.set(0)
             if first:
                 self.log.error(
@@ -270,6 +275,42 @@ class Agent:
             self.trigger.fire("outbox", urgent=True)
         self.outbox_ready.set()
         return True
+
+    async def _database_is_ahead(self) -> bool:
+        """After a reopen: did a commit that reported failure reach the disk after all (an
+        fsync error, a remount)? Then continue from what the database holds: the events it
+        stored are delivered from there, and numbering them again would lose later ones."""
+        saved = state_from_json(
+            await self.outbox.load_state(), min_seq=await self.outbox.max_seq(), lost=False
+        )
+        if saved.seq <= self.seq:
+            return False
+        self.log.warning(
+            "the outbox holds events from a commit reported as failed: continuing from them",
+            stored_seq=saved.seq,
+            seq=self.seq,
+        )
+        self._restore(saved)
+        self._commit_error = None
+        self._commit_failures = 0
+        self.metrics.state_writable.set(1)
+        self.dispatcher.notify()
+        self.trigger.fire("outbox", urgent=True)  # diff the current answer against it
+        return True
+
+    def _outbox_trouble(self, err: Exception) -> None:
+        """A sink worker could not use the outbox. On a quiet node no commit would find out:
+        say so, and make the next cycle reopen it (a commit with nothing new, if need be)."""
+        if self._commit_error is not None or not self.outbox_ready.is_set():
+            return
+        self._commit_error = f"{type(err).__name__}: {err}"
+        self.metrics.state_writable.set(0)
+        self.log.error(
+            "the outbox failed under a sink: reopening it at the next cycle",
+            state_dir=str(self.settings.state_dir),
+            error=repr(err),
+        )
+        self.trigger.fire("outbox")
 
     async def _open_outbox_later(self) -> None:
         attempt = 0
@@ -354,6 +395,12 @@ class Agent:
     async def reload(self, settings: Settings) -> None:
         """Apply a new configuration: sinks and routes swap without losing queued events; a new
         socket path or kubelet root dir restarts the watches and reconnects."""
+        if self.stop.is_set():
+            return  # shutting down: nothing would run the new sinks
+        async with self._reload_lock:  # two quick SIGHUPs apply one after the other
+            await self._reload(settings)
+
+    async def _reload(self, settings: Settings) -> None:
         old = self.settings
         if settings.state_dir != old.state_dir:
             self.log.warning(
@@ -363,10 +410,10 @@ class Agent:
         if settings.node != old.node:
             self.log.warning("the node name changes only on restart; keeping it", node=old.node)
             settings = dataclasses.replace(settings, node=old.node)
-        self.settings = settings
         sinks = build_sinks(
             settings.sinks, node=settings.node, state_dir=settings.state_dir, store=self.outbox
         )
+        self.settings = settings
         try:
             changed = await self.dispatcher.reload(sinks)
         finally:
@@ -796,11 +843,11 @@ class Agent:
         seq = self.seq + len(events)
         try:
             if not self.outbox_ready.is_set():
-                raise OutboxUnavailableError(
-                    f"the outbox in {self.settings.state_dir} could not be opened yet"
-                )
+                raise OutboxUnavailableError(f"the outbox could not be opened: {self._open_error}")
             if self._commit_error is not None:
                 await self.outbox.reopen()  # the last commit failed: the disk may be back
+                if await self._database_is_ahead():
+                    return
             await self.outbox.commit(
                 events, self.dispatcher.queues(events), state_to_json(self._state(seq, after))
             )

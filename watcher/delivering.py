@@ -34,6 +34,7 @@ log = structlog.get_logger("watcher.delivering")
 # (sink name, result, events, seconds from event creation to delivery or failure)
 DeliveryObserver = Callable[[str, str, Sequence[Event], float], None]
 IDLE_RECHECK_S = 5.0
+OUTBOX_RETRY_CAP_S = 2.0  # the longest a worker waits to try a failing outbox again
 
 
 class SinkWorker:
@@ -56,6 +57,9 @@ class SinkWorker:
         self.route = route_of(s, resolutions=paging)
         self.limiter = RateLimiter(s.rate)
         self.backoff = Backoff(base=0.5, cap=s.retry_max_delay, rng=rng)
+        # Outbox trouble is ours, not the receiver's: retry it briskly, whatever the sink's cap.
+        self.outbox_backoff = Backoff(base=0.2, cap=OUTBOX_RETRY_CAP_S, rng=rng)
+        self.on_outbox_error: Callable[[Exception], None] = lambda _err: None
         self.wake = asyncio.Event()
         self.disabled: str | None = None
         self.counts: Counter[str] = Counter()
@@ -91,7 +95,8 @@ class SinkWorker:
                 failures = 0
             except Exception as err:  # the outbox is being reopened, or its disk failed
                 self.log.error("could not read the sink's queue; will retry", error=repr(err))
-                await sleep_or_stop(self.stop, self.backoff.delay(failures))
+                self.on_outbox_error(err)
+                await sleep_or_stop(self.stop, self.outbox_backoff.delay(failures))
                 failures += 1
                 continue
             if not events:
@@ -118,7 +123,8 @@ class SinkWorker:
                 await fn(*args)
                 return True
             except Exception as err:  # sqlite3.Error, OSError: the state directory is in trouble
-                delay = self.backoff.delay(attempt)
+                self.on_outbox_error(err)
+                delay = self.outbox_backoff.delay(attempt)
                 attempt += 1
                 self.log.error(
                     "could not record a delivery in the outbox; will retry",
@@ -245,10 +251,17 @@ class Dispatcher:
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._running = False
         self._changed = asyncio.Event()
+        # Told of every outbox failure a worker meets, so the agent can reopen it and say so.
+        self.on_outbox_error: Callable[[Exception], None] = lambda _err: None
 
     def _worker(self, sink: Sink) -> SinkWorker:
         # Each worker has its own stop flag so one can be retired on reload.
-        return SinkWorker(sink, self.outbox, stop=asyncio.Event(), rng=self.rng, observers=self.observers)
+        worker = SinkWorker(sink, self.outbox, stop=asyncio.Event(), rng=self.rng, observers=self.observers)
+        worker.on_outbox_error = self._outbox_error
+        return worker
+
+    def _outbox_error(self, err: Exception) -> None:
+        self.on_outbox_error(err)
 
     def queues(self, events: Sequence[Event]) -> dict[str, list[int]]:
         """sink name -> seqs of the events it asked for."""
@@ -286,9 +299,16 @@ class Dispatcher:
     async def reload(self, sinks: Sequence[Sink]) -> list[str]:
         """Replace changed sinks, add new ones, retire removed ones; return what changed.
 
+        Does nothing once the dispatcher is stopping: nothing would supervise new workers.
+
         A replacement goes into `workers` before the old worker is waited for, so
         events committed meanwhile are queued for it and none is lost.
         """
+        if self.stop.is_set():
+            for sink in sinks:
+                with contextlib.suppress(Exception):
+                    await sink.close()
+            return []
         new = {s.name: s for s in sinks}
         changed: list[str] = []
         retiring: list[tuple[SinkWorker, list[asyncio.Task[None]]]] = []
@@ -353,6 +373,7 @@ class Dispatcher:
                         task.result()  # a crashed worker: let the supervisor see it
                         raise RuntimeError(f"{task.get_name()} exited unexpectedly")
         finally:
+            self._running = False
             for worker in self.workers.values():
                 worker.stop.set()
                 worker.wake.set()

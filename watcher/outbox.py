@@ -160,9 +160,9 @@ class Outbox:
         return db
 
     def sync_close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()
 
     async def open(self) -> None:
         await self._run(self.sync_open)
