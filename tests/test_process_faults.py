@@ -235,3 +235,32 @@ async def test_a_disk_that_fills_mid_record_never_keeps_half_of_it(
     await sink.close()
     assert _records(path) == [1, 2]
     assert verify_files([path]).ok
+
+
+@pytest.mark.parametrize("earlier", [0, 2])
+async def test_records_whose_fsync_failed_are_written_again(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, earlier: int
+) -> None:
+    # A failed fsync may have lost the data while reads still show it: the records it covered
+    # must be cut back and written again, not skipped on the retry as already there.
+    path = short_tmp / "audit.jsonl"
+    sink = _sink(path)
+    if earlier:
+        assert (await sink.deliver([_event(i) for i in range(1, earlier + 1)])).delivered
+    real_fsync, failures = os.fsync, []
+
+    def fsync_fails_once(fd: int) -> None:
+        if not failures:
+            failures.append(fd)
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync_fails_once)
+    outcome = await sink.deliver([_event(earlier + 1), _event(earlier + 2)])
+    assert outcome.retry and outcome.error is not None and "Input/output error" in outcome.error
+    assert _records(path) == list(range(1, earlier + 1))  # cut back to the last good fsync
+    assert (await sink.deliver([_event(earlier + 1), _event(earlier + 2)])).delivered
+    await sink.close()
+    assert _records(path) == list(range(1, earlier + 3))
+    result = verify_files([path])
+    assert result.ok and result.records == earlier + 2, result.problem

@@ -625,6 +625,7 @@ class Agent:
             dataclasses.replace(self._health),
             set(self._degraded_reported),
             self._ever_connected,
+            self._last_snapshot,
         )
 
     def _restore_markers(self, markers: tuple[Any, ...]) -> None:
@@ -634,6 +635,7 @@ class Agent:
             self._health,
             self._degraded_reported,
             self._ever_connected,
+            self._last_snapshot,  # a snapshot that was not stored is due again
         ) = markers
 
     async def _locked_cycle(self, reasons: frozenset[str]) -> None:

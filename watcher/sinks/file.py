@@ -33,6 +33,7 @@ class FileSink:
         self.path = path
         self._fd: int | None = None
         self._size = 0
+        self._synced = 0  # bytes of the current file covered by a successful fsync
         self._n = 0
         self._prev = GENESIS
         self._last_seq = 0
@@ -49,11 +50,11 @@ class FileSink:
         self._cut_torn_tail()
         newest_first = [self.path, *(self.rotated(i) for i in range(1, self.settings.keep + 1))]
         last = last_record(newest_first)
-        if last is not None:
-            self._n, self._prev, self._last_seq = last
+        # From the files, never from memory: they may have been cut back since.
+        self._n, self._prev, self._last_seq = last if last is not None else (0, GENESIS, 0)
         # O_APPEND: every write lands at the end, whatever else holds the file.
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        self._size = os.fstat(self._fd).st_size
+        self._size = self._synced = os.fstat(self._fd).st_size
 
     def _cut_torn_tail(self) -> None:
         """Cut off a last line that has no newline: half a record, from a crash mid-write.
@@ -103,7 +104,7 @@ class FileSink:
                 os.replace(self.rotated(i), self.rotated(i + 1))
         os.replace(self.path, self.rotated(1))
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        self._size = 0
+        self._size = self._synced = 0
 
     def _write(self, events: Sequence[Event]) -> None:
         self._open()
@@ -129,8 +130,17 @@ class FileSink:
             self._last_seq = event.seq
             self._dirty = True
         if self.settings.fsync == "event" and self._dirty:
-            os.fsync(self._fd)
+            try:
+                os.fsync(self._fd)
+            except OSError:
+                # After a failed fsync the kernel may have dropped what it could not write while
+                # reads still show it. Cut back to what the last good fsync covered, so the retry
+                # writes those records again instead of skipping them as present.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._synced)
+                raise
             self._dirty = False
+            self._synced = self._size
 
     async def deliver(self, events: Sequence[Event]) -> Outcome:
         async with self._lock:
@@ -153,6 +163,7 @@ class FileSink:
         if self._fd is not None and self._dirty:
             os.fsync(self._fd)
             self._dirty = False
+            self._synced = self._size
 
     def background(self) -> Callable[[], Awaitable[None]] | None:
         if self.settings.fsync != "interval":
