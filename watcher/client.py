@@ -91,6 +91,7 @@ class PodResourcesClient:
         self.timeout = timeout
         self.max_receive_bytes = max_receive_bytes
         self._channel: aio.Channel | None = None
+        self._calls: dict[str, aio.UnaryUnaryMultiCallable[bytes, bytes]] = {}
 
     async def __aenter__(self) -> PodResourcesClient:
         return self
@@ -126,6 +127,7 @@ class PodResourcesClient:
     async def close(self) -> None:
         """Close the channel; the next call opens a new one."""
         channel, self._channel = self._channel, None
+        self._calls = {}
         if channel is not None:
             await channel.close(grace=None)
 
@@ -135,9 +137,11 @@ class PodResourcesClient:
 
     async def _call(self, method: str, request: bytes) -> bytes:
         check_socket(self.socket_path)
-        channel = self._ensure_channel()
-        # No deserializer: the caller gets the raw bytes for its fast path.
-        call: aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(_SERVICE + method)
+        call = self._calls.get(method)
+        if call is None:
+            # No deserializer: the caller gets the raw bytes for its fast path. Made once
+            # per channel: every cycle makes these calls.
+            call = self._calls[method] = self._ensure_channel().unary_unary(_SERVICE + method)
         try:
             response = await call(request, timeout=self.timeout)
         except aio.AioRpcError as err:
