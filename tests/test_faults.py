@@ -24,6 +24,7 @@ from tests.conftest import FailingDisk, fill
 from watcher.fake_kubelet import FakeKubelet
 from watcher.inventory import build
 from watcher.kubeletapi.v1 import api_pb2
+from watcher.outbox import Outbox
 
 GPU = "nvidia.com/gpu"
 
@@ -373,6 +374,34 @@ async def test_a_state_disk_that_goes_read_only_under_the_agent_is_loud_and_noth
     assert errors and errors[0]["log_level"] == "error"
 
 
+class _Refusals:
+    """Make one of the outbox's methods fail as a bad disk would, `arm()` times: before doing its
+    work, or (`after`) once the work is done, as when a commit reached the disk but its fsync failed."""
+
+    def __init__(self, outbox: Outbox, method: str, error: OSError, *, after: bool = False) -> None:
+        self.left = 0
+        self.count = 0
+        real = getattr(outbox, method)
+
+        async def refusing(*args: Any) -> None:
+            if not after:
+                self._maybe_refuse(error)
+            await real(*args)
+            if after:
+                self._maybe_refuse(error)
+
+        setattr(outbox, method, refusing)
+
+    def _maybe_refuse(self, error: OSError) -> None:
+        if self.left:
+            self.left -= 1
+            self.count += 1
+            raise error
+
+    def arm(self, times: int = 1) -> None:
+        self.left += times
+
+
 async def test_a_failed_commit_is_retried_from_the_same_bytes_and_recovers_with_nothing_new(
     short_tmp: Path,
 ) -> None:
@@ -381,18 +410,8 @@ async def test_a_failed_commit_is_retried_from_the_same_bytes_and_recovers_with_
     with capture_logs() as logs:
         async with fake, running_agent(make_settings(short_tmp), fake) as run:
             await run.recorder.kinds_after(0, 1)
-            outbox = run.agent.outbox
-            real_commit = outbox.commit
-            refusals = 0
-
-            async def refuse_once(*args: Any) -> None:
-                nonlocal refusals
-                if refusals == 0:
-                    refusals += 1
-                    raise OSError(28, "No space left on device")
-                await real_commit(*args)
-
-            outbox.commit = refuse_once  # type: ignore[method-assign]
+            refusals = _Refusals(run.agent.outbox, "commit", OSError(28, "No space left on device"))
+            refusals.arm()
             fast = run.agent.stats.fast_path
             fake.add_device(GPU, "GPU-refused-once", (0,))
             await _logged(logs, lambda e: e["event"].startswith("could not commit"))
@@ -404,9 +423,9 @@ async def test_a_failed_commit_is_retried_from_the_same_bytes_and_recovers_with_
 
             # A refused commit whose change is undone before the retry: nothing to emit, but
             # the agent must still find out the disk is back.
-            refusals = 0
+            refusals.arm()
             fake.remove_device(GPU, "GPU-refused-once")
-            await _logged(logs, lambda e: e["event"].startswith("could not commit") and refusals == 1)
+            await _logged(logs, lambda e: e["event"].startswith("could not commit") and refusals.count == 2)
             fake.add_device(GPU, "GPU-refused-once", (0,))
             mark = len(run.recorder.events)
             status, _ = await _get(run, "/readyz")
@@ -434,18 +453,7 @@ async def test_a_commit_reported_failed_but_stored_is_continued_from_not_numbere
     with capture_logs() as logs:
         async with fake, running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
-            outbox = run.agent.outbox
-            real_commit = outbox.commit
-            ghosts = 0
-
-            async def stored_but_failed(*args: Any) -> None:
-                nonlocal ghosts
-                await real_commit(*args)
-                if ghosts == 0:
-                    ghosts += 1
-                    raise OSError(5, "Input/output error")
-
-            outbox.commit = stored_but_failed  # type: ignore[method-assign]
+            _Refusals(run.agent.outbox, "commit", OSError(5, "Input/output error"), after=True).arm()
             fake.add_device(GPU, "GPU-ghost", (0,))
             await _logged(logs, lambda e: e["event"].startswith("could not commit"))
             # The node moves on before the retry: the ghost's device goes, another comes.
@@ -484,23 +492,13 @@ async def test_an_outbox_failure_met_only_by_a_sink_is_reported_and_repaired_on_
     with capture_logs() as logs:
         async with fake, running_agent(make_settings(short_tmp), fake) as run:
             await run.recorder.kinds_after(0, 1)
-            outbox = run.agent.outbox
-            real_ack = outbox.ack
-            refused = 0
-
-            async def refuse_once(*args: Any) -> None:
-                nonlocal refused
-                if refused == 0:
-                    refused += 1
-                    raise OSError(5, "Input/output error")
-                await real_ack(*args)
-
-            outbox.ack = refuse_once  # type: ignore[method-assign]
+            refusals = _Refusals(run.agent.outbox, "ack", OSError(5, "Input/output error"))
+            refusals.arm()
             fake.add_device(GPU, "GPU-acked-late", (0,))
             await _logged(logs, lambda e: e["event"].startswith("the outbox failed under a sink"))
             # No change is pending, yet the agent reopens the outbox and says it is fine again.
             await _logged(logs, lambda e: e["event"].startswith("events and state stored again"))
             status, _ = await _get(run, "/readyz")
             assert status == 200
-    assert refused == 1
+    assert refusals.count == 1
     assert run.recorder.kinds().count("device.added") == 1

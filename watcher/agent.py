@@ -252,13 +252,12 @@ class Agent:
         try:
             await self.outbox.open()
             await self.outbox.register(self.dispatcher.workers)
-            saved = await self.outbox.load_state()
-            max_seq = await self.outbox.max_seq()
+            saved = await self._stored_state()
         except Exception as err:  # sqlite3.Error, OSError: full, read-only, missing
             with contextlib.suppress(Exception):
                 await self.outbox.disconnect()  # half open: start clean next time
-            self._commit_error = self._open_error = f"{type(err).__name__}: {err}"
-            self.metrics.state_writable.set(0)
+            self._storage_failed(err)
+            self._open_error = self._commit_error
             if first:
                 self.log.error(
                     "cannot open the outbox: watching anyway, but nothing is emitted until it can be "
@@ -267,22 +266,33 @@ class Agent:
                     error=repr(err),
                 )
             return False
-        self._restore(state_from_json(saved, min_seq=max_seq, lost=self.outbox.recovered_from_corruption))
+        self._restore(saved)
         if not first:
             self.log.info("outbox open: events flow again", state_dir=str(self.settings.state_dir))
-            self._commit_error = None
-            self.metrics.state_writable.set(1)
+            self._storage_ok()
             self.trigger.fire("outbox", urgent=True)
         self.outbox_ready.set()
         return True
+
+    def _storage_failed(self, err: BaseException) -> None:
+        self._commit_error = f"{type(err).__name__}: {err}"
+        self.metrics.state_writable.set(0)
+
+    def _storage_ok(self) -> None:
+        self._commit_error = None
+        self._commit_failures = 0
+        self.metrics.state_writable.set(1)
+
+    async def _stored_state(self) -> SavedState:
+        """The state the outbox holds, as of its last commit."""
+        saved, max_seq = await self.outbox.load_state(), await self.outbox.max_seq()
+        return state_from_json(saved, min_seq=max_seq, lost=self.outbox.recovered_from_corruption)
 
     async def _database_is_ahead(self) -> bool:
         """After a reopen: did a commit that reported failure reach the disk after all (an
         fsync error, a remount)? Then continue from what the database holds: the events it
         stored are delivered from there, and numbering them again would lose later ones."""
-        saved = state_from_json(
-            await self.outbox.load_state(), min_seq=await self.outbox.max_seq(), lost=False
-        )
+        saved = await self._stored_state()
         if saved.seq <= self.seq:
             return False
         self.log.warning(
@@ -291,9 +301,7 @@ class Agent:
             seq=self.seq,
         )
         self._restore(saved)
-        self._commit_error = None
-        self._commit_failures = 0
-        self.metrics.state_writable.set(1)
+        self._storage_ok()
         self.dispatcher.notify()
         self.trigger.fire("outbox", urgent=True)  # diff the current answer against it
         return True
@@ -303,8 +311,7 @@ class Agent:
         say so, and make the next cycle reopen it (a commit with nothing new, if need be)."""
         if self._commit_error is not None or not self.outbox_ready.is_set():
             return
-        self._commit_error = f"{type(err).__name__}: {err}"
-        self.metrics.state_writable.set(0)
+        self._storage_failed(err)
         self.log.error(
             "the outbox failed under a sink: reopening it at the next cycle",
             state_dir=str(self.settings.state_dir),
@@ -859,10 +866,9 @@ class Agent:
                 state_dir=str(self.settings.state_dir),
                 error=repr(err),
             )
-            self._commit_error = f"{type(err).__name__}: {err}"
+            self._storage_failed(err)
             self.metrics.commit_failures.inc()
             self.stats.commit_failures += 1
-            self.metrics.state_writable.set(0)
             # The lifecycle events (restarted, unreachable, ...) must come again next time.
             self._restore_markers(self._uncommitted)
             # Its own count: the markers just put back the kubelet's, which is 0 here.
@@ -870,11 +876,9 @@ class Agent:
             self._commit_failures += 1
             return
         self.seq = seq
-        self._commit_failures = 0
         if self._commit_error is not None:
             self.log.info("events and state stored again", state_dir=str(self.settings.state_dir))
-            self._commit_error = None
-            self.metrics.state_writable.set(1)
+        self._storage_ok()
         if after is not None and after is not self.inventory:
             self.metrics.set_inventory(after)
         self.inventory = after

@@ -186,10 +186,6 @@ class Outbox:
         self._executor.shutdown(wait=True)
 
     @property
-    def is_open(self) -> bool:
-        return self._db is not None
-
-    @property
     def db(self) -> sqlite3.Connection:
         if self._db is None:
             raise OutboxUnavailableError(f"the outbox {self.path} is not open")
