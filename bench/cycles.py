@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from watcher.agent import Agent
-from watcher.logs import configure_logging
+from watcher.app import Agent
+from watcher.ops.logs import configure_logging
 from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSettings
 
 

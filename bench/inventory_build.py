@@ -1,7 +1,7 @@
 """How long building the inventory model and its hash takes on a very large node.
 
 Not a test: a measurement. The node: 512 CPUs, 8 NUMA nodes, 4 resources x 64
-devices, 250 pods x 4 containers (see watcher.fake_node.large_node). The
+devices, 250 pods x 4 containers (see watcher.sim.fake_node.large_node). The
 responses are serialized once, as the kubelet would send them, and each round
 parses them, builds the model, and hashes it from scratch.
 
@@ -14,10 +14,10 @@ import argparse
 import statistics
 import time
 
-from watcher.fake_kubelet import FakeKubelet
-from watcher.fake_node import large_node
-from watcher.inventory import build
 from watcher.kubeletapi.v1 import api_pb2
+from watcher.model.inventory import build
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_node import large_node
 
 
 def main() -> None:

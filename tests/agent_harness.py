@@ -13,10 +13,10 @@ from typing import Any
 import jsonschema
 from aiohttp import web
 
-from watcher.agent import Agent
-from watcher.events import Event, event_schema
-from watcher.fake_kubelet import FakeKubelet
+from watcher.app import Agent
+from watcher.model.events import Event, event_schema
 from watcher.settings import FileSinkSettings, HttpSettings, KubeletSettings, Settings, WatchSettings
+from watcher.sim.fake_kubelet import FakeKubelet
 
 _VALIDATOR = jsonschema.Draft202012Validator(
     event_schema(), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from watcher.fake_kubelet import FakeKubelet
+from watcher.sim.fake_kubelet import FakeKubelet
 
 
 @pytest.fixture

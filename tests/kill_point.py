@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from watcher import outbox
 from watcher.cli import main
+from watcher.store import outbox
 
 
 def arm(hold_dir: Path, nth: int) -> None:

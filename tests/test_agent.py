@@ -21,8 +21,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.agent_harness import Running, make_settings, running_agent
-from watcher.fake_kubelet import FakeKubelet
-from watcher.identity import FileIdentity, is_replacement
+from watcher.kubelet.identity import FileIdentity, is_replacement
+from watcher.sim.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"
 NIC = "intel.com/sriov_netdevice"

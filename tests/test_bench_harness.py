@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.cycles import agent_for_cycles
-from watcher.fake_kubelet import FakeKubelet
+from watcher.sim.fake_kubelet import FakeKubelet
 
 
 async def test_the_bench_agent_commits_its_cycles(kubelet: FakeKubelet, short_tmp: Path) -> None:

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from tests.agent_harness import make_settings, running_agent
-from watcher.events import Event
-from watcher.fake_kubelet import FakeKubelet
-from watcher.inventory import Inventory, build
+from watcher.model.events import Event
+from watcher.model.inventory import Inventory, build
+from watcher.sim.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"
 RESTARTS = int(os.environ.get("PRW_CHAOS_RESTARTS", "20"))

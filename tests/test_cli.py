@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from watcher.cli import main
-from watcher.fake_kubelet import FakeKubelet
+from watcher.sim.fake_kubelet import FakeKubelet
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent

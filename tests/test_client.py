@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from watcher import errors
-from watcher.client import PodResourcesClient
-from watcher.fake_kubelet import FakeKubelet
-from watcher.inventory import build
+from watcher.kubelet.client import PodResourcesClient
+from watcher.model.inventory import build
+from watcher.sim.fake_kubelet import FakeKubelet
 
 
 async def test_all_three_rpcs(kubelet: FakeKubelet) -> None:
@@ -86,7 +86,7 @@ async def test_permission_denied(kubelet: FakeKubelet, short_tmp: Path) -> None:
         f"""
         import asyncio, os
         from watcher import errors
-        from watcher.client import PodResourcesClient
+        from watcher.kubelet.client import PodResourcesClient
         # Drop to nobody only now: the interpreter itself lives under /root.
         os.setgid(65534)
         os.setuid(65534)

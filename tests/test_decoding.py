@@ -24,11 +24,11 @@ from tests.test_inventory_properties import (
     render,
     render_claim_resource,
 )
-from watcher.decoding import Decoder, Outcome
-from watcher.fake_kubelet import FakeKubelet
-from watcher.fake_node import FakeContainer, FakeMemory, FakePod, default_node, large_node
-from watcher.inventory import Inventory, build
+from watcher.kubelet.decoding import Decoder, Outcome
 from watcher.kubeletapi.v1 import api_pb2
+from watcher.model.inventory import Inventory, build
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_node import FakeContainer, FakeMemory, FakePod, default_node, large_node
 
 
 def _kubelet_render(model: Model, rng: random.Random) -> tuple[bytes | None, bytes]:

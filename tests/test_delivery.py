@@ -20,12 +20,12 @@ from aiohttp import web
 
 from tests.agent_harness import make_settings, running_agent, serve_post, write_agent_config
 from tests.conftest import PLANTED_SECRET
-from watcher.audit import verify_files
-from watcher.changes import Change, Kind, Severity
 from watcher.cli import main
-from watcher.events import envelope
-from watcher.fake_kubelet import FakeKubelet
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.events import envelope
 from watcher.settings import AlertmanagerSinkSettings, FileSinkSettings
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sinks.audit import verify_files
 
 GPU = "nvidia.com/gpu"
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,12 +9,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from watcher.changes import DIFF_KINDS, Change, Kind
-from watcher.diffing import KIND_ORDER, diff, inventory_summary
-from watcher.fake_kubelet import FakeKubelet
-from watcher.fake_node import GIB, FakeClaim, FakeClaimDevice, FakeMemory, FakePod, default_node
-from watcher.inventory import Inventory, build
 from watcher.kubeletapi.v1 import api_pb2
+from watcher.model.changes import DIFF_KINDS, Change, Kind
+from watcher.model.diff import KIND_ORDER, diff, inventory_summary
+from watcher.model.inventory import Inventory, build
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_node import GIB, FakeClaim, FakeClaimDevice, FakeMemory, FakePod, default_node
 
 GPU = "nvidia.com/gpu"
 NIC = "intel.com/sriov_netdevice"

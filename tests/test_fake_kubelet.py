@@ -7,11 +7,11 @@ import os
 import time
 from pathlib import Path
 
-from watcher.client import PodResourcesClient
-from watcher.fake_kubelet import FakeKubelet
-from watcher.fake_node import FakeDevice, FakeNode, FakePod, default_node
-from watcher.inventory import build
+from watcher.kubelet.client import PodResourcesClient
+from watcher.model.inventory import build
 from watcher.ratelimit import TokenBucket
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_node import FakeDevice, FakeNode, FakePod, default_node
 
 GPU = "nvidia.com/gpu"
 

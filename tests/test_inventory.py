@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from watcher.fake_kubelet import FakeKubelet
-from watcher.fake_node import large_node
-from watcher.inventory import (
+from watcher.kubeletapi.v1 import api_pb2
+from watcher.model.inventory import (
     FORMAT,
     Claim,
     ClaimDevice,
@@ -30,7 +29,8 @@ from watcher.inventory import (
     cpuset_string,
     from_canonical,
 )
-from watcher.kubeletapi.v1 import api_pb2
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_node import large_node
 
 GPU = "nvidia.com/gpu"
 NIC = "intel.com/sriov_netdevice"

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from watcher import inventory
-from watcher.inventory import ClaimDevice, Inventory, build, from_canonical
 from watcher.kubeletapi.v1 import api_pb2
+from watcher.model import inventory
+from watcher.model.inventory import ClaimDevice, Inventory, build, from_canonical
 
 T = TypeVar("T")
 

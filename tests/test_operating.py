@@ -19,9 +19,9 @@ from aiohttp import web
 from tests.agent_harness import Running, make_settings, running_agent, serve_post
 from tests.conftest import PLANTED_SECRET
 from watcher.cli import main
-from watcher.fake_kubelet import FakeKubelet
 from watcher.secrets import Secret
 from watcher.settings import FileSinkSettings, StdoutSinkSettings, WebhookSinkSettings
+from watcher.sim.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,11 +25,11 @@ from structlog.testing import capture_logs
 
 from tests.agent_harness import write_agent_config
 from tests.conftest import fill
-from watcher.audit import make_record, verify_files
-from watcher.changes import Change, Kind, Severity
-from watcher.events import Event, envelope, new_cycle_id
-from watcher.fake_kubelet import FakeKubelet
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.events import Event, envelope, new_cycle_id
 from watcher.settings import FileSinkSettings
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sinks.audit import make_record, verify_files
 from watcher.sinks.file import FileSink
 
 GPU = "nvidia.com/gpu"

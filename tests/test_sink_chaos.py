@@ -30,7 +30,7 @@ import pytest
 from aiohttp import web
 
 from tests.agent_harness import write_agent_config
-from watcher.fake_kubelet import FakeKubelet
+from watcher.sim.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,14 +30,14 @@ import structlog
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from tests.receivers import PagerDutyReceiver, Receiver, SlackReceiver, WebhookReceiver
-from watcher.changes import Change, Kind, Severity
-from watcher.delivering import Dispatcher, SinkWorker
-from watcher.events import Event, envelope, event_schema
-from watcher.lifecycle import reachable, unreachable
-from watcher.outbox import Outbox
+from watcher.delivery.dispatcher import Dispatcher, SinkWorker
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.events import Event, envelope, event_schema
+from watcher.model.lifecycle import reachable, unreachable
 from watcher.settings import SinkSettings, parse_settings
 from watcher.sinks import Outcome, Sink, build_sink
 from watcher.sinks.http import outcome_of, parse_retry_after
+from watcher.store.outbox import Outbox
 
 NODE = "node-a"
 GPU = "nvidia.com/gpu"

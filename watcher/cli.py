@@ -15,20 +15,25 @@ from pathlib import Path
 import structlog
 
 from watcher import __version__, errors
-from watcher.agent import Agent
-from watcher.audit import verify_files
-from watcher.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT, PodResourcesClient
-from watcher.demo import run_demo
-from watcher.fake_kubelet import FakeKubelet
-from watcher.fake_node import default_node, large_node
-from watcher.logs import configure_logging
-from watcher.outbox import OUTBOX_FILE, Outbox
-from watcher.running import stop_on_signals
+from watcher.app import Agent
+from watcher.kubelet.client import (
+    DEFAULT_MAX_RECEIVE_BYTES,
+    DEFAULT_SOCKET,
+    DEFAULT_TIMEOUT,
+    PodResourcesClient,
+)
+from watcher.ops.logs import configure_logging
 from watcher.secrets import redact
 from watcher.settings import ConfigError, Settings, load_settings
+from watcher.sim.demo import run_demo
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_node import default_node, large_node
+from watcher.sim.send_test import MemoryStore, synthetic_events
 from watcher.sinks import build_sink
+from watcher.sinks.audit import verify_files
 from watcher.snapshot import format_json, format_table, take_snapshot
-from watcher.testing import MemoryStore, synthetic_events
+from watcher.store.outbox import OUTBOX_FILE, Outbox
+from watcher.supervision import stop_on_signals
 
 __all__ = ["main", "build_parser"]
 

@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 
 from watcher import errors
 from watcher.backoff import Backoff, retry
-from watcher.client import PodResourcesClient
-from watcher.inventory import Inventory, Memory, build, cpuset_string
+from watcher.kubelet.client import PodResourcesClient
 from watcher.kubeletapi.v1 import api_pb2
+from watcher.model.inventory import Inventory, Memory, build, cpuset_string
 
 __all__ = ["Snapshot", "take_snapshot", "format_table", "format_json", "format_bytes"]
 

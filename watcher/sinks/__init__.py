@@ -1,5 +1,5 @@
 """Where events go. Sinks know nothing of the kubelet: they get events, in `seq` order, and
-answer with an Outcome that the one retry policy in `watcher.delivering` acts on."""
+answer with an Outcome that the one retry policy in `watcher.delivery.dispatcher` acts on."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from watcher.events import Event
-from watcher.routing import Route
+from watcher.model.events import Event
+from watcher.model.routing import Route
 from watcher.settings import BaseSinkSettings, SinkSettings
 
 __all__ = ["Outcome", "Sink", "KeyValue", "build_sink", "build_sinks", "route_of"]
@@ -60,7 +60,7 @@ class Sink(Protocol):
 
 
 def route_of(settings: BaseSinkSettings, *, resolutions: bool = False) -> Route:
-    from watcher.changes import Severity
+    from watcher.model.changes import Severity
 
     return Route(
         kinds=settings.kinds,

@@ -18,8 +18,8 @@ from typing import Any
 
 import structlog
 
-from watcher.conditions import condition_of
-from watcher.events import Event, rfc3339
+from watcher.model.conditions import condition_of
+from watcher.model.events import Event, rfc3339
 from watcher.settings import AlertmanagerSinkSettings
 from watcher.sinks import KeyValue, Outcome
 from watcher.sinks.http import HttpClient

@@ -1,7 +1,7 @@
 """The audit log of device churn: append-only JSONL, tamper-evident, rotated by size.
 
 Each record carries the hash of the one before it and the chain continues
-across rotations and agent restarts (see `watcher.audit`). Delivery is in seq
+across rotations and agent restarts (see `watcher.sinks.audit`). Delivery is in seq
 order, so an event the log already holds (re-sent after a crash) is skipped:
 the log itself holds each event once.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import structlog
 
-from watcher.audit import GENESIS, last_record, make_record
-from watcher.events import Event
+from watcher.model.events import Event
 from watcher.settings import FileSinkSettings
 from watcher.sinks import Outcome
+from watcher.sinks.audit import GENESIS, last_record, make_record
 
 __all__ = ["FileSink"]
 

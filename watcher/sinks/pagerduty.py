@@ -1,6 +1,6 @@
 """PagerDuty Events API v2: trigger a condition, resolve it with the same dedup_key.
 
-Conditions (watcher.conditions): a device gone from allocatable (node +
+Conditions (watcher.model.conditions): a device gone from allocatable (node +
 resource + device) and the kubelet unreachable (node + kubelet). Keys that
 are open are remembered in the outbox, so a resolve goes only to what was
 triggered, and survives agent restarts.
@@ -13,8 +13,8 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from watcher.conditions import condition_of
-from watcher.events import Event
+from watcher.model.conditions import condition_of
+from watcher.model.events import Event
 from watcher.settings import PagerDutySinkSettings
 from watcher.sinks import KeyValue, Outcome
 from watcher.sinks.http import HttpClient

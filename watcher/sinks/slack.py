@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from watcher.events import Event
+from watcher.model.events import Event
 from watcher.settings import SlackSinkSettings
 from watcher.sinks import Outcome
 from watcher.sinks.http import HttpClient

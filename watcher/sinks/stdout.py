@@ -6,7 +6,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TextIO
 
-from watcher.events import Event
+from watcher.model.events import Event
 from watcher.settings import StdoutSinkSettings
 from watcher.sinks import Outcome
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from watcher.events import Event
+from watcher.model.events import Event
 from watcher.secrets import expand_env
 from watcher.settings import WebhookSinkSettings, check_signing_secret
 from watcher.sinks import Outcome

@@ -30,7 +30,7 @@ def _redact_secrets(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Mu
 
 
 def _component(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """Every line says which part of the agent wrote it (watcher.agent -> agent)."""
+    """Every line says which part of the agent wrote it (watcher.app -> agent)."""
     name = event_dict.pop("logger", None)
     if name and "component" not in event_dict:
         event_dict["component"] = str(name).removeprefix("watcher.")

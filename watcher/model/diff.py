@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from watcher.changes import Change, Kind, Severity
-from watcher.inventory import (
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.inventory import (
     Claim,
     ClaimDevice,
     Container,

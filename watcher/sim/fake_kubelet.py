@@ -32,10 +32,10 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from watcher.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
-from watcher.inventory import cpuset_string
 from watcher.kubeletapi.v1 import api_pb2
+from watcher.model.inventory import cpuset_string
 from watcher.ratelimit import TokenBucket
+from watcher.sim.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
 
 __all__ = ["FakeKubelet", "METHODS"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from watcher.changes import Change, Kind, Severity
-from watcher.events import Event, envelope, new_cycle_id
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.events import Event, envelope, new_cycle_id
 
 __all__ = ["MemoryStore", "synthetic_events", "TEST_RESOURCE"]
 

@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from watcher.inventory import Inventory
-from watcher.outbox import SinkStats
+from watcher.model.inventory import Inventory
+from watcher.store.outbox import SinkStats
 
 __all__ = ["Metrics", "CONTENT_TYPE"]
 

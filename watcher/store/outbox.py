@@ -26,14 +26,14 @@ from typing import Any, TypeVar
 
 import structlog
 
-from watcher.events import Event
+from watcher.model.events import Event
 
 __all__ = ["Outbox", "OUTBOX_FILE", "OutboxUnavailableError", "DeadLetter", "SinkStats"]
 
 OUTBOX_FILE = "outbox.db"
 T = TypeVar("T")
 
-log = structlog.get_logger("watcher.outbox")
+log = structlog.get_logger("watcher.store.outbox")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (

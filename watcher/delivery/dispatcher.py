@@ -19,17 +19,17 @@ from collections.abc import Awaitable, Callable, Sequence
 import structlog
 
 from watcher.backoff import Backoff
-from watcher.events import Event
-from watcher.outbox import Outbox
+from watcher.model.events import Event
 from watcher.ratelimit import RateLimiter
-from watcher.running import sleep_or_stop
 from watcher.secrets import redact
 from watcher.settings import AlertmanagerSinkSettings, PagerDutySinkSettings
 from watcher.sinks import Outcome, Sink, route_of
+from watcher.store.outbox import Outbox
+from watcher.supervision import sleep_or_stop
 
 __all__ = ["Dispatcher", "SinkWorker", "DeliveryObserver"]
 
-log = structlog.get_logger("watcher.delivering")
+log = structlog.get_logger("watcher.delivery.dispatcher")
 
 # (sink name, result, events, seconds from event creation to delivery or failure)
 DeliveryObserver = Callable[[str, str, Sequence[Event], float], None]

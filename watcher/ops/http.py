@@ -12,11 +12,11 @@ from typing import Any, Protocol
 import structlog
 from aiohttp import web
 
-from watcher.metrics import CONTENT_TYPE
+from watcher.ops.metrics import CONTENT_TYPE
 
 __all__ = ["Health", "HttpServer", "Status"]
 
-log = structlog.get_logger("watcher.serving")
+log = structlog.get_logger("watcher.ops.http")
 
 
 @dataclass(frozen=True)

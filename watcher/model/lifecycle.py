@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from watcher.changes import Change, Kind, Severity
-from watcher.diffing import inventory_summary
-from watcher.inventory import Inventory
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.diff import inventory_summary
+from watcher.model.inventory import Inventory
 
 __all__ = [
     "started",

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from watcher.changes import Kind
-from watcher.events import Event
+from watcher.model.changes import Kind
+from watcher.model.events import Event
 
 __all__ = ["Condition", "condition_of", "CONDITION_KINDS"]
 

@@ -24,30 +24,31 @@ from typing import Any, TypeVar
 import structlog
 from google.protobuf.message import DecodeError
 
-from watcher import errors, lifecycle
+from watcher import errors
 from watcher.backoff import Backoff
-from watcher.changes import LIFECYCLE_KINDS, Change, Severity
-from watcher.client import PodResourcesClient
-from watcher.decoding import Decoder, Outcome
-from watcher.delivering import Dispatcher
-from watcher.diffing import diff
-from watcher.events import Event, envelope, new_cycle_id
-from watcher.identity import FileIdentity, SocketState, is_replacement, probe_socket
-from watcher.inventory import Inventory
-from watcher.metrics import Metrics
-from watcher.outbox import OUTBOX_FILE, Outbox, OutboxUnavailableError
+from watcher.cycle.state import SavedState, state_from_json, state_to_json
+from watcher.delivery.dispatcher import Dispatcher
+from watcher.kubelet.client import PodResourcesClient
+from watcher.kubelet.decoding import Decoder, Outcome
+from watcher.kubelet.identity import FileIdentity, SocketState, is_replacement, probe_socket
+from watcher.kubelet.triggers import Trigger
+from watcher.kubelet.watching import DirectoryWatch
+from watcher.model import lifecycle
+from watcher.model.changes import LIFECYCLE_KINDS, Change, Severity
+from watcher.model.diff import diff
+from watcher.model.events import Event, envelope, new_cycle_id
+from watcher.model.inventory import Inventory
+from watcher.ops.http import Health, HttpServer
+from watcher.ops.metrics import Metrics
 from watcher.ratelimit import RateLimiter
-from watcher.running import sleep_or_stop, supervise
-from watcher.serving import Health, HttpServer
 from watcher.settings import Settings, parse_listen
 from watcher.sinks import Sink, build_sinks
-from watcher.state import SavedState, state_from_json, state_to_json
-from watcher.triggers import Trigger
-from watcher.watching import DirectoryWatch
+from watcher.store.outbox import OUTBOX_FILE, Outbox, OutboxUnavailableError
+from watcher.supervision import sleep_or_stop, supervise
 
 __all__ = ["Agent", "AgentStats", "STATE_FILE_NAMES"]
 
-log = structlog.get_logger("watcher.agent")
+log = structlog.get_logger("watcher.app")
 T = TypeVar("T")
 
 # Kubelet state files that are rewritten (temp + rename) when the inventory changes.

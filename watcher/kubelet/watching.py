@@ -4,7 +4,7 @@ The kubelet replaces its socket on every start (unlink, listen on a temporary
 name, rename into place), so the DIRECTORY is watched, never the socket file.
 Directory events are only a prompt: a delete and a create may arrive in one
 batch, in any order, or not at all, so callers decide with the file's identity
-(watcher.identity) and use the events as evidence.
+(watcher.kubelet.identity) and use the events as evidence.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import structlog
 import watchfiles
 from watchfiles._rust_notify import WatchfilesRustInternalError
 
-from watcher.running import StopFlag, sleep_or_stop
+from watcher.supervision import StopFlag, sleep_or_stop
 
 __all__ = ["DirectoryWatch", "Batch", "StopFlag"]
 
-log = structlog.get_logger("watcher.watching")
+log = structlog.get_logger("watcher.kubelet.watching")
 
 # name -> what happened to it: "added", "deleted", "modified". Empty: a tick.
 Batch = dict[str, set[str]]

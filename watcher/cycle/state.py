@@ -1,7 +1,7 @@
 """The watcher's persisted state: the last inventory, `seq`, and the socket it came from.
 
 It is stored in the outbox database, in the same transaction as the events it
-produced (watcher.outbox), so it can never move past an event that is not
+produced (watcher.store.outbox), so it can never move past an event that is not
 safely queued. This module turns it into JSON and back; anything unreadable is
 a warning and a fresh baseline, never a crash.
 """
@@ -14,14 +14,14 @@ from typing import Any
 
 import structlog
 
-from watcher.identity import FileIdentity
-from watcher.inventory import Inventory, from_canonical
+from watcher.kubelet.identity import FileIdentity
+from watcher.model.inventory import Inventory, from_canonical
 
 __all__ = ["SavedState", "state_to_json", "state_from_json", "VERSION"]
 
 VERSION = 2
 
-log = structlog.get_logger("watcher.state")
+log = structlog.get_logger("watcher.cycle.state")
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from watcher.changes import Severity
-from watcher.conditions import CONDITION_KINDS, condition_of
-from watcher.events import Event
+from watcher.model.changes import Severity
+from watcher.model.conditions import CONDITION_KINDS, condition_of
+from watcher.model.events import Event
 
 __all__ = ["Route", "names_in"]
 

@@ -17,7 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from watcher.changes import Change, Kind, Severity
+from watcher.model.changes import Change, Kind, Severity
 
 __all__ = ["SCHEMA_VERSION", "Event", "new_cycle_id", "envelope", "event_schema"]
 

@@ -17,7 +17,7 @@ import structlog
 
 __all__ = ["StopFlag", "TaskExitedError", "sleep_or_stop", "stop_on_signals", "supervise"]
 
-log = structlog.get_logger("watcher.running")
+log = structlog.get_logger("watcher.supervision")
 
 
 class TaskExitedError(RuntimeError):

@@ -1,7 +1,7 @@
 """The state a fake kubelet serves: devices, CPUs, memory and pods, plus a built-in node.
 
 Plain mutable data, scripted by tests, the demo and the benchmarks through
-`watcher.fake_kubelet.FakeKubelet`.
+`watcher.sim.fake_kubelet.FakeKubelet`.
 """
 
 from __future__ import annotations

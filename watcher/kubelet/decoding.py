@@ -29,8 +29,8 @@ import enum
 from dataclasses import dataclass
 from operator import attrgetter
 
-from watcher.inventory import Inventory, Pod, build, build_allocatable, build_pod
 from watcher.kubeletapi.v1 import api_pb2, views_pb2
+from watcher.model.inventory import Inventory, Pod, build, build_allocatable, build_pod
 
 __all__ = ["Decoder", "Outcome"]
 

@@ -22,12 +22,9 @@ from typing import TextIO
 
 from aiohttp import web
 
-from watcher.agent import Agent
-from watcher.audit import verify_files
-from watcher.events import Event
-from watcher.fake_kubelet import FakeKubelet
-from watcher.logs import configure_logging
-from watcher.running import stop_on_signals
+from watcher.app import Agent
+from watcher.model.events import Event
+from watcher.ops.logs import configure_logging
 from watcher.secrets import Secret
 from watcher.settings import (
     FileSinkSettings,
@@ -39,6 +36,9 @@ from watcher.settings import (
     WatchSettings,
     WebhookSinkSettings,
 )
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sinks.audit import verify_files
+from watcher.supervision import stop_on_signals
 
 __all__ = ["run_demo"]
 
