@@ -38,9 +38,9 @@ async def agent_for_cycles(sock: Path, state: Path) -> Agent:
         sinks=(),
     )
     agent = Agent(settings)
-    agent.limiter.capacity = 10**9  # measure the cycle, not our own rate cap
+    agent.reactor.limiter.capacity = 10**9  # measure the cycle, not our own rate cap
     # As agent.run() does: open the outbox and restore the state, so commits are accepted.
-    if not await agent._open_outbox(first=True):
+    if not await agent.open():
         raise SystemExit(f"cannot open the outbox in {state}")
     return agent
 
@@ -50,19 +50,18 @@ async def main(sock: Path, state: Path, cycles: int) -> dict[str, float]:
     agent = await agent_for_cycles(sock, state)
     reasons = frozenset({"bench"})
     for _ in range(100):
-        await agent._cycle(reasons)
+        await agent.requery(reasons)
     out = {"start": rss_mib()}
     t0 = time.monotonic()
     for i in range(cycles):
-        await agent._cycle(reasons)
+        await agent.requery(reasons)
         if i == cycles // 2:
             out["middle"] = rss_mib()
     out["seconds"] = time.monotonic() - t0
     out["end"] = rss_mib()
-    out["events"] = agent.stats.events
-    out["commit_failures"] = agent.stats.commit_failures
-    await agent.client.close()
-    await agent.outbox.close()
+    out["events"] = agent.metrics.value("events_total")
+    out["commit_failures"] = agent.metrics.value("state_commit_failures_total")
+    await agent.close()
     return out
 
 

@@ -274,19 +274,19 @@ async def bench_unchanged(cycles: int, blocks: int = 10) -> dict[str, Any]:
             try:
                 agent = await agent_for_cycles(sock, root / "state")
                 reasons = frozenset({"bench"})
-                await agent._cycle(reasons)  # baseline inventory
+                await agent.requery(reasons)  # baseline inventory
                 channel = aio.insecure_channel(
                     f"unix://{sock}", options=[("grpc.max_receive_message_length", 64 << 20)]
                 )
                 alloc, lst = channel.unary_unary(ALLOC), channel.unary_unary(LIST)
                 await alloc(b""), await lst(b"")
-                events = agent.stats.events
+                events = agent.metrics.value("events_total")
                 decoded = dataclasses.replace(agent.decoder.stats)
                 ours = bare = 0.0
                 for _ in range(blocks):
                     c0 = time.process_time()
                     for _ in range(per_block):
-                        await agent._cycle(reasons)
+                        await agent.requery(reasons)
                     ours += time.process_time() - c0
                     c0 = time.process_time()
                     for _ in range(per_block):
@@ -296,19 +296,18 @@ async def bench_unchanged(cycles: int, blocks: int = 10) -> dict[str, Any]:
                     bare += time.process_time() - c0
                 stats = agent.decoder.stats
                 n = blocks * per_block
-                assert agent.stats.commit_failures == 0, "cycles failed to commit"
+                assert agent.metrics.value("state_commit_failures_total") == 0, "cycles failed to commit"
                 out[label] = {
                     "ours": ours / n,
                     "bare": bare / n,
                     "cycles": n,
-                    "events": agent.stats.events - events,
+                    "events": agent.metrics.value("events_total") - events,
                     "same_bytes": stats.same_bytes - decoded.same_bytes,
                     "reordered": stats.reordered - decoded.reordered,
                     "pods_rebuilt": stats.pods_rebuilt - decoded.pods_rebuilt,
                 }
                 await channel.close()
-                await agent.client.close()
-                await agent.outbox.close()
+                await agent.close()
             finally:
                 proc.terminate()
                 proc.wait(10)

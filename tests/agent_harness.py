@@ -69,11 +69,16 @@ class Running:
     task: asyncio.Task[None]
     _marks: int = 0
 
+    def queries_ok(self) -> float:
+        """Re-queries the kubelet answered (changed or not)."""
+        m = self.agent.metrics
+        return m.value("requeries_total", result="changed") + m.value("requeries_total", result="unchanged")
+
     async def quiet_cycle(self, timeout: float = 10.0) -> None:
         """Force one more complete re-query and wait for it: anything pending shows by then."""
         self._marks += 1
         mark = f"test-{self._marks}"
-        self.agent.trigger.fire(mark)
+        self.agent.wake(mark)
         await self.recorder.until(lambda: any(mark in r for r in self.recorder.reasons), timeout)
 
 
@@ -122,7 +127,7 @@ async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterat
     agent.subscribe(recorder.on_event)
     agent.subscribe_cycles(recorder.on_cycle)
     # Deliveries wake waiters too, so a test can wait on what a sink received.
-    agent.dispatcher.observers.append(lambda *_: recorder._changed.set())
+    agent.subscribe_deliveries(lambda *_: recorder._changed.set())
     task = asyncio.create_task(agent.run(), name="agent-under-test")
     recorder.task = task
     task.add_done_callback(lambda _: recorder._changed.set())

@@ -53,11 +53,11 @@ async def test_each_kubelet_restart_is_reported_once_and_requeried_at_once(
     async with await _started(fake, short_tmp) as run:
         await run.recorder.kinds_after(0, 1)
         mark = len(run.recorder.events)
-        reconnects = run.agent.stats.reconnects
+        reconnects = run.agent.metrics.value("reconnects_total")
         await fake.restart(downtime=downtime)
         assert await run.recorder.kinds_after(mark, 1) == ["kubelet.restarted"]
         # A fresh channel was dialled for the new socket.
-        assert run.agent.stats.reconnects == reconnects + 1
+        assert run.agent.metrics.value("reconnects_total") == reconnects + 1
         assert fake.started_at is not None
         await run.recorder.until(lambda: fake.first_call_at is not None)
         assert fake.first_call_at is not None
@@ -131,14 +131,14 @@ async def test_shuffled_unchanged_answers_produce_no_events(fake: FakeKubelet, s
     async with await _started(fake, short_tmp, max_rpc_rate=50) as run:
         await run.recorder.kinds_after(0, 1)
         mark = len(run.recorder.events)
-        parsed_before = run.agent.stats.parsed
+        parsed_before = run.agent.decoder.stats.parsed
         rebuilt_before = run.agent.decoder.stats.pods_rebuilt
         for _ in range(100):
             await run.quiet_cycle()
         assert run.recorder.kinds(mark) == []
         # Every answer came shuffled, so each one was decoded and found equal,
         # without building a single pod again.
-        assert run.agent.stats.parsed - parsed_before == 100
+        assert run.agent.decoder.stats.parsed - parsed_before == 100
         assert run.agent.decoder.stats.pods_rebuilt == rebuilt_before
 
 
@@ -146,11 +146,11 @@ async def test_identical_bytes_take_the_fast_path(short_tmp: Path) -> None:
     fake = FakeKubelet(short_tmp / "kubelet", shuffle=False)
     async with fake, _agent(fake, short_tmp) as run:
         await run.recorder.kinds_after(0, 1)
-        parsed = run.agent.stats.parsed
+        parsed = run.agent.decoder.stats.parsed
         for _ in range(10):
             await run.quiet_cycle()
-        assert run.agent.stats.parsed == parsed
-        assert run.agent.stats.fast_path >= 10
+        assert run.agent.decoder.stats.parsed == parsed
+        assert run.agent.decoder.stats.same_bytes >= 10
 
 
 async def test_state_file_change_is_reported_within_a_second(fake: FakeKubelet, short_tmp: Path) -> None:
@@ -267,7 +267,7 @@ async def test_unreachable_after_grace_then_reachable(fake: FakeKubelet, short_t
     async with await _started(fake, short_tmp, unreachable_grace=0.5) as run:
         await run.recorder.kinds_after(0, 1)
         await fake.stop()  # the stale socket stays, nobody answers
-        run.agent.trigger.fire("test")
+        run.agent.wake("test")
         assert await run.recorder.kinds_after(1, 1) == ["kubelet.unreachable"]
         assert run.recorder.events[-1].severity == "critical"
         await fake.start()
@@ -300,14 +300,14 @@ async def test_rate_limited_queries_back_off_and_nothing_is_lost(short_tmp: Path
         await run.recorder.kinds_after(0, 1, timeout=20)
         mark = len(run.recorder.events)
         for _ in range(5):
-            run.agent.trigger.fire("burst", urgent=True)
+            run.agent.wake("burst", urgent=True)
             await asyncio.sleep(0)
         fake.add_device(GPU, "GPU-x", (0,))
         await run.recorder.kinds_after(mark, 2, timeout=20)
         await run.quiet_cycle(timeout=20)
         assert sorted(run.recorder.kinds(mark)) == ["capacity.changed", "device.added"]
         assert fake.rejected > 0
-        assert run.agent.stats.rate_limited > 0
+        assert run.agent.metrics.value("requeries_total", result="rate_limited") > 0
         # Backing off, not hammering: without backoff the 50/s cap alone would
         # let about 50 calls a second into a bucket that refills 4/s.
         assert fake.rejected < 15
@@ -414,7 +414,7 @@ async def test_chmod_of_the_socket_is_not_a_restart(fake: FakeKubelet, short_tmp
         await run.quiet_cycle()
         await run.quiet_cycle()
         assert run.recorder.kinds(mark) == []
-        assert run.agent.stats.reconnects == 1  # the first connection only
+        assert run.agent.metrics.value("reconnects_total") == 1  # the first connection only
 
 
 async def test_list_disabled_is_reported_once_and_the_agent_keeps_trying(
@@ -427,7 +427,7 @@ async def test_list_disabled_is_reported_once_and_the_agent_keeps_trying(
         assert run.recorder.events[1].severity == "critical"
         assert run.recorder.events[1].details["method"] == "List"
         fake.enable("List")
-        await run.recorder.until(lambda: run.agent.stats.queries_ok > 0)
+        await run.recorder.until(lambda: run.queries_ok() > 0)
         await run.quiet_cycle()
         assert run.recorder.kinds().count("api.degraded") == 1
 
@@ -457,9 +457,11 @@ async def test_reconnects_at_once_even_after_failing_queries_during_the_downtime
         await run.recorder.kinds_after(0, 1)
         await fake.stop()
         for _ in range(8):
-            failed = run.agent.stats.queries_failed
-            run.agent.trigger.fire("probe")
-            await run.recorder.until(lambda f=failed: run.agent.stats.queries_failed > f)
+            failed = run.agent.metrics.value("requeries_total", result="failed")
+            run.agent.wake("probe")
+            await run.recorder.until(
+                lambda f=failed: run.agent.metrics.value("requeries_total", result="failed") > f
+            )
             await asyncio.sleep(0.5)  # the old subchannel's backoff grows with time between attempts
         await fake.start()
         assert fake.started_at is not None

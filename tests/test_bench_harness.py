@@ -13,10 +13,11 @@ async def test_the_bench_agent_commits_its_cycles(kubelet: FakeKubelet, short_tm
     agent = await agent_for_cycles(kubelet.socket_path, short_tmp / "bench-state")
     try:
         for _ in range(3):
-            await agent._cycle(frozenset({"bench"}))
-        assert agent.stats.commit_failures == 0
+            await agent.requery(frozenset({"bench"}))
+        assert agent.metrics.value("state_commit_failures_total") == 0
         assert agent.inventory is not None
-        assert agent.stats.events == 1  # watcher.started, then nothing: the node did not change
+        assert (
+            agent.metrics.value("events_total") == 1
+        )  # watcher.started, then nothing: the node did not change
     finally:
-        await agent.client.close()
-        await agent.outbox.close()
+        await agent.close()

@@ -49,9 +49,11 @@ async def test_garbage_answers_are_logged_and_the_agent_recovers(short_tmp: Path
         async with fake, running_agent(make_settings(short_tmp), fake) as run:
             await run.recorder.kinds_after(0, 1)
             fake.answer_garbage("List")
-            failed = run.agent.stats.queries_failed
-            run.agent.trigger.fire("test")
-            await run.recorder.until(lambda: run.agent.stats.queries_failed > failed)
+            failed = run.agent.metrics.value("requeries_total", result="failed")
+            run.agent.wake("test")
+            await run.recorder.until(
+                lambda: run.agent.metrics.value("requeries_total", result="failed") > failed
+            )
             fake.enable("List")
             mark = len(run.recorder.events)
             fake.add_device(GPU, "GPU-after-garbage", (0,))
@@ -69,9 +71,11 @@ async def test_socket_path_becomes_a_directory_or_a_dangling_symlink(short_tmp: 
             await _logged(logs, lambda e: "not a socket" in e["event"])
             fake.socket_path.rmdir()
             os.symlink(short_tmp / "nowhere.sock", fake.socket_path)
-            failed = run.agent.stats.queries_failed
-            run.agent.trigger.fire("test")
-            await run.recorder.until(lambda: run.agent.stats.queries_failed > failed)
+            failed = run.agent.metrics.value("requeries_total", result="failed")
+            run.agent.wake("test")
+            await run.recorder.until(
+                lambda: run.agent.metrics.value("requeries_total", result="failed") > failed
+            )
             fake.socket_path.unlink()
             mark = len(run.recorder.events)
             await fake.start()
@@ -137,7 +141,7 @@ async def test_a_full_state_directory_is_loud_and_nothing_is_lost(
             fake.add_device(GPU, "GPU-while-full", (0,))
             await _logged(logs, lambda e: e["event"].startswith("could not commit"))
             assert run.recorder.kinds(mark) == []  # nothing emitted that is not stored
-            assert not run.agent.stats.events > mark  # and the agent is still there
+            assert not run.agent.metrics.value("events_total") > mark  # and the agent is still there
             # ...and says so where an operator looks.
             status, body = await _get(run, "/readyz")
             assert status == 503
@@ -412,11 +416,11 @@ async def test_a_failed_commit_is_retried_from_the_same_bytes_and_recovers_with_
             await run.recorder.kinds_after(0, 1)
             refusals = _Refusals(run.agent.outbox, "commit", OSError(28, "No space left on device"))
             refusals.arm()
-            fast = run.agent.stats.fast_path
+            fast = run.agent.decoder.stats.same_bytes
             fake.add_device(GPU, "GPU-refused-once", (0,))
             await _logged(logs, lambda e: e["event"].startswith("could not commit"))
             kinds = await run.recorder.kinds_after(1, 2)
-            assert run.agent.stats.fast_path > fast  # decided from byte-identical answers
+            assert run.agent.decoder.stats.same_bytes > fast  # decided from byte-identical answers
             await run.quiet_cycle()
             assert sorted(kinds) == ["capacity.changed", "device.added"]
             assert run.recorder.kinds().count("device.added") == 1

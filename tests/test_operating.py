@@ -109,15 +109,18 @@ async def test_readyz_fails_while_the_kubelet_is_down_and_recovers(short_tmp: Pa
         assert (await _get(run, "/readyz"))[0] == 200
         assert (await _get(run, "/healthz"))[0] == 200
         await fake.stop()
-        run.agent.trigger.fire("test")
-        await run.recorder.until(lambda: run.agent.stats.queries_failed > 0)
+        run.agent.wake("test")
+        await run.recorder.until(lambda: run.agent.metrics.value("requeries_total", result="failed") > 0)
         status, body = await _get(run, "/readyz")
         assert status == 503
         assert "not answering" in json.loads(body)["reason"]
         assert (await _get(run, "/healthz"))[0] == 200  # alive, just not ready
         await fake.start()
         await run.recorder.until(
-            lambda: run.agent.stats.queries_failed > 0 and run.agent._health.failing_since is None
+            lambda: (
+                run.agent.metrics.value("requeries_total", result="failed") > 0
+                and run.agent.kubelet_health.failing_since is None
+            )
         )
         status, body = await _get(run, "/readyz")
         assert status == 200, body

@@ -1,8 +1,13 @@
-"""One supervisor for every long-lived task: named, logged, stopped together.
+"""Task supervision, the one way the agent runs and stops long-lived work.
 
-The first task to crash (or to return while it should not) stops all of them
-and its error is re-raised; a stop request gives every task `grace` seconds to
-finish on its own before the rest are cancelled.
+- `Supervisor`: named tasks, added (and retired, on reload) while it runs. The first task to crash, or
+  to return while nothing asked it to stop, stops all of them and its error is re-raised; a stop
+  request gives every task `grace` seconds to finish on its own before the rest are cancelled.
+- `Scope`: a stop flag of its own that is also set when its parent is: what a part of the agent
+  that can be retired alone (a sink worker, one configuration's watches) checks.
+- `unless_stopped`, `wait_any`, `sleep_or_stop`: "this work, or the stop flag, whichever comes
+  first". Nothing else in the package races futures by hand: every such race is a chance to leak
+  a task.
 """
 
 from __future__ import annotations
@@ -11,17 +16,181 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
-__all__ = ["StopFlag", "TaskExitedError", "sleep_or_stop", "stop_on_signals", "supervise"]
+__all__ = [
+    "Scope",
+    "StopFlag",
+    "StoppedError",
+    "Supervisor",
+    "TaskExitedError",
+    "sleep_or_stop",
+    "stop_on_signals",
+    "supervise",
+    "unless_stopped",
+    "wait_any",
+]
 
 log = structlog.get_logger("watcher.supervision")
+T = TypeVar("T")
 
 
 class TaskExitedError(RuntimeError):
     """A supervised task returned although nothing asked it to stop."""
+
+
+class StoppedError(Exception):
+    """The stop flag was set before the work finished (the work was cancelled)."""
+
+
+class StopFlag(Protocol):
+    """asyncio.Event's reading half: what a loop checks to know it should end."""
+
+    def is_set(self) -> bool: ...
+    async def wait(self) -> Any: ...
+
+
+async def wait_any(*flags: StopFlag, within: float | None = None) -> None:
+    """Return when any of `flags` is set, or after `within` seconds."""
+    if any(f.is_set() for f in flags):
+        return
+    waits = [asyncio.ensure_future(f.wait()) for f in flags]
+    try:
+        await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+
+
+async def unless_stopped(stop: StopFlag, work: Awaitable[T]) -> T:
+    """The result of `work`, unless `stop` is set first: then `work` is cancelled and `StoppedError`
+    raised, so a hung call never holds up shutdown. A crash in `work` propagates."""
+    task = asyncio.ensure_future(work)
+    stop_wait = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop_wait.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(stop_wait, return_exceptions=True)
+    if task.cancelled() or not task.done():
+        await asyncio.gather(task, return_exceptions=True)
+        raise StoppedError
+    return task.result()
+
+
+async def sleep_or_stop(stop: StopFlag, seconds: float) -> None:
+    """Sleep `seconds`, or less if `stop` is set meanwhile."""
+    await wait_any(stop, within=max(0.0, seconds))
+
+
+class Scope:
+    """A stop flag set by its own `set()` (retired alone) or by its parent's (everything stops)."""
+
+    def __init__(self, parent: StopFlag) -> None:
+        self._parent = parent
+        self._own = asyncio.Event()
+
+    def is_set(self) -> bool:
+        return self._own.is_set() or self._parent.is_set()
+
+    def set(self) -> None:
+        self._own.set()
+
+    async def wait(self) -> bool:
+        await wait_any(self._own, self._parent)
+        return True
+
+
+class Supervisor:
+    """Named tasks under one stop flag; see the module docstring."""
+
+    def __init__(self, stop: asyncio.Event, *, grace: float = 10.0) -> None:
+        self.stop = stop
+        self.grace = grace
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._changed = asyncio.Event()
+
+    @property
+    def tasks(self) -> Mapping[str, asyncio.Task[None]]:
+        """The supervised tasks by name (health checks report the ones that ended)."""
+        return dict(self._tasks)
+
+    def spawn(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
+        """Start `factory()` as task `name`; allowed while `run()` is waiting."""
+        if name in self._tasks and not self._tasks[name].done():
+            raise RuntimeError(f"task {name} is already running")
+        self._tasks[name] = asyncio.create_task(_as_coroutine(factory), name=name)
+        self._changed.set()
+
+    async def retire(self, names: list[str], *, grace: float) -> None:
+        """Stop watching these tasks (they were asked to end), wait `grace` seconds, then cancel them."""
+        tasks = [t for n in names if (t := self._tasks.pop(n, None)) is not None]
+        self._changed.set()
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def run(self) -> None:
+        """Wait until the stop flag or a failure, then stop everything (see the module docstring)."""
+        stopper: asyncio.Task[Any] = asyncio.create_task(self.stop.wait(), name="stop-request")
+        failure: BaseException | None = None
+        try:
+            while failure is None and not self.stop.is_set():
+                self._changed.clear()
+                changed = asyncio.create_task(self._changed.wait(), name="supervisor-changed")
+                current = {task: name for name, task in self._tasks.items()}
+                try:
+                    done, _ = await asyncio.wait(
+                        [*current, stopper, changed], return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    changed.cancel()
+                    await asyncio.gather(changed, return_exceptions=True)
+                for finished in done:
+                    name = current.get(finished)
+                    # A task retired meanwhile ended on purpose.
+                    if name is None or self._tasks.get(name) is not finished:
+                        continue
+                    failure = self._failure(name, finished) or failure
+        finally:
+            self.stop.set()
+            await self._stop_all(failure)
+            stopper.cancel()
+            await asyncio.gather(stopper, return_exceptions=True)
+        if failure is not None:
+            raise failure
+
+    def _failure(self, name: str, task: asyncio.Task[None]) -> BaseException | None:
+        if task.cancelled():
+            return TaskExitedError(f"task {name} was cancelled")
+        if (exc := task.exception()) is not None:
+            log.error("task crashed; stopping", task=name, error=repr(exc), exc_info=exc)
+            return exc
+        if not self.stop.is_set():
+            log.error("task exited unexpectedly; stopping", task=name)
+            return TaskExitedError(f"task {name} exited unexpectedly")
+        return None
+
+    async def _stop_all(self, failure: BaseException | None) -> None:
+        running = {task: name for name, task in self._tasks.items()}
+        pending = [t for t in running if not t.done()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=self.grace)
+            for task in still:
+                log.warning("task did not stop in time; cancelling", task=running[task], grace_s=self.grace)
+                task.cancel()
+            await asyncio.gather(*still, return_exceptions=True)
+        for task, name in running.items():
+            if failure is None and task.done() and not task.cancelled() and task.exception() is not None:
+                log.error("task failed while stopping", task=name, error=repr(task.exception()))
 
 
 async def supervise(
@@ -29,48 +198,12 @@ async def supervise(
     *,
     stop: asyncio.Event,
     grace: float = 10.0,
-    on_start: Callable[[dict[str, asyncio.Task[None]]], None] | None = None,
 ) -> None:
-    running: dict[asyncio.Task[None], str] = {}
-    for task_name, factory in tasks.items():
-        running[asyncio.create_task(_as_coroutine(factory), name=task_name)] = task_name
-    if on_start is not None:
-        # Lets health checks see which supervised tasks are alive.
-        on_start({name: task for task, name in running.items()})
-    stopper: asyncio.Task[Any] = asyncio.create_task(stop.wait(), name="stop-request")
-    failure: BaseException | None = None
-    try:
-        waiting: list[asyncio.Task[Any]] = [*running, stopper]
-        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        for finished in done:
-            name = running.get(finished)
-            if name is None:
-                continue
-            if finished.cancelled():
-                failure = TaskExitedError(f"task {name} was cancelled")
-            elif (exc := finished.exception()) is not None:
-                failure = exc
-                log.error("task crashed; stopping", task=name, error=repr(exc), exc_info=exc)
-            elif not stop.is_set():
-                failure = TaskExitedError(f"task {name} exited unexpectedly")
-                log.error("task exited unexpectedly; stopping", task=name)
-    finally:
-        stop.set()
-        pending = [t for t in running if not t.done()]
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=grace)
-            for task in still:
-                log.warning("task did not stop in time; cancelling", task=running[task], grace_s=grace)
-                task.cancel()
-            await asyncio.gather(*still, return_exceptions=True)
-        for task in running:
-            if task.done() and not task.cancelled() and task.exception() is not None and failure is None:
-                exc = task.exception()
-                log.error("task failed while stopping", task=running[task], error=repr(exc))
-        stopper.cancel()
-        await asyncio.gather(stopper, return_exceptions=True)
-    if failure is not None:
-        raise failure
+    """Run `tasks` under a fresh Supervisor until `stop` or the first failure."""
+    supervisor = Supervisor(stop, grace=grace)
+    for name, factory in tasks.items():
+        supervisor.spawn(name, factory)
+    await supervisor.run()
 
 
 async def _as_coroutine(factory: Callable[[], Awaitable[None]]) -> None:
@@ -90,16 +223,3 @@ def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
-
-
-class StopFlag(Protocol):
-    """asyncio.Event's reading half: what a loop checks to know it should end."""
-
-    def is_set(self) -> bool: ...
-    async def wait(self) -> Any: ...
-
-
-async def sleep_or_stop(stop: StopFlag, seconds: float) -> None:
-    """Sleep `seconds`, or less if `stop` is set meanwhile."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), max(0.0, seconds))

@@ -9,15 +9,16 @@ a warning and a fresh baseline, never a crash.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from watcher.kubelet.health import KubeletHealth
 from watcher.kubelet.identity import FileIdentity
 from watcher.model.inventory import Inventory, from_canonical
 
-__all__ = ["SavedState", "state_to_json", "state_from_json", "VERSION"]
+__all__ = ["CycleState", "SavedState", "state_to_json", "state_from_json", "VERSION"]
 
 VERSION = 2
 
@@ -30,6 +31,20 @@ class SavedState:
     inventory: Inventory | None = None
     socket: FileIdentity | None = None
     node: str | None = None
+
+
+@dataclass(frozen=True)
+class CycleState:
+    """Everything a re-query may move. A cycle works on a copy and the copy replaces this value
+    only when its events are stored (or when it has nothing to store); a failed commit drops it,
+    so the lifecycle events it held (restarted, unreachable, reachable, degraded) come again."""
+
+    seq: int = 0
+    inventory: Inventory | None = None
+    socket: FileIdentity | None = None  # the socket the inventory came from
+    health: KubeletHealth = field(default_factory=KubeletHealth)
+    started_reported: bool = False  # watcher.started is stored
+    last_snapshot: float = 0.0  # monotonic time of the last inventory.snapshot
 
 
 def state_to_json(state: SavedState) -> dict[str, Any]:

@@ -1,238 +1,40 @@
-"""Delivery: one worker per sink drains that sink's outbox queue, in seq order.
+"""Delivery: routing new events into the sinks' queues, and the workers that drain them.
 
-One retry policy for every sink: exponential backoff with full jitter and a
-cap, `Retry-After` honoured when the receiver sends it; permanent failures go
-to the dead-letter table, 410 disables the sink loudly. Each sink has its own
-rate limit and its own task, so a slow or dead sink never delays another sink
-or the watch loop.
+Each sink has its own worker task (see `watcher.delivery.worker`), supervised here,
+so a slow or dead sink never delays another sink or the watch loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
-import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import structlog
 
-from watcher.backoff import Backoff
+from watcher.delivery.worker import DeliveryObserver, SinkWorker
 from watcher.model.events import Event
-from watcher.ratelimit import RateLimiter
-from watcher.secrets import redact
-from watcher.settings import AlertmanagerSinkSettings, PagerDutySinkSettings
-from watcher.sinks import Outcome, Sink, route_of
+from watcher.sinks import Sink
 from watcher.store.outbox import Outbox
-from watcher.supervision import sleep_or_stop
+from watcher.supervision import Scope, StoppedError, Supervisor, unless_stopped
 
 __all__ = ["Dispatcher", "SinkWorker", "DeliveryObserver"]
 
-log = structlog.get_logger("watcher.delivery.dispatcher")
-
-# (sink name, result, events, seconds from event creation to delivery or failure)
-DeliveryObserver = Callable[[str, str, Sequence[Event], float], None]
-IDLE_RECHECK_S = 5.0
-OUTBOX_RETRY_CAP_S = 2.0  # the longest a worker waits to try a failing outbox again
-
-
-class SinkWorker:
-    def __init__(
-        self,
-        sink: Sink,
-        outbox: Outbox,
-        *,
-        stop: asyncio.Event,
-        rng: random.Random,
-        observers: list[DeliveryObserver],
-    ) -> None:
-        self.sink = sink
-        self.name = sink.name
-        self.outbox = outbox
-        self.stop = stop
-        s = sink.settings
-        # Paging sinks must see the end of every condition they started.
-        paging = isinstance(s, PagerDutySinkSettings | AlertmanagerSinkSettings)
-        self.route = route_of(s, resolutions=paging)
-        self.limiter = RateLimiter(s.rate)
-        self.backoff = Backoff(base=0.5, cap=s.retry_max_delay, rng=rng)
-        # Outbox trouble is ours, not the receiver's: retry it briskly, whatever the sink's cap.
-        self.outbox_backoff = Backoff(base=0.2, cap=OUTBOX_RETRY_CAP_S, rng=rng)
-        self.on_outbox_error: Callable[[Exception], None] = lambda _err: None
-        self.wake = asyncio.Event()
-        self.disabled: str | None = None
-        self.counts: Counter[str] = Counter()
-        self.observers = observers
-        self.log = log.bind(sink=self.name, sink_type=getattr(s, "type", "?"))
-
-    @property
-    def batch_size(self) -> int:
-        s = self.sink.settings
-        batches = s.group != "none" or bool(getattr(s, "batch", False))
-        return s.max_batch if batches else 1
-
-    async def _wait_for_work(self) -> None:
-        self.wake.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(IDLE_RECHECK_S):
-                stop_wait = asyncio.ensure_future(self.stop.wait())
-                wake_wait = asyncio.ensure_future(self.wake.wait())
-                try:
-                    await asyncio.wait([stop_wait, wake_wait], return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for t in (stop_wait, wake_wait):
-                        t.cancel()
-                    await asyncio.gather(stop_wait, wake_wait, return_exceptions=True)
-
-    async def _next_batch(self) -> list[Event] | None:
-        s = self.sink.settings
-        first_seen: float | None = None
-        failures = 0
-        while not self.stop.is_set():
-            try:
-                events = await self.outbox.pending(self.name, self.batch_size)
-                failures = 0
-            except Exception as err:  # the outbox is being reopened, or its disk failed
-                self.log.error("could not read the sink's queue; will retry", error=repr(err))
-                self.on_outbox_error(err)
-                await sleep_or_stop(self.stop, self.outbox_backoff.delay(failures))
-                failures += 1
-                continue
-            if not events:
-                first_seen = None
-                await self._wait_for_work()
-                continue
-            if s.group == "cycle":
-                return [e for e in events if e.cycle == events[0].cycle]
-            if s.group == "window" and len(events) < self.batch_size:
-                now = time.monotonic()
-                first_seen = first_seen or now
-                if now - first_seen < s.group_window:
-                    await sleep_or_stop(self.stop, s.group_window - (now - first_seen))
-                    continue
-            return events
-        return None
-
-    async def _record(self, what: str, fn: Callable[..., Awaitable[None]], *args: object) -> bool:
-        """Write a delivery's outcome to the outbox, retrying while the disk refuses (full,
-        read-only): the worker must outlive a bad disk. False if stopped before it could."""
-        attempt = 0
-        while True:
-            try:
-                await fn(*args)
-                return True
-            except Exception as err:  # sqlite3.Error, OSError: the state directory is in trouble
-                self.on_outbox_error(err)
-                delay = self.outbox_backoff.delay(attempt)
-                attempt += 1
-                self.log.error(
-                    "could not record a delivery in the outbox; will retry",
-                    what=what,
-                    error=repr(err),
-                    attempt=attempt,
-                    hint="is the state directory full or read-only?",
-                )
-                if self.stop.is_set():
-                    return False
-                await sleep_or_stop(self.stop, delay)
-
-    async def run(self) -> None:
-        await self._record("enable", self.outbox.set_disabled, self.name, None)
-        while not self.stop.is_set():
-            if self.disabled is not None:
-                await self.stop.wait()
-                return
-            batch = await self._next_batch()
-            if batch is None:
-                break
-            await self._deliver(batch)
-        await self._drain()
-
-    async def _drain(self) -> None:
-        """On shutdown, hand over what is queued while the receiver takes it, without retrying:
-        what is left stays in the outbox for the next run."""
-        while self.disabled is None:
-            batch = await self.outbox.pending(self.name, self.batch_size)
-            if not batch or not await self._deliver(batch, retry=False):
-                return
-
-    def _notify(self, result: str, batch: Sequence[Event], started: float) -> None:
-        self.counts[result] += len(batch)
-        for observer in self.observers:
-            observer(self.name, result, batch, time.monotonic() - started)
-
-    async def _deliver(self, batch: list[Event], *, retry: bool = True) -> bool:
-        """Deliver one batch, retrying while `retry` and not stopping; True when delivered."""
-        seqs = [e.seq for e in batch]
-        attempt = 0
-        started = time.monotonic()
-        while True:
-            await self.limiter.acquire()
-            try:
-                outcome = await self.sink.deliver(batch)
-            except Exception as err:  # a sink bug must not stop delivery to it, let alone the agent
-                self.log.exception("sink raised; treating as a transient failure")
-                outcome = Outcome(retry=True, error=redact(f"{type(err).__name__}: {err}"))
-            if outcome.delivered:
-                # Not recorded (stopping on a bad disk): it is sent again next time, same ids.
-                await self._record("ack", self.outbox.ack, self.name, seqs)
-                if attempt:
-                    self.log.info("delivered after retrying", attempts=attempt + 1, events=len(batch))
-                self._notify("delivered", batch, started)
-                return True
-            if outcome.gone:
-                self.disabled = outcome.error
-                await self._record("disable", self.outbox.set_disabled, self.name, outcome.error)
-                self.log.error(
-                    "receiver answered 410 Gone: sink DISABLED until the agent restarts or reloads; "
-                    "its events stay queued (bounded). Fix the sink's URL.",
-                    status=outcome.status,
-                    error=outcome.error,
-                    queued_from_seq=seqs[0],
-                )
-                self._notify("gone", batch, started)
-                return False
-            if not outcome.retry:
-                await self._record(
-                    "dead letter", self.outbox.dead_letter, self.name, seqs, outcome.status, outcome.error
-                )
-                self.log.error(
-                    "permanent failure: events dead-lettered; see `pod-resources-watcher outbox list`",
-                    status=outcome.status,
-                    error=outcome.error,
-                    seqs=seqs,
-                )
-                self._notify("dead_letter", batch, started)
-                return True
-            if not retry or self.stop.is_set():
-                self.log.warning(
-                    "delivery failed while stopping; left queued", status=outcome.status, error=outcome.error
-                )
-                return False
-            delay = self.backoff.delay(attempt)
-            if outcome.retry_after is not None:
-                delay = max(delay, outcome.retry_after)
-            attempt += 1
-            self.counts["retry"] += 1
-            self.log.warning(
-                "delivery failed; will retry",
-                attempt=attempt,
-                delay_s=round(delay, 3),
-                retry_after=outcome.retry_after,
-                status=outcome.status,
-                error=outcome.error,
-                events=len(batch),
-            )
-            await sleep_or_stop(self.stop, delay)
+log = structlog.get_logger("watcher.delivering")
+# How long a stopping worker may hand over what is queued before it is cancelled.
+WORKER_STOP_GRACE_S = 10.0
 
 
 class Dispatcher:
     """The sinks' workers, routing of new events into their queues, and reloads.
 
-    `run()` is one supervised task that owns a task per worker (and per sink
-    background loop); `reload()` swaps the sinks whose settings changed and
-    leaves the others, and every queue, untouched.
+    `run()` is one supervised task whose Supervisor owns a task per worker (and
+    per sink background loop); `reload()` swaps the sinks whose settings changed
+    and leaves the others, and every queue, untouched. `commit()` is the one
+    call a producer makes: route, store, wake the workers, enforce the caps.
     """
 
     def __init__(
@@ -242,26 +44,31 @@ class Dispatcher:
         *,
         stop: asyncio.Event,
         rng: random.Random | None = None,
+        on_outbox_error: Callable[[Exception], None] | None = None,
     ) -> None:
         self.outbox = outbox
         self.stop = stop
         self.observers: list[DeliveryObserver] = []
         self.rng = rng if rng is not None else random.Random()
-        self.workers: dict[str, SinkWorker] = {s.name: self._worker(s) for s in sinks}
-        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
-        self._running = False
-        self._changed = asyncio.Event()
         # Told of every outbox failure a worker meets, so the agent can reopen it and say so.
-        self.on_outbox_error: Callable[[Exception], None] = lambda _err: None
+        self.on_outbox_error = on_outbox_error or (lambda _err: None)
+        self.supervisor = Supervisor(stop, grace=WORKER_STOP_GRACE_S)
+        self.workers: dict[str, SinkWorker] = {s.name: self._worker(s) for s in sinks}
+        self._started: set[str] = set()
+        self._running = False
 
     def _worker(self, sink: Sink) -> SinkWorker:
-        # Each worker has its own stop flag so one can be retired on reload.
-        worker = SinkWorker(sink, self.outbox, stop=asyncio.Event(), rng=self.rng, observers=self.observers)
-        worker.on_outbox_error = self._outbox_error
+        # Each worker has its own stop scope so one can be retired on reload.
+        worker = SinkWorker(sink, self.outbox, stop=Scope(self.stop), rng=self.rng, observers=self.observers)
+        worker.on_outbox_error = self.on_outbox_error
         return worker
 
-    def _outbox_error(self, err: Exception) -> None:
-        self.on_outbox_error(err)
+    async def commit(self, events: Sequence[Event], state: Mapping[str, Any] | None) -> None:
+        """Queue `events` for the sinks that asked for them and store `state`, in one transaction;
+        then wake the workers and enforce the queues' caps. Raises if the store refused."""
+        await self.outbox.commit(events, self.queues(events), state)
+        self.notify()
+        await self.enforce_caps()  # logs, never raises: the events are stored already
 
     def queues(self, events: Sequence[Event]) -> dict[str, list[int]]:
         """sink name -> seqs of the events it asked for."""
@@ -290,11 +97,12 @@ class Dispatcher:
                 )
 
     def _start(self, worker: SinkWorker) -> None:
-        tasks = [asyncio.create_task(worker.run(), name=f"deliver:{worker.name}")]
+        self._started.add(worker.name)
+        self.supervisor.spawn(f"deliver:{worker.name}", worker.run)
         background = worker.sink.background()
         if background is not None:
-            tasks.append(asyncio.create_task(_until(worker.stop, background), name=f"sink:{worker.name}"))
-        self._tasks[worker.name] = tasks
+            loop = functools.partial(_background, worker.stop, background)
+            self.supervisor.spawn(f"sink:{worker.name}", loop)
 
     async def reload(self, sinks: Sequence[Sink]) -> list[str]:
         """Replace changed sinks, add new ones, retire removed ones; return what changed.
@@ -311,12 +119,12 @@ class Dispatcher:
             return []
         new = {s.name: s for s in sinks}
         changed: list[str] = []
-        retiring: list[tuple[SinkWorker, list[asyncio.Task[None]]]] = []
+        retiring: list[SinkWorker] = []
         for name, old in list(self.workers.items()):
             if name in new and new[name].settings == old.sink.settings:
                 continue
             changed.append(name)
-            retiring.append((old, self._tasks.pop(name, [])))
+            retiring.append(old)
             if name in new:
                 self.workers[name] = self._worker(new[name])
             else:
@@ -328,58 +136,35 @@ class Dispatcher:
             elif self.workers[name].sink is not sink:
                 with contextlib.suppress(Exception):
                     await sink.close()  # an unchanged twin built by the reload: keep the running one
-        for old, tasks in retiring:
+        for old in retiring:
             old.stop.set()
             old.wake.set()
-            _, pending = await asyncio.wait(tasks, timeout=5.0) if tasks else (set(), set())
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            if old.name in self._started:
+                self._started.discard(old.name)
+                await self.supervisor.retire([f"deliver:{old.name}", f"sink:{old.name}"], grace=5.0)
             with contextlib.suppress(Exception):
                 await old.sink.close()
         for name in changed:
-            if name in self.workers and name not in self._tasks:
+            if name in self.workers and name not in self._started:
                 try:
                     await self.outbox.register([name])
                 except Exception as err:  # the outbox is not open: it registers every sink when it is
                     log.error("could not register a sink in the outbox yet", sink=name, error=repr(err))
                 if self._running:  # before that, run() starts every worker
                     self._start(self.workers[name])
-        self._changed.set()
         self.notify()
         return sorted(set(changed))
 
     async def run(self) -> None:
+        """Run every worker under the dispatcher's Supervisor until the stop flag or a crash."""
         self._running = True
         for worker in self.workers.values():
-            if worker.name not in self._tasks:
+            if worker.name not in self._started:
                 self._start(worker)
         try:
-            while not self.stop.is_set():
-                running = [t for tasks in self._tasks.values() for t in tasks]
-                stop_wait = asyncio.ensure_future(self.stop.wait())
-                changed_wait = asyncio.ensure_future(self._changed.wait())
-                done, _ = await asyncio.wait(
-                    [*running, stop_wait, changed_wait], return_when=asyncio.FIRST_COMPLETED
-                )
-                for t in (stop_wait, changed_wait):
-                    t.cancel()
-                await asyncio.gather(stop_wait, changed_wait, return_exceptions=True)
-                self._changed.clear()
-                current = {t for tasks in self._tasks.values() for t in tasks}
-                for task in done:
-                    # A retired worker's task ends on purpose; a current one must not.
-                    if task in current and not self.stop.is_set():
-                        task.result()  # a crashed worker: let the supervisor see it
-                        raise RuntimeError(f"{task.get_name()} exited unexpectedly")
+            await self.supervisor.run()
         finally:
             self._running = False
-            for worker in self.workers.values():
-                worker.stop.set()
-                worker.wake.set()
-            tasks = [t for ts in self._tasks.values() for t in ts]
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
 
     async def close(self) -> None:
         for worker in list(self.workers.values()):
@@ -387,15 +172,7 @@ class Dispatcher:
                 await worker.sink.close()
 
 
-async def _until(stop: asyncio.Event, factory: Callable[[], Awaitable[None]]) -> None:
-    """Run a sink's endless background loop until `stop` is set."""
-    inner = asyncio.ensure_future(factory())
-    stop_wait = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait([inner, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (inner, stop_wait):
-            t.cancel()
-        results = await asyncio.gather(inner, stop_wait, return_exceptions=True)
-    if isinstance(results[0], Exception):
-        raise results[0]
+async def _background(stop: Scope, factory: Callable[[], Awaitable[None]]) -> None:
+    """Run a sink's endless background loop until its worker is retired or the agent stops."""
+    with contextlib.suppress(StoppedError):
+        await unless_stopped(stop, factory())

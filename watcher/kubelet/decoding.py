@@ -60,6 +60,11 @@ class DecoderStats:
     pods_rebuilt: int = 0
     allocatable_rebuilt: int = 0
 
+    @property
+    def parsed(self) -> int:
+        """Answers that were not byte-identical to the last ones (and so were parsed)."""
+        return self.reordered + self.changed
+
 
 class Decoder:
     """Turns successive answers into inventories; keeps what it needs to spot the unchanged parts.

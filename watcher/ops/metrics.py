@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from watcher.model.events import Event
 from watcher.model.inventory import Inventory
 from watcher.store.outbox import SinkStats
 
@@ -136,6 +138,29 @@ class Metrics:
 
     def set_outbox(self, stats: Mapping[str, SinkStats]) -> None:
         self.outbox.stats = dict(stats)
+
+    def observe_delivery(
+        self, sink: str, result: str, events: Sequence[Event], _seconds: float = 0.0
+    ) -> None:
+        """A delivery observer: counts what each sink did and, when delivered, how late."""
+        self.deliveries.labels(sink, result).inc(len(events))
+        if result == "delivered":
+            now = datetime.now(UTC)
+            for event in events:
+                created = datetime.fromisoformat(event.time.replace("Z", "+00:00"))
+                self.delivery_latency.labels(sink).observe(max(0.0, (now - created).total_seconds()))
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum of the samples named `name` (without the prefix) whose labels include `labels`,
+        e.g. `value("requeries_total", result="failed")` or `value("events_total")` for every
+        kind: what tests and the demo read, so there is one set of counters."""
+        full = f"{P}_{name}"
+        return sum(
+            s.value
+            for family in self.registry.collect()
+            for s in family.samples
+            if s.name == full and all(s.labels.get(k) == v for k, v in labels.items())
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -231,7 +231,7 @@ def _summary(
         counts = ", ".join(f"{k} {v}" for k, v in sorted(worker.counts.items())) or "nothing"
         print(f"deliveries to {name}: {counts}", file=out)
     print(f"webhook receiver got {receiver.received} signed CloudEvents", file=out)
-    latency = agent.stats.last_reconnect_latency
+    latency = agent.reactor.last_reconnect_latency
     if latency is not None:
         ms = latency * 1000
         print(

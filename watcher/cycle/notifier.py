@@ -1,0 +1,146 @@
+"""The notifier: directory watches and the periodic timer, turned into re-query triggers.
+
+The socket's directory is watched so a kubelet restart (the socket replaced) is queried at
+once, on a fresh channel; the kubelet's checkpoint, CPU/memory manager state and device-plugin
+sockets are watched because they are rewritten when the inventory changes; a jittered timer is
+the safety net. A reload retires one configuration's watches and starts the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from watcher.kubelet.identity import FileIdentity, SocketState, is_replacement, probe_socket
+from watcher.kubelet.triggers import Trigger
+from watcher.kubelet.watching import DirectoryWatch
+from watcher.settings import Settings
+from watcher.supervision import Scope
+
+__all__ = ["Notifier", "STATE_FILE_NAMES", "CHECKPOINT_NAME"]
+
+log = structlog.get_logger("watcher.notifier")
+
+# Kubelet state files that are rewritten (temp + rename) when the inventory changes.
+STATE_FILE_NAMES = ("cpu_manager_state", "memory_manager_state")
+CHECKPOINT_NAME = "kubelet_internal_checkpoint"
+
+
+class Notifier:
+    """Fires `trigger` with a reason whenever the node may have changed; keeps the timer."""
+
+    def __init__(self, settings: Settings, *, stop: asyncio.Event, rng: random.Random) -> None:
+        self.settings = settings
+        self.stop = stop
+        self.rng = rng
+        self.trigger = Trigger()
+        self.next_periodic = 0.0
+        # The directory said the socket's NAME was replaced (not only its metadata touched);
+        # the reactor takes it when it checks the socket's identity.
+        self.name_events = False
+        # When a new socket was seen, for the reconnect latency; the reactor takes it too.
+        self.socket_changed_at: float | None = None
+        self._socket_seen: SocketState | None = None
+        self._said_not_a_socket: FileIdentity | None = None
+        self._generation = Scope(stop)
+
+    @property
+    def socket_path(self) -> Path:
+        return self.settings.kubelet.socket
+
+    def schedule_periodic(self, now: float) -> None:
+        w = self.settings.watch
+        self.next_periodic = now + w.interval * (1 + self.rng.uniform(-w.jitter, w.jitter))
+
+    def reconfigure(self, settings: Settings) -> None:
+        """Apply new kubelet/watch settings: the watches restart on them and a re-query comes."""
+        if settings.kubelet.socket != self.settings.kubelet.socket:
+            self._socket_seen = None
+        self.settings = settings
+        self._generation.set()
+        self._generation = Scope(self.stop)
+        self.trigger.fire("reload", urgent=True)
+
+    # -- the watches (supervised tasks) --
+
+    def _directory_watch(
+        self, directory: Path, match: Callable[[str], bool], name: str, generation: Scope
+    ) -> DirectoryWatch:
+        w = self.settings.watch
+        return DirectoryWatch(
+            directory,
+            match,
+            stop=generation,
+            force_polling=w.force_polling,
+            poll_delay_ms=round(w.poll_interval * 1000),
+            # Ticks re-check the socket's identity; never more often than polling would.
+            tick_s=max(1.0, w.poll_interval),
+            name=name,
+        )
+
+    async def watch_socket(self) -> None:
+        while not self.stop.is_set():
+            await self._watch_socket_once(self._generation)
+
+    async def _watch_socket_once(self, generation: Scope) -> None:
+        path = self.socket_path
+        name = path.name
+        watch = self._directory_watch(path.parent, lambda n: n == name, "socket", generation)
+        self._socket_seen = probe_socket(path)
+        async for batch in watch.batches():
+            if batch.get(name, set()) & {"added", "deleted"}:
+                self.name_events = True
+            now = probe_socket(path)
+            before, self._socket_seen = self._socket_seen, now
+            if now.identity is not None and not now.is_socket:
+                if self._said_not_a_socket != now.identity:
+                    self._said_not_a_socket = now.identity
+                    log.error(
+                        "socket path exists but is not a socket; still watching",
+                        socket=str(path),
+                        hint="mount the kubelet's pod-resources DIRECTORY, not the socket file",
+                    )
+                continue
+            if not now.present:
+                if before is not None and before.present:
+                    log.warning("kubelet socket vanished; waiting for it to come back", socket=str(path))
+                continue
+            assert now.identity is not None
+            known = before.identity if before is not None and before.present else None
+            if known is None or is_replacement(known, now.identity, name_events=self.name_events):
+                # Appeared or replaced: query at once on a fresh channel.
+                self.socket_changed_at = time.monotonic()
+                self.trigger.fire("socket", urgent=True)
+
+    async def watch_state_files(self) -> None:
+        """Re-query when the kubelet's checkpoint, CPU/memory state or plugin sockets change.
+
+        Both directories are waited for if the kubelet has not created them yet.
+        """
+        while not self.stop.is_set():
+            generation = self._generation
+            if not self.settings.watch.state_file_triggers:
+                await generation.wait()
+                continue
+            root = self.settings.kubelet.root_dir
+            plan = [
+                (
+                    root / "device-plugins",
+                    lambda n: n == CHECKPOINT_NAME or n.endswith(".sock"),
+                    "device-plugins",
+                ),
+                (root, lambda n: n in STATE_FILE_NAMES, "kubelet-root"),
+            ]
+            await asyncio.gather(*(self._watch_dir(d, m, n, generation) for d, m, n in plan))
+
+    async def _watch_dir(
+        self, directory: Path, match: Callable[[str], bool], name: str, generation: Scope
+    ) -> None:
+        async for batch in self._directory_watch(directory, match, name, generation).batches():
+            if batch:
+                self.trigger.fire("state-file:" + ",".join(sorted(batch)))

@@ -1,0 +1,103 @@
+"""What the HTTP endpoints report: liveness, readiness, the inventory and the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from watcher.cycle.committer import Committer
+from watcher.cycle.reactor import Reactor
+from watcher.delivery.dispatcher import Dispatcher
+from watcher.ops.http import Health
+from watcher.ops.metrics import Metrics
+from watcher.settings import Settings
+from watcher.store.health import StorageHealth
+from watcher.store.outbox import Outbox
+
+__all__ = ["AgentStatus"]
+
+log = structlog.get_logger("watcher.status")
+
+
+class AgentStatus:
+    """Answers the `Status` the HTTP server asks for, from the parts that know."""
+
+    def __init__(
+        self,
+        *,
+        settings: Callable[[], Settings],
+        tasks: Callable[[], Mapping[str, asyncio.Task[None]]],
+        reactor: Reactor,
+        committer: Committer,
+        storage: StorageHealth,
+        dispatcher: Dispatcher,
+        outbox: Outbox,
+        metrics: Metrics,
+    ) -> None:
+        self._settings = settings
+        self._tasks = tasks
+        self.reactor = reactor
+        self.committer = committer
+        self.storage = storage
+        self.dispatcher = dispatcher
+        self.outbox = outbox
+        self.metrics = metrics
+
+    def liveness(self) -> Health:
+        tasks = self._tasks()
+        dead = sorted(name for name, task in tasks.items() if task.done())
+        details: dict[str, Any] = {
+            "tasks": {n: ("done" if t.done() else "running") for n, t in tasks.items()}
+        }
+        if dead:
+            return Health(False, f"supervised task(s) ended: {', '.join(dead)}", details)
+        return Health(True, "event loop responsive, all tasks alive", details)
+
+    def readiness(self) -> Health:
+        settings = self._settings()
+        state = self.committer.state
+        h = state.health
+        last = self.reactor.last_success
+        age = None if last is None else time.monotonic() - last
+        details: dict[str, Any] = {
+            "kubelet_reachable": h.ever_connected and h.failing_since is None,
+            "last_success_age_s": None if age is None else round(age, 3),
+            "seq": state.seq,
+        }
+        if self.storage.error is not None:
+            where = settings.state_dir
+            return Health(False, f"cannot store events and state in {where}: {self.storage.error}", details)
+        if age is None:
+            return Health(
+                False, f"the kubelet has not answered yet ({h.last_error or 'no query yet'})", details
+            )
+        if h.failing_since is not None:
+            return Health(False, f"the kubelet is not answering: {h.last_error}", details)
+        if age > settings.http.ready_stale_after:
+            return Health(False, f"the last successful re-query is {age:.0f} s old", details)
+        return Health(True, "kubelet reachable, inventory fresh", details)
+
+    def inventory_document(self) -> dict[str, Any] | None:
+        state = self.committer.state
+        inv = state.inventory
+        if inv is None:
+            return None
+        return {
+            "node": self._settings().node,
+            "seq": state.seq,
+            "hash": inv.content_hash,
+            "inventory": inv.canonical,
+            "derived": inv.derived(),
+        }
+
+    async def metrics_text(self) -> bytes:
+        names = list(self.dispatcher.workers)  # a reload may change the dict while we await
+        try:
+            self.metrics.set_outbox({name: await self.outbox.stats(name) for name in names})
+        except Exception as err:  # a failing state directory: /metrics must still say so
+            log.debug("outbox figures unavailable", error=repr(err))
+        return self.metrics.render()
