@@ -9,7 +9,7 @@ import dataclasses
 import json
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
@@ -50,24 +50,23 @@ exit codes:
 """
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
-    return value
+def _positive(kind: type[float] | type[int], expected: str) -> Callable[[str], float]:
+    """An argparse type: a number of `kind`, greater than 0."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
-    return value
+_positive_float = _positive(float, "a number of seconds")
+_positive_int = _positive(int, "a whole number")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -52,6 +52,14 @@ class _OutboxCollector(Collector):
         yield from (depth, oldest, dead, dropped, disabled)
 
 
+def _per_state(registry: CollectorRegistry, name: str, doc: str, label: str) -> dict[str, Gauge]:
+    """One gauge per state (allocatable, allocated, free), labelled by `label` and NUMA node."""
+    return {
+        state: Gauge(f"{P}_{name.format(state)}", doc.format(state), [label, "numa"], registry=registry)
+        for state in ("allocatable", "allocated", "free")
+    }
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -91,24 +99,13 @@ class Metrics:
             "Unix time of the last successful re-query.",
             registry=r,
         )
-        self.resource = {
-            state: Gauge(
-                f"{P}_resource_{state}",
-                f"Devices (or CPUs) {state} per resource and NUMA node (numa=all: the total).",
-                ["resource", "numa"],
-                registry=r,
-            )
-            for state in ("allocatable", "allocated", "free")
-        }
-        self.memory = {
-            state: Gauge(
-                f"{P}_memory_{state}_bytes",
-                f"Memory {state} per type and NUMA node(s).",
-                ["type", "numa"],
-                registry=r,
-            )
-            for state in ("allocatable", "allocated", "free")
-        }
+        self.resource = _per_state(
+            r,
+            "resource_{}",
+            "Devices (or CPUs) {} per resource and NUMA node (numa=all: the total).",
+            "resource",
+        )
+        self.memory = _per_state(r, "memory_{}_bytes", "Memory {} per type and NUMA node(s).", "type")
         self.outbox = _OutboxCollector()
         r.register(self.outbox)
 

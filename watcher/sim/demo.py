@@ -38,7 +38,7 @@ from watcher.settings import (
 )
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.audit import verify_files
-from watcher.supervision import stop_on_signals
+from watcher.supervision import StoppedError, stop_on_signals, unless_stopped
 
 __all__ = ["run_demo"]
 
@@ -187,10 +187,8 @@ async def run_demo(*, forever: bool = False, out: TextIO | None = None, seed: in
                 with stop_on_signals(interrupted):
                     # Said only once Ctrl-C is ours to handle.
                     print("\n== Random churn until Ctrl-C", file=out, flush=True)
-                    churn = asyncio.ensure_future(_churn(fake, random.Random(seed)))
-                    await interrupted.wait()
-                    churn.cancel()
-                    await asyncio.gather(churn, return_exceptions=True)
+                    with contextlib.suppress(StoppedError):
+                        await unless_stopped(interrupted, _churn(fake, random.Random(seed)))
         finally:
             agent.stop.set()
             with contextlib.suppress(Exception):
