@@ -43,7 +43,8 @@ from watcher.ops.metrics import Metrics
 from watcher.ratelimit import RateLimiter
 from watcher.settings import Settings, parse_listen
 from watcher.sinks import Sink, build_sinks
-from watcher.store.outbox import OUTBOX_FILE, Outbox, OutboxUnavailableError
+from watcher.store.outbox import OUTBOX_FILE, OutboxUnavailableError
+from watcher.store.store import Store
 from watcher.supervision import sleep_or_stop, supervise
 
 __all__ = ["Agent", "AgentStats", "STATE_FILE_NAMES"]
@@ -143,7 +144,7 @@ class Agent:
         self.stop = stop if stop is not None else asyncio.Event()
         self.rng = rng if rng is not None else random.Random()
         self.socket_path = settings.kubelet.socket
-        self.outbox = Outbox(settings.state_dir / OUTBOX_FILE)
+        self.outbox = Store(settings.state_dir / OUTBOX_FILE)
         sinks = (
             list(sinks)
             if sinks is not None

@@ -24,7 +24,7 @@ from watcher.ratelimit import RateLimiter
 from watcher.secrets import redact
 from watcher.settings import AlertmanagerSinkSettings, PagerDutySinkSettings
 from watcher.sinks import Outcome, Sink, route_of
-from watcher.store.outbox import Outbox
+from watcher.store.store import Store
 from watcher.supervision import sleep_or_stop
 
 __all__ = ["Dispatcher", "SinkWorker", "DeliveryObserver"]
@@ -41,7 +41,7 @@ class SinkWorker:
     def __init__(
         self,
         sink: Sink,
-        outbox: Outbox,
+        outbox: Store,
         *,
         stop: asyncio.Event,
         rng: random.Random,
@@ -237,7 +237,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        outbox: Outbox,
+        outbox: Store,
         sinks: Sequence[Sink],
         *,
         stop: asyncio.Event,
