@@ -53,7 +53,7 @@ from watcher.sim.fake_node import default_node, large_node
 from watcher.model.inventory import build
 from watcher.kubeletapi.v1 import api_pb2, views_pb2
 from watcher.ops.logs import configure_logging
-from watcher.store.outbox import Outbox
+from watcher.store.store import Store
 from watcher.secrets import Secret
 from watcher.settings import (
     HttpSettings,
@@ -478,7 +478,7 @@ async def bench_delivery(n_events: int, n_flips: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="prw-b6-", dir="/tmp") as tmp:
-            outbox = Outbox(Path(tmp) / "outbox.db")
+            outbox = Store(Path(tmp) / "outbox.db")
             await outbox.open()
             hook = WebhookSinkSettings(
                 name="hook",

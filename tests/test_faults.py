@@ -24,7 +24,7 @@ from tests.conftest import FailingDisk, fill
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.inventory import build
 from watcher.sim.fake_kubelet import FakeKubelet
-from watcher.store.outbox import Outbox
+from watcher.store.store import Store
 
 GPU = "nvidia.com/gpu"
 
@@ -382,7 +382,7 @@ class _Refusals:
     """Make one of the outbox's methods fail as a bad disk would, `arm()` times: before doing its
     work, or (`after`) once the work is done, as when a commit reached the disk but its fsync failed."""
 
-    def __init__(self, outbox: Outbox, method: str, error: OSError, *, after: bool = False) -> None:
+    def __init__(self, outbox: Store, method: str, error: OSError, *, after: bool = False) -> None:
         self.left = 0
         self.count = 0
         real = getattr(outbox, method)

@@ -37,7 +37,7 @@ from watcher.model.lifecycle import reachable, unreachable
 from watcher.settings import SinkSettings, parse_settings
 from watcher.sinks import Outcome, Sink, build_sink
 from watcher.sinks.http import outcome_of, parse_retry_after
-from watcher.store.outbox import Outbox
+from watcher.store.store import Store
 
 NODE = "node-a"
 GPU = "nvidia.com/gpu"
@@ -129,9 +129,9 @@ async def serve() -> AsyncIterator[Callable[[R], Awaitable[R]]]:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Outbox]:
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
     """A real outbox: the dispatcher's queues, and the KeyValue the PagerDuty sink keeps."""
-    outbox = Outbox(tmp_path / "outbox.db")
+    outbox = Store(tmp_path / "outbox.db")
     await outbox.open()
     yield outbox
     await outbox.close()
@@ -139,7 +139,7 @@ async def store(tmp_path: Path) -> AsyncIterator[Outbox]:
 
 @pytest.fixture
 async def make_sink(
-    serve: Callable[[Receiver], Awaitable[Receiver]], store: Outbox, tmp_path: Path
+    serve: Callable[[Receiver], Awaitable[Receiver]], store: Store, tmp_path: Path
 ) -> AsyncIterator[Callable[[SinkSettings], Sink]]:
     """Build sinks with `build_sink`; closed (before the receivers) after the test."""
     made: list[Sink] = []
@@ -233,7 +233,7 @@ class Deliveries:
 @dataclass
 class Running:
     dispatcher: Dispatcher
-    outbox: Outbox
+    outbox: Store
     deliveries: Deliveries = field(default_factory=Deliveries)
 
     async def enqueue(self, events: Sequence[Event]) -> None:
@@ -245,7 +245,7 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def dispatching(outbox: Outbox, sinks: Sequence[Sink]) -> AsyncIterator[Running]:
+async def dispatching(outbox: Store, sinks: Sequence[Sink]) -> AsyncIterator[Running]:
     """The real Dispatcher's tasks, running until the block ends; then stopped and awaited."""
     stop = asyncio.Event()
     dispatcher = Dispatcher(outbox, sinks, stop=stop, rng=random.Random(7))
@@ -357,7 +357,7 @@ async def test_slack_500_changes_become_one_message_within_the_limits(
 
 
 async def test_slack_a_cycle_of_500_changes_is_one_message_through_the_dispatcher(
-    slack: SlackReceiver, make_sink: Any, store: Outbox
+    slack: SlackReceiver, make_sink: Any, store: Store
 ) -> None:
     """Slack's defaults (group = "cycle") must turn one re-query's 500 changes into ONE message,
     as watcher/sinks/slack.py promises, not ten messages of 50 at one a second."""
@@ -371,7 +371,7 @@ async def test_slack_a_cycle_of_500_changes_is_one_message_through_the_dispatche
 
 
 async def test_slack_groups_by_cycle_and_keeps_to_one_message_a_second(
-    slack: SlackReceiver, make_sink: Any, store: Outbox
+    slack: SlackReceiver, make_sink: Any, store: Store
 ) -> None:
     sink = make_sink(slack_config(slack, max_batch=1000))
     big, small = mixed_cycle(120, cycle="A"), mixed_cycle(3, start=121, cycle="B")
@@ -386,7 +386,7 @@ async def test_slack_groups_by_cycle_and_keeps_to_one_message_a_second(
 
 
 async def test_slack_429_from_the_rate_limit_is_retried_after_retry_after(
-    slack: SlackReceiver, make_sink: Any, store: Outbox
+    slack: SlackReceiver, make_sink: Any, store: Store
 ) -> None:
     # A rate above Slack's: the receiver answers the second message 429 with Retry-After: 1.
     sink = make_sink(slack_config(slack, rate=50.0, retry_max_delay=0.05))
@@ -512,7 +512,7 @@ async def test_pagerduty_event_stays_under_512_kb_and_long_keys_under_255(
 
 
 async def test_pagerduty_through_the_dispatcher_resolutions_pass_below_min_severity(
-    pagerduty: PagerDutyReceiver, make_sink: Any, store: Outbox, pd_env: None
+    pagerduty: PagerDutyReceiver, make_sink: Any, store: Store, pd_env: None
 ) -> None:
     sink = make_sink(pd_config(pagerduty, rate=100.0))
     allocation = make_event(Kind.ALLOCATION_ADDED, Severity.INFO, "pod got a GPU", 2, resource=GPU)
@@ -762,7 +762,7 @@ def retrying_config(rx: WebhookReceiver) -> SinkSettings:
 
 
 async def test_retry_after_seconds_is_honoured(
-    signed_hook: WebhookReceiver, make_sink: Any, store: Outbox, signing_env: None
+    signed_hook: WebhookReceiver, make_sink: Any, store: Store, signing_env: None
 ) -> None:
     signed_hook.force(429, {"Retry-After": "2"}, "slow down")
     event = removed(1)
@@ -779,7 +779,7 @@ async def test_retry_after_seconds_is_honoured(
 
 
 async def test_retry_after_http_date_is_honoured(
-    signed_hook: WebhookReceiver, make_sink: Any, store: Outbox, signing_env: None
+    signed_hook: WebhookReceiver, make_sink: Any, store: Store, signing_env: None
 ) -> None:
     not_before = math.floor(time.time()) + 3
     date = format_datetime(datetime.fromtimestamp(not_before, UTC), usegmt=True)
@@ -794,7 +794,7 @@ async def test_retry_after_http_date_is_honoured(
 
 
 async def test_server_error_is_retried_in_seq_order_with_the_same_ids(
-    signed_hook: WebhookReceiver, make_sink: Any, store: Outbox, signing_env: None
+    signed_hook: WebhookReceiver, make_sink: Any, store: Store, signing_env: None
 ) -> None:
     signed_hook.force(500, body="rollup_error")
     events = [removed(1), added(2), removed(3, "GPU-1"), added(4, "GPU-1"), removed(5, "GPU-2")]
@@ -816,7 +816,7 @@ async def test_server_error_is_retried_in_seq_order_with_the_same_ids(
 
 
 async def test_permanent_failure_is_dead_lettered_and_later_events_flow(
-    signed_hook: WebhookReceiver, make_sink: Any, store: Outbox, signing_env: None
+    signed_hook: WebhookReceiver, make_sink: Any, store: Store, signing_env: None
 ) -> None:
     signed_hook.force(400, body="invalid event")
     events = [removed(1), added(2), removed(3, "GPU-1")]
@@ -826,7 +826,7 @@ async def test_permanent_failure_is_dead_lettered_and_later_events_flow(
             await run.deliveries.wait_for(lambda d: d.seqs("delivered") == [2, 3])
     assert run.deliveries.seqs("dead_letter") == [1]
     assert [r.status for r in signed_hook.requests] == [400, 200, 200]
-    (dead,) = store.sync_dead_letters()
+    (dead,) = await store.dead_letters()
     assert (dead.sink, dead.seq, dead.status) == ("hook", 1, 400)
     assert dead.event.id == events[0].id and "HTTP 400" in dead.error and "invalid event" in dead.error
     stats = await store.stats("hook")
@@ -836,7 +836,7 @@ async def test_permanent_failure_is_dead_lettered_and_later_events_flow(
 
 
 async def test_gone_disables_the_sink_loudly_and_nothing_more_is_sent(
-    signed_hook: WebhookReceiver, make_sink: Any, store: Outbox, signing_env: None
+    signed_hook: WebhookReceiver, make_sink: Any, store: Store, signing_env: None
 ) -> None:
     signed_hook.force(410, body="channel_is_archived")
     with structlog.testing.capture_logs() as logs:
@@ -869,7 +869,7 @@ def closed_port() -> int:
 
 async def test_secrets_never_reach_repr_errors_or_logs(
     serve: Callable[[Receiver], Awaitable[Receiver]],
-    store: Outbox,
+    store: Store,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

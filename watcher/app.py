@@ -31,8 +31,8 @@ from watcher.ops.metrics import Metrics
 from watcher.settings import Settings, parse_listen
 from watcher.sinks import Sink, build_sinks
 from watcher.status import AgentStatus
-from watcher.store.health import StorageHealth
-from watcher.store.outbox import OUTBOX_FILE, Outbox
+from watcher.store.outbox import OUTBOX_FILE
+from watcher.store.store import Store
 from watcher.supervision import Supervisor, sleep_or_stop, wait_any
 
 __all__ = ["Agent"]
@@ -64,9 +64,9 @@ class Agent:
         self.stop = stop if stop is not None else asyncio.Event()
         self.rng = rng if rng is not None else random.Random()
         self.metrics = Metrics()
-        self.outbox = Outbox(settings.state_dir / OUTBOX_FILE)
-        self.storage = StorageHealth()
-        self.storage.listeners.append(lambda writable: self.metrics.state_writable.set(int(writable)))
+        self.outbox = Store(settings.state_dir / OUTBOX_FILE)
+        self.storage = self.outbox.health
+        self.storage.subscribe(lambda writable: self.metrics.state_writable.set(int(writable)))
         if sinks is None:
             sinks = build_sinks(
                 settings.sinks, node=settings.node, state_dir=settings.state_dir, store=self.outbox
@@ -80,7 +80,6 @@ class Agent:
         self.committer = Committer(
             settings,
             outbox=self.outbox,
-            storage=self.storage,
             dispatcher=self.dispatcher,
             metrics=self.metrics,
             backoff=self.retry_backoff,
@@ -102,7 +101,6 @@ class Agent:
             tasks=lambda: self.supervisor.tasks,
             reactor=self.reactor,
             committer=self.committer,
-            storage=self.storage,
             dispatcher=self.dispatcher,
             outbox=self.outbox,
             metrics=self.metrics,

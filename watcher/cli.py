@@ -32,7 +32,7 @@ from watcher.sim.send_test import MemoryStore, synthetic_events
 from watcher.sinks import build_sink
 from watcher.sinks.audit import verify_files
 from watcher.snapshot import format_json, format_table, take_snapshot
-from watcher.store.outbox import OUTBOX_FILE, Outbox
+from watcher.store.outbox import OUTBOX_FILE, OutboxDatabase
 from watcher.supervision import stop_on_signals
 
 __all__ = ["main", "build_parser"]
@@ -325,29 +325,29 @@ def _outbox(args: argparse.Namespace) -> int:
     path = state_dir / OUTBOX_FILE
     if not path.exists():
         return _fail(f"no outbox at {path}: has the watcher run with this state_dir?")
-    box = Outbox(path)
-    box.sync_open()
+    box = OutboxDatabase(path)
+    box.open()
     try:
         if args.action == "retry":
-            n = box.sync_retry_dead(args.sink, args.seq)
+            n = box.retry_dead(args.sink, args.seq)
             print(f"{n} dead letter(s) put back on their queues")
             return 0
         if args.action == "drop":
-            n = box.sync_drop_dead(args.sink, args.seq)
+            n = box.drop_dead(args.sink, args.seq)
             print(f"{n} dead letter(s) dropped")
             return 0
-        names = [args.sink] if args.sink else box.sync_sink_names()
+        names = [args.sink] if args.sink else box.sink_names()
         print(
             f"{'SINK':<20} {'QUEUED':>7} {'OLDEST':>9} {'DELIVERED':>10} {'DROPPED':>8} {'DEAD':>6}  DISABLED"
         )
         for name in names:
-            st = box.sync_stats(name)
+            st = box.stats(name)
             oldest = "-" if st.oldest_age is None else f"{st.oldest_age:.0f}s"
             print(
                 f"{name:<20} {st.depth:>7} {oldest:>9} {st.delivered:>10} {st.dropped:>8} {st.dead:>6}  "
                 f"{st.disabled or '-'}"
             )
-        dead = box.sync_dead_letters(args.sink)
+        dead = box.dead_letters(args.sink)
         if dead:
             print("\nDEAD LETTERS")
             for d in dead:
@@ -355,7 +355,7 @@ def _outbox(args: argparse.Namespace) -> int:
                 print(f"{d.sink:<20} seq {d.seq:<8} {d.event.kind:<22} status {status}  {d.error}")
         return 0
     finally:
-        box.sync_close()
+        box.close()
 
 
 def _audit(args: argparse.Namespace) -> int:

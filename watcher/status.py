@@ -15,8 +15,7 @@ from watcher.delivery.dispatcher import Dispatcher
 from watcher.ops.http import Health
 from watcher.ops.metrics import Metrics
 from watcher.settings import Settings
-from watcher.store.health import StorageHealth
-from watcher.store.outbox import Outbox
+from watcher.store.store import Store
 
 __all__ = ["AgentStatus"]
 
@@ -33,18 +32,17 @@ class AgentStatus:
         tasks: Callable[[], Mapping[str, asyncio.Task[None]]],
         reactor: Reactor,
         committer: Committer,
-        storage: StorageHealth,
         dispatcher: Dispatcher,
-        outbox: Outbox,
+        outbox: Store,
         metrics: Metrics,
     ) -> None:
         self._settings = settings
         self._tasks = tasks
         self.reactor = reactor
         self.committer = committer
-        self.storage = storage
         self.dispatcher = dispatcher
         self.outbox = outbox
+        self.storage = outbox.health
         self.metrics = metrics
 
     def liveness(self) -> Health:

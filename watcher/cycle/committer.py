@@ -23,8 +23,7 @@ from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
 from watcher.ops.metrics import Metrics
 from watcher.settings import Settings
-from watcher.store.health import StorageHealth
-from watcher.store.outbox import Outbox, OutboxUnavailableError
+from watcher.store.store import Store
 
 __all__ = ["Committer", "EventObserver"]
 
@@ -40,8 +39,7 @@ class Committer:
         self,
         settings: Settings,
         *,
-        outbox: Outbox,
-        storage: StorageHealth,
+        outbox: Store,
         dispatcher: Dispatcher,
         metrics: Metrics,
         backoff: Backoff,
@@ -50,7 +48,7 @@ class Committer:
     ) -> None:
         self.settings = settings
         self.outbox = outbox
-        self.storage = storage
+        self.storage = outbox.health
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.backoff = backoff
@@ -86,7 +84,7 @@ class Committer:
             log.info("outbox open: events flow again", state_dir=str(self.settings.state_dir))
             self.storage.ok()
             self.wake("outbox", True)
-        self.storage.opened()
+        self.storage.ready.set()
         return True
 
     async def _stored_state(self) -> SavedState:
@@ -103,8 +101,8 @@ class Committer:
     def outbox_trouble(self, err: Exception) -> None:
         """A sink worker could not use the outbox. On a quiet node no commit would find out:
         say so, and make the next cycle reopen it (a commit with nothing new, if need be)."""
-        if self.storage.error is not None or not self.storage.ready.is_set():
-            return
+        if not self.storage.writable:
+            return  # said already, or not open yet
         self.storage.failed(err)
         log.error(
             "the outbox failed under a sink: reopening it at the next cycle",
@@ -157,8 +155,7 @@ class Committer:
         seq = current.seq + len(events)
         saved = SavedState(seq=seq, inventory=after, socket=draft.socket, node=self.settings.node)
         try:
-            if not self.storage.ready.is_set():
-                raise OutboxUnavailableError(f"the outbox could not be opened: {self.storage.open_error}")
+            self.storage.require_ready()
             if self.storage.error is not None:
                 await self.outbox.reopen()  # the last commit failed: the disk may be back
                 if await self._database_is_ahead(draft):
@@ -192,8 +189,8 @@ class Committer:
             state_dir=str(self.settings.state_dir),
             error=repr(err),
         )
-        failures = self.storage.failures  # its own count: the kubelet's is 0 here
-        self.storage.failed(err, commit=True)
+        failures = self.storage.count_failure()  # its own count: the kubelet's is 0 here
+        self.storage.failed(err)
         self.metrics.commit_failures.inc()
         retry_at = time.monotonic() + self.backoff.delay(failures)
         self.state = dataclasses.replace(self.state, health=self.state.health.retry_after(retry_at))

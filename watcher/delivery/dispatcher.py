@@ -18,7 +18,7 @@ import structlog
 from watcher.delivery.worker import DeliveryObserver, SinkWorker
 from watcher.model.events import Event
 from watcher.sinks import Sink
-from watcher.store.outbox import Outbox
+from watcher.store.store import Store
 from watcher.supervision import Scope, StoppedError, Supervisor, unless_stopped
 
 __all__ = ["Dispatcher", "SinkWorker", "DeliveryObserver"]
@@ -39,7 +39,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        outbox: Outbox,
+        outbox: Store,
         sinks: Sequence[Sink],
         *,
         stop: asyncio.Event,

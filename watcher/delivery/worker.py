@@ -23,7 +23,7 @@ from watcher.ratelimit import RateLimiter
 from watcher.secrets import redact
 from watcher.settings import AlertmanagerSinkSettings, PagerDutySinkSettings
 from watcher.sinks import Outcome, Sink, route_of
-from watcher.store.outbox import Outbox
+from watcher.store.store import Store
 from watcher.supervision import Scope, sleep_or_stop, wait_any
 
 __all__ = ["SinkWorker", "DeliveryObserver"]
@@ -40,7 +40,7 @@ class SinkWorker:
     def __init__(
         self,
         sink: Sink,
-        outbox: Outbox,
+        outbox: Store,
         *,
         stop: Scope,
         rng: random.Random,

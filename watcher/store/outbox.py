@@ -8,30 +8,30 @@ permanent failures move to a dead-letter table that is kept until an operator
 retries or drops them. Queues are bounded by size and age: the oldest rows go
 first, and every drop is counted and logged.
 
-All database work happens on one dedicated thread: sqlite3 is blocking, and
-fsyncs must never stall the event loop.
+`OutboxDatabase` is the database itself, synchronous: it runs on whichever thread
+calls it (the `outbox` command calls it directly). The agent reaches it through
+`watcher.store.store.Store`, which runs all of its work on one dedicated thread:
+sqlite3 is blocking, and fsyncs must never stall the event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
 from watcher.model.events import Event
+from watcher.store.hooks import installed_hooks
 
-__all__ = ["Outbox", "OUTBOX_FILE", "OutboxUnavailableError", "DeadLetter", "SinkStats"]
+__all__ = ["OutboxDatabase", "OUTBOX_FILE", "OutboxUnavailableError", "DeadLetter", "SinkStats"]
 
 OUTBOX_FILE = "outbox.db"
-T = TypeVar("T")
 
 log = structlog.get_logger("watcher.store.outbox")
 
@@ -108,19 +108,18 @@ def _is_corruption(err: sqlite3.DatabaseError) -> bool:
     return str(name).startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
-class Outbox:
-    """The outbox database. Async methods run on the outbox thread; `sync_*` ones on the caller's."""
+class OutboxDatabase:
+    """The outbox database; every method runs on the caller's thread, one transaction each."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._db: sqlite3.Connection | None = None
         # True when a corrupt database was moved aside: seq must not restart from 0.
         self.recovered_from_corruption = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox")
 
     # -- opening --
 
-    def sync_open(self) -> None:
+    def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = self._connect()
@@ -154,36 +153,26 @@ class Outbox:
             if check is None or check[0] != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {check}")
             db.executescript(_SCHEMA)
+            connected = installed_hooks().connected
+            if connected is not None:
+                connected(db)
         except BaseException:
             db.close()
             raise
         return db
 
-    def sync_close(self) -> None:
+    def close(self) -> None:
+        """Close the connection; `open()` may be called again."""
         db, self._db = self._db, None
         if db is not None:
             db.close()
 
-    async def open(self) -> None:
-        await self._run(self.sync_open)
-
-    async def reopen(self) -> None:
+    def reopen(self) -> None:
         """Close the database and open it again. After the disk under it failed (I/O errors,
         an emergency read-only remount) a fresh connection, on whatever is mounted there now,
         is the only way back."""
-        await self._run(self._sync_reopen)
-
-    def _sync_reopen(self) -> None:
-        self.sync_close()
-        self.sync_open()
-
-    async def disconnect(self) -> None:
-        """Close the database but keep the outbox usable: `open()` may be called again."""
-        await self._run(self.sync_close)
-
-    async def close(self) -> None:
-        await self._run(self.sync_close)
-        self._executor.shutdown(wait=True)
+        self.close()
+        self.open()
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -191,20 +180,18 @@ class Outbox:
             raise OutboxUnavailableError(f"the outbox {self.path} is not open")
         return self._db
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
     def _tx(self) -> _Transaction:
         return _Transaction(self.db)
 
     # -- the producer side --
 
-    def sync_commit(
+    def commit(
         self,
         events: Sequence[Event],
         queues: Mapping[str, Sequence[int]],
         state: Mapping[str, Any] | None,
     ) -> None:
+        """Queue `events` for the sinks in `queues` (sink -> seqs) and store `state`, atomically."""
         now = time.time()
         with self._tx() as db:
             db.executemany(
@@ -222,44 +209,30 @@ class Outbox:
                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                     (json.dumps(state, separators=(",", ":")),),
                 )
+            committing = installed_hooks().committing
+            if committing is not None:
+                committing(self.path, events)
 
-    async def commit(
-        self,
-        events: Sequence[Event],
-        queues: Mapping[str, Sequence[int]],
-        state: Mapping[str, Any] | None,
-    ) -> None:
-        """Queue `events` for the sinks in `queues` (sink -> seqs) and store `state`, atomically."""
-        await self._run(self.sync_commit, events, queues, state)
-
-    def sync_load_state(self) -> Any:
+    def load_state(self) -> Any:
         row = self.db.execute("SELECT value FROM kv WHERE key = 'state'").fetchone()
         return None if row is None else json.loads(row[0])
 
-    async def load_state(self) -> Any:
-        return await self._run(self.sync_load_state)
-
-    def sync_max_seq(self) -> int:
+    def max_seq(self) -> int:
+        """The highest seq still held (a floor for seq if the state is lost)."""
         row = self.db.execute(
             "SELECT MAX(m) FROM (SELECT MAX(seq) AS m FROM events "
             "UNION ALL SELECT MAX(seq) FROM dead_letters)"
         ).fetchone()
         return int(row[0] or 0)
 
-    async def max_seq(self) -> int:
-        """The highest seq still held (a floor for seq if the state is lost)."""
-        return await self._run(self.sync_max_seq)
-
     # -- sinks --
 
-    def sync_register(self, sinks: Iterable[str]) -> None:
+    def register(self, sinks: Iterable[str]) -> None:
         with self._tx() as db:
             db.executemany("INSERT OR IGNORE INTO sinks (name) VALUES (?)", [(s,) for s in sinks])
 
-    async def register(self, sinks: Iterable[str]) -> None:
-        await self._run(self.sync_register, list(sinks))
-
-    def sync_pending(self, sink: str, limit: int) -> list[Event]:
+    def pending(self, sink: str, limit: int = 100) -> list[Event]:
+        """The oldest queued events of `sink`, in seq order."""
         rows = self.db.execute(
             "SELECT e.body FROM queue q JOIN events e ON e.seq = q.seq "
             "WHERE q.sink = ? ORDER BY q.seq LIMIT ?",
@@ -267,27 +240,20 @@ class Outbox:
         ).fetchall()
         return [Event.from_dict(json.loads(body)) for (body,) in rows]
 
-    async def pending(self, sink: str, limit: int = 100) -> list[Event]:
-        """The oldest queued events of `sink`, in seq order."""
-        return await self._run(self.sync_pending, sink, limit)
-
     def _prune(self, db: sqlite3.Connection) -> None:
         db.execute(
             "DELETE FROM events WHERE seq NOT IN (SELECT seq FROM queue) "
             "AND seq NOT IN (SELECT seq FROM dead_letters)"
         )
 
-    def sync_ack(self, sink: str, seqs: Sequence[int]) -> None:
+    def ack(self, sink: str, seqs: Sequence[int]) -> None:
+        """`sink` has the events: forget them for it."""
         with self._tx() as db:
             db.executemany("DELETE FROM queue WHERE sink = ? AND seq = ?", [(sink, s) for s in seqs])
             db.execute("UPDATE sinks SET delivered = delivered + ? WHERE name = ?", (len(seqs), sink))
             self._prune(db)
 
-    async def ack(self, sink: str, seqs: Sequence[int]) -> None:
-        """`sink` has the events: forget them for it."""
-        await self._run(self.sync_ack, sink, list(seqs))
-
-    def sync_dead_letter(self, sink: str, seqs: Sequence[int], status: int | None, error: str) -> None:
+    def dead_letter(self, sink: str, seqs: Sequence[int], status: int | None, error: str) -> None:
         now = time.time()
         with self._tx() as db:
             db.executemany(
@@ -298,10 +264,7 @@ class Outbox:
             db.executemany("DELETE FROM queue WHERE sink = ? AND seq = ?", [(sink, s) for s in seqs])
             db.execute("UPDATE sinks SET dead = dead + ? WHERE name = ?", (len(seqs), sink))
 
-    async def dead_letter(self, sink: str, seqs: Sequence[int], status: int | None, error: str) -> None:
-        await self._run(self.sync_dead_letter, sink, list(seqs), status, error)
-
-    def sync_enforce_caps(self, sink: str, max_events: int, max_age: float) -> int:
+    def enforce_caps(self, sink: str, max_events: int, max_age: float) -> int:
         """Drop the oldest rows of `sink` beyond the caps; return how many went."""
         with self._tx() as db:
             cutoff = time.time() - max_age
@@ -320,21 +283,15 @@ class Outbox:
                 self._prune(db)
         return int(dropped)
 
-    async def enforce_caps(self, sink: str, max_events: int, max_age: float) -> int:
-        return await self._run(self.sync_enforce_caps, sink, max_events, max_age)
-
-    def sync_set_disabled(self, sink: str, reason: str | None) -> None:
+    def set_disabled(self, sink: str, reason: str | None) -> None:
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO sinks (name) VALUES (?)", (sink,))
             db.execute("UPDATE sinks SET disabled = ? WHERE name = ?", (reason, sink))
 
-    async def set_disabled(self, sink: str, reason: str | None) -> None:
-        await self._run(self.sync_set_disabled, sink, reason)
-
-    def sync_sink_names(self) -> list[str]:
+    def sink_names(self) -> list[str]:
         return [name for (name,) in self.db.execute("SELECT name FROM sinks ORDER BY name")]
 
-    def sync_stats(self, sink: str) -> SinkStats:
+    def stats(self, sink: str) -> SinkStats:
         db = self.db
         depth, oldest = db.execute(
             "SELECT COUNT(*), MIN(enqueued) FROM queue WHERE sink = ?", (sink,)
@@ -352,14 +309,11 @@ class Outbox:
             disabled=disabled,
         )
 
-    async def stats(self, sink: str) -> SinkStats:
-        return await self._run(self.sync_stats, sink)
-
-    def sync_kv_get(self, key: str) -> Any:
+    def kv_get(self, key: str) -> Any:
         row = self.db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
         return None if row is None else json.loads(row[0])
 
-    def sync_kv_set(self, key: str, value: Any) -> None:
+    def kv_set(self, key: str, value: Any) -> None:
         with self._tx() as db:
             db.execute(
                 "INSERT INTO kv (key, value) VALUES (?, ?) "
@@ -367,15 +321,9 @@ class Outbox:
                 (key, json.dumps(value, separators=(",", ":"))),
             )
 
-    async def kv_get(self, key: str) -> Any:
-        return await self._run(self.sync_kv_get, key)
-
-    async def kv_set(self, key: str, value: Any) -> None:
-        await self._run(self.sync_kv_set, key, value)
-
     # -- dead letters (the `outbox` command) --
 
-    def sync_dead_letters(self, sink: str | None = None) -> list[DeadLetter]:
+    def dead_letters(self, sink: str | None = None) -> list[DeadLetter]:
         rows = self.db.execute(
             "SELECT d.sink, d.seq, d.failed, d.status, d.error, e.body FROM dead_letters d "
             "JOIN events e ON e.seq = d.seq WHERE (? IS NULL OR d.sink = ?) ORDER BY d.sink, d.seq",
@@ -386,7 +334,7 @@ class Outbox:
             for s, seq, failed, status, error, body in rows
         ]
 
-    def sync_retry_dead(self, sink: str | None = None, seqs: Sequence[int] | None = None) -> int:
+    def retry_dead(self, sink: str | None = None, seqs: Sequence[int] | None = None) -> int:
         """Put dead letters back on their sinks' queues (in seq order, with the same event ids)."""
         now = time.time()
         with self._tx() as db:
@@ -398,7 +346,7 @@ class Outbox:
             db.executemany("DELETE FROM dead_letters WHERE sink = ? AND seq = ?", chosen)
         return len(chosen)
 
-    def sync_drop_dead(self, sink: str | None = None, seqs: Sequence[int] | None = None) -> int:
+    def drop_dead(self, sink: str | None = None, seqs: Sequence[int] | None = None) -> int:
         with self._tx() as db:
             chosen = self._chosen_dead(db, sink, seqs)
             db.executemany("DELETE FROM dead_letters WHERE sink = ? AND seq = ?", chosen)

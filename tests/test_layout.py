@@ -1,0 +1,98 @@
+"""The import layering the README's "Layout" section documents, enforced.
+
+Layers, lowest first: a module may import from its own unit and from lower layers only; units
+marked as peers (kubelet, store, sinks; delivery, ops, settings) never import each other. The pure
+core (model/, and the kubelet's health machine) imports no I/O library at all.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "watcher"
+
+# (units, peers?): a unit is a top-level module or sub-package of `watcher`.
+LAYERS: list[tuple[set[str], bool]] = [
+    ({"__init__", "errors", "config", "secrets", "backoff", "ratelimit", "supervision", "kubeletapi"}, True),
+    ({"model"}, True),
+    ({"kubelet", "store", "sinks"}, True),
+    ({"delivery", "ops", "settings"}, True),
+    ({"cycle"}, True),
+    ({"status"}, True),
+    ({"app"}, True),
+    ({"sim", "snapshot", "cli", "__main__"}, False),
+]
+PURE = ["model", "kubelet/health.py"]
+IO_LIBRARIES = {"asyncio", "grpc", "aiohttp", "sqlite3", "watchfiles", "socket", "structlog", "prometheus_client"}
+
+
+def _layer_of(unit: str) -> int:
+    for i, (units, _) in enumerate(LAYERS):
+        if unit in units:
+            return i
+    raise AssertionError(f"watcher.{unit} is in no layer: add it to LAYERS and the README's Layout")
+
+
+def _unit(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> set[str]:
+    """Dotted names this module imports (`from watcher import x` counts as watcher.x)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            names.add(node.module)
+            if node.module == "watcher":
+                names.update(f"watcher.{alias.name}" for alias in node.names)
+    return names
+
+
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "kubeletapi" not in p.parts)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_go_downward_only(path: Path) -> None:
+    unit = _unit(path)
+    layer = _layer_of(unit)
+    for name in _imports(path):
+        parts = name.split(".")
+        if parts[0] != "watcher" or len(parts) < 2 or parts[1] == "__version__":
+            continue
+        target = parts[1]
+        if target == unit:
+            continue
+        target_layer = _layer_of(target)
+        assert target_layer <= layer, f"{path.relative_to(PACKAGE)} imports {name}: an upward import"
+        if target_layer == layer:
+            assert not LAYERS[layer][1], f"{path.relative_to(PACKAGE)} imports its peer {name}"
+
+
+@pytest.mark.parametrize("where", PURE)
+def test_the_pure_core_does_no_io(where: str) -> None:
+    root = PACKAGE / where
+    files = [root] if root.is_file() else sorted(root.rglob("*.py"))
+    assert files
+    for path in files:
+        bad = {n for n in _imports(path) if n.split(".")[0] in IO_LIBRARIES}
+        assert not bad, f"{path.relative_to(PACKAGE)} is pure core but imports {sorted(bad)}"
+
+
+def test_every_unit_has_a_layer() -> None:
+    units = {_unit(p) for p in MODULES}
+    for unit in units:
+        _layer_of(unit)
+
+
+def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
+    """The checker itself: an import from a higher layer is found."""
+    module = tmp_path / "m.py"
+    module.write_text("from watcher.app import Agent\nfrom watcher import settings\n")
+    assert {"watcher.app", "watcher.settings"} <= _imports(module)
+    assert _layer_of("app") > _layer_of("model")
