@@ -42,7 +42,8 @@ from watcher.ops.http import Health, HttpServer
 from watcher.ops.metrics import Metrics
 from watcher.ratelimit import RateLimiter
 from watcher.settings import Settings, parse_listen
-from watcher.sinks import Sink, build_sinks
+from watcher.sinks.base import Sink
+from watcher.sinks.registry import build_sinks
 from watcher.store.outbox import OUTBOX_FILE, Outbox, OutboxUnavailableError
 from watcher.supervision import sleep_or_stop, supervise
 
