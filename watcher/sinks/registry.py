@@ -94,14 +94,13 @@ def _refusal(sink_type: SinkType[Any]) -> str | None:
         if name not in fields or not fields[name].metadata.get("secret"):
             return f"required secret {name!r} is not a secret field of its settings"
     if sink_type.name in _types:
+        # Its settings' `type` names it too, so no settings class can belong to two types.
         return "a sink type of that name is already registered"
-    if any(t.settings is cls for t in _types.values()):
-        return f"{cls.__name__} already belongs to another sink type"
     return None
 
 
 def register(sink_type: SinkType[S]) -> SinkType[S]:
-    """Add a sink type; ValueError if its name or settings class is taken, or it is malformed.
+    """Add a sink type; ValueError if its name is taken or it is malformed.
 
     A sink module calls this once, as its last statement: the other sink modules
     are found first (so a taken name is refused here, whoever came first), and
