@@ -60,8 +60,8 @@ from watcher.settings import (
     KubeletSettings,
     Settings,
     WatchSettings,
-    WebhookSinkSettings,
 )
+from watcher.sinks.webhook import WebhookSinkSettings
 
 GPU = "nvidia.com/gpu"
 ALLOC = "/v1.PodResourcesLister/GetAllocatableResources"

@@ -15,8 +15,9 @@ from aiohttp import web
 
 from watcher.app import Agent
 from watcher.model.events import Event, event_schema
-from watcher.settings import FileSinkSettings, HttpSettings, KubeletSettings, Settings, WatchSettings
+from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSettings
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sinks.file import FileSinkSettings
 
 _VALIDATOR = jsonschema.Draft202012Validator(
     event_schema(), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER

@@ -23,9 +23,10 @@ from tests.conftest import PLANTED_SECRET
 from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import envelope
-from watcher.settings import AlertmanagerSinkSettings, FileSinkSettings
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sinks.alertmanager import AlertmanagerSinkSettings
 from watcher.sinks.audit import verify_files
+from watcher.sinks.file import FileSinkSettings
 
 GPU = "nvidia.com/gpu"
 ROOT = Path(__file__).resolve().parent.parent
@@ -352,7 +353,7 @@ async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(short_tmp:
     from structlog.testing import capture_logs
 
     from watcher.secrets import Secret
-    from watcher.settings import WebhookSinkSettings
+    from watcher.sinks.webhook import WebhookSinkSettings
 
     # Nobody listens on this port: everything queues.
     dead = WebhookSinkSettings(
@@ -380,7 +381,7 @@ async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(short_tmp:
 
 async def test_a_hung_sink_delays_neither_other_sinks_nor_the_watch_loop(short_tmp: Path) -> None:
     from watcher.secrets import Secret
-    from watcher.settings import WebhookSinkSettings
+    from watcher.sinks.webhook import WebhookSinkSettings
 
     # A receiver that accepts the connection and never answers.
     hang = asyncio.Event()

@@ -20,8 +20,10 @@ from tests.agent_harness import Running, make_settings, running_agent, serve_pos
 from tests.conftest import PLANTED_SECRET
 from watcher.cli import main
 from watcher.secrets import Secret
-from watcher.settings import FileSinkSettings, StdoutSinkSettings, WebhookSinkSettings
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sinks.file import FileSinkSettings
+from watcher.sinks.stdout import StdoutSinkSettings
+from watcher.sinks.webhook import WebhookSinkSettings
 
 GPU = "nvidia.com/gpu"
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,10 +27,9 @@ from tests.agent_harness import write_agent_config
 from tests.conftest import fill
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, new_cycle_id
-from watcher.settings import FileSinkSettings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.audit import make_record, verify_files
-from watcher.sinks.file import FileSink
+from watcher.sinks.file import FileSink, FileSinkSettings
 
 GPU = "nvidia.com/gpu"
 ROOT = Path(__file__).resolve().parent.parent

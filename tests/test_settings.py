@@ -14,14 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from watcher.cli import main
-from watcher.settings import (
-    SINK_TYPES,
-    ConfigError,
-    FileSinkSettings,
-    Settings,
-    load_settings,
-    parse_settings,
-)
+from watcher.config import ConfigError
+from watcher.settings import Settings, load_settings, parse_settings
+from watcher.sinks.file import FileSinkSettings
+from watcher.sinks.registry import SINK_SETTINGS as SINK_TYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config.example.toml"

@@ -34,9 +34,11 @@ from watcher.delivery.dispatcher import Dispatcher, SinkWorker
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, event_schema
 from watcher.model.lifecycle import reachable, unreachable
-from watcher.settings import SinkSettings, parse_settings
-from watcher.sinks import Outcome, Sink, build_sink
+from watcher.settings import parse_settings
+from watcher.sinks.base import BaseSinkSettings as SinkSettings
+from watcher.sinks.base import Outcome, Sink
 from watcher.sinks.http import outcome_of, parse_retry_after
+from watcher.sinks.registry import build_sink
 from watcher.store.store import Store
 
 NODE = "node-a"

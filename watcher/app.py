@@ -29,7 +29,8 @@ from watcher.model.inventory import Inventory
 from watcher.ops.http import HttpServer
 from watcher.ops.metrics import Metrics
 from watcher.settings import Settings, parse_listen
-from watcher.sinks import Sink, build_sinks
+from watcher.sinks.base import Sink
+from watcher.sinks.registry import build_sinks
 from watcher.status import AgentStatus
 from watcher.store.outbox import OUTBOX_FILE
 from watcher.store.store import Store

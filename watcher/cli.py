@@ -16,6 +16,7 @@ import structlog
 
 from watcher import __version__, errors
 from watcher.app import Agent
+from watcher.config import ConfigError
 from watcher.kubelet.client import (
     DEFAULT_MAX_RECEIVE_BYTES,
     DEFAULT_SOCKET,
@@ -24,13 +25,13 @@ from watcher.kubelet.client import (
 )
 from watcher.ops.logs import configure_logging
 from watcher.secrets import redact
-from watcher.settings import ConfigError, Settings, load_settings
+from watcher.settings import Settings, load_settings
 from watcher.sim.demo import run_demo
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node, large_node
 from watcher.sim.send_test import MemoryStore, synthetic_events
-from watcher.sinks import build_sink
 from watcher.sinks.audit import verify_files
+from watcher.sinks.registry import build_sink, sink_type_of
 from watcher.snapshot import format_json, format_table, take_snapshot
 from watcher.store.outbox import OUTBOX_FILE, OutboxDatabase
 from watcher.supervision import stop_on_signals
@@ -296,7 +297,7 @@ async def _send_test(settings: Settings, name: str) -> int:
     sink = build_sink(chosen[0], node=settings.node, state_dir=settings.state_dir, store=MemoryStore())
     try:
         outcomes = []
-        for event in synthetic_events(settings.node, paging=chosen[0].type in ("pagerduty", "alertmanager")):
+        for event in synthetic_events(settings.node, paging=sink_type_of(chosen[0]).capabilities.pages):
             outcome = await sink.deliver([event])
             outcomes.append(outcome)
             verdict = "delivered" if outcome.delivered else ("will retry" if outcome.retry else "REFUSED")

@@ -17,7 +17,7 @@ import structlog
 
 from watcher.delivery.worker import DeliveryObserver, SinkWorker
 from watcher.model.events import Event
-from watcher.sinks import Sink
+from watcher.sinks.base import Sink
 from watcher.store.store import Store
 from watcher.supervision import Scope, StoppedError, Supervisor, unless_stopped
 

@@ -21,8 +21,8 @@ from watcher.backoff import Backoff
 from watcher.model.events import Event
 from watcher.ratelimit import RateLimiter
 from watcher.secrets import redact
-from watcher.settings import AlertmanagerSinkSettings, PagerDutySinkSettings
-from watcher.sinks import Outcome, Sink, route_of
+from watcher.sinks.base import Outcome, Sink, route_of
+from watcher.sinks.registry import sink_type_of
 from watcher.store.store import Store
 from watcher.supervision import Scope, sleep_or_stop, wait_any
 
@@ -52,7 +52,7 @@ class SinkWorker:
         self.stop = stop
         s = sink.settings
         # Paging sinks must see the end of every condition they started.
-        paging = isinstance(s, PagerDutySinkSettings | AlertmanagerSinkSettings)
+        paging = sink_type_of(s).capabilities.pages
         self.route = route_of(s, resolutions=paging)
         self.limiter = RateLimiter(s.rate)
         self.backoff = Backoff(base=0.5, cap=s.retry_max_delay, rng=rng)

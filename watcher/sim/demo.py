@@ -26,18 +26,12 @@ from watcher.app import Agent
 from watcher.model.events import Event
 from watcher.ops.logs import configure_logging
 from watcher.secrets import Secret
-from watcher.settings import (
-    FileSinkSettings,
-    HttpSettings,
-    KubeletSettings,
-    LogSettings,
-    Settings,
-    StdoutSinkSettings,
-    WatchSettings,
-    WebhookSinkSettings,
-)
+from watcher.settings import HttpSettings, KubeletSettings, LogSettings, Settings, WatchSettings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.audit import verify_files
+from watcher.sinks.file import FileSinkSettings
+from watcher.sinks.stdout import StdoutSinkSettings
+from watcher.sinks.webhook import WebhookSinkSettings
 from watcher.supervision import StoppedError, stop_on_signals, unless_stopped
 
 __all__ = ["run_demo"]

@@ -13,20 +13,45 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
+from watcher.config import field_meta
 from watcher.model.conditions import condition_of
 from watcher.model.events import Event, rfc3339
-from watcher.settings import AlertmanagerSinkSettings
-from watcher.sinks import KeyValue, Outcome
+from watcher.secrets import Secret
+from watcher.sinks.base import (
+    BaseSinkSettings,
+    Capabilities,
+    HttpSinkSettings,
+    KeyValue,
+    Outcome,
+    SinkContext,
+)
 from watcher.sinks.http import HttpClient
+from watcher.sinks.registry import SinkType, register
 
-__all__ = ["AlertmanagerSink"]
+__all__ = ["AlertmanagerSink", "AlertmanagerSinkSettings"]
 
 log = structlog.get_logger("watcher.sinks.alertmanager")
+
+
+@dataclass(frozen=True)
+class AlertmanagerSinkSettings(BaseSinkSettings, HttpSinkSettings):
+    url: str = field(default="http://alertmanager:9093", metadata=field_meta("Alertmanager base URL."))
+    resend_interval: float = field(
+        default=60.0,
+        metadata=field_meta(
+            "Re-post active alerts this often; keep well inside resolve_timeout.", min=1, max=3600
+        ),
+    )
+    bearer_token: Secret | None = field(
+        default=None, metadata=field_meta("Sent as Authorization: Bearer (secret).", secret=True)
+    )
+    type: Literal["alertmanager"] = "alertmanager"
 
 
 class AlertmanagerSink:
@@ -111,3 +136,18 @@ class AlertmanagerSink:
 
     async def close(self) -> None:
         await self.http.close()
+
+
+def _alertmanager_sink(settings: AlertmanagerSinkSettings, context: SinkContext) -> AlertmanagerSink:
+    return AlertmanagerSink(settings, node=context.node, store=context.store)
+
+
+register(
+    SinkType(
+        name="alertmanager",
+        settings=AlertmanagerSinkSettings,
+        factory=_alertmanager_sink,
+        capabilities=Capabilities(pages=True),
+        order=60,
+    )
+)

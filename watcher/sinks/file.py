@@ -12,18 +12,43 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import structlog
 
+from watcher.config import field_meta
 from watcher.model.events import Event
-from watcher.settings import FileSinkSettings
-from watcher.sinks import Outcome
 from watcher.sinks.audit import GENESIS, last_record, make_record
+from watcher.sinks.base import BaseSinkSettings, Outcome, SinkContext
+from watcher.sinks.registry import SinkType, register
 
-__all__ = ["FileSink"]
+__all__ = ["FileSink", "FileSinkSettings"]
 
 log = structlog.get_logger("watcher.sinks.file")
+
+
+@dataclass(frozen=True)
+class FileSinkSettings(BaseSinkSettings):
+    path: Path = field(default=Path("events.jsonl"), metadata=field_meta("The JSONL audit log."))
+    fsync: Literal["event", "interval"] = field(
+        default="event",
+        metadata=field_meta("event: fsync every write; interval: every fsync_interval seconds."),
+    )
+    fsync_interval: float = field(
+        default=1.0, metadata=field_meta("Seconds between fsyncs.", min=0.01, max=3600)
+    )
+    max_bytes: int = field(
+        default=100 * 1024 * 1024, metadata=field_meta("Rotate when the log reaches this size.", min=1024)
+    )
+    keep: int = field(
+        default=5, metadata=field_meta("Rotated files kept (events.jsonl.1 ... .N).", min=1, max=1000)
+    )
+    rate: float = field(
+        default=1000.0, metadata=field_meta("Most messages per second.", min=0.001, max=100000)
+    )
+    type: Literal["file"] = "file"
 
 
 class FileSink:
@@ -193,3 +218,12 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def _file_sink(settings: FileSinkSettings, context: SinkContext) -> FileSink:
+    # A relative default path lives in the state directory.
+    path = settings.path if settings.path.is_absolute() else context.state_dir / settings.path
+    return FileSink(settings, path)
+
+
+register(SinkType(name="file", settings=FileSinkSettings, factory=_file_sink, order=20))

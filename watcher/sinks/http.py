@@ -19,8 +19,7 @@ import aiohttp
 
 from watcher import __version__
 from watcher.secrets import redact
-from watcher.settings import HttpSinkSettings
-from watcher.sinks import Outcome
+from watcher.sinks.base import HttpSinkSettings, Outcome
 
 __all__ = ["HttpClient", "parse_retry_after", "outcome_of", "USER_AGENT"]
 

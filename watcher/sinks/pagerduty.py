@@ -11,20 +11,54 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from watcher.config import field_meta
 from watcher.model.conditions import condition_of
 from watcher.model.events import Event
-from watcher.settings import PagerDutySinkSettings
-from watcher.sinks import KeyValue, Outcome
+from watcher.secrets import Secret
+from watcher.sinks.base import (
+    BaseSinkSettings,
+    Capabilities,
+    HttpSinkSettings,
+    KeyValue,
+    Outcome,
+    SeverityName,
+    SinkContext,
+)
 from watcher.sinks.http import HttpClient
+from watcher.sinks.registry import SinkType, register
 
-__all__ = ["PagerDutySink", "pagerduty_event", "dedup_key", "MAX_SUMMARY", "MAX_EVENT_BYTES"]
+__all__ = [
+    "PagerDutySink",
+    "PagerDutySinkSettings",
+    "pagerduty_event",
+    "dedup_key",
+    "MAX_SUMMARY",
+    "MAX_EVENT_BYTES",
+]
 
 MAX_SUMMARY = 1024
 MAX_DEDUP = 255
 MAX_EVENT_BYTES = 512 * 1024
 SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
+
+
+@dataclass(frozen=True)
+class PagerDutySinkSettings(BaseSinkSettings, HttpSinkSettings):
+    routing_key: Secret | None = field(
+        default=None, metadata=field_meta("32-character integration key (secret).", secret=True)
+    )
+    endpoint: str = field(
+        default="https://events.pagerduty.com/v2/enqueue",
+        metadata=field_meta("Events API v2 endpoint (EU: https://events.eu.pagerduty.com/v2/enqueue)."),
+    )
+    min_severity: SeverityName = field(
+        default="warning", metadata=field_meta("Only conditions worth a page.")
+    )
+    rate: float = field(default=2.0, metadata=field_meta("Most messages per second.", min=0.001))
+    type: Literal["pagerduty"] = "pagerduty"
 
 
 def dedup_key(condition_key: str) -> str:
@@ -109,3 +143,19 @@ class PagerDutySink:
 
     async def close(self) -> None:
         await self.http.close()
+
+
+def _pagerduty_sink(settings: PagerDutySinkSettings, context: SinkContext) -> PagerDutySink:
+    return PagerDutySink(settings, node=context.node, store=context.store)
+
+
+register(
+    SinkType(
+        name="pagerduty",
+        settings=PagerDutySinkSettings,
+        factory=_pagerduty_sink,
+        required_secrets=("routing_key",),
+        capabilities=Capabilities(pages=True),
+        order=40,
+    )
+)

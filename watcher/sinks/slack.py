@@ -10,21 +10,49 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from watcher.config import field_meta
 from watcher.model.events import Event
-from watcher.settings import SlackSinkSettings
-from watcher.sinks import Outcome
+from watcher.secrets import Secret
+from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Outcome, SinkContext
 from watcher.sinks.http import HttpClient
+from watcher.sinks.registry import SinkType, register
 
-__all__ = ["SlackSink", "slack_message", "MAX_BLOCKS", "MAX_SECTION", "MAX_HEADER", "MAX_TOTAL"]
+__all__ = [
+    "SlackSink",
+    "SlackSinkSettings",
+    "slack_message",
+    "MAX_BLOCKS",
+    "MAX_SECTION",
+    "MAX_HEADER",
+    "MAX_TOTAL",
+]
 
 MAX_BLOCKS = 50
 MAX_SECTION = 3000
 MAX_HEADER = 150
 MAX_TOTAL = 12000  # characters of text across blocks: under Slack's ~13k refusal point
 ICONS = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
-_RANK = {"info": 0, "warning": 1, "critical": 2}
+
+
+@dataclass(frozen=True)
+class SlackSinkSettings(BaseSinkSettings, HttpSinkSettings):
+    url: Secret | None = field(
+        default=None, metadata=field_meta("Incoming-webhook URL (secret).", secret=True)
+    )
+    group: Literal["none", "cycle", "window"] = field(
+        default="cycle", metadata=field_meta("Slack gets one message per re-query by default.")
+    )
+    rate: float = field(
+        default=1.0, metadata=field_meta("Slack allows about 1 message/s per webhook.", min=0.001)
+    )
+    max_batch: int = field(
+        default=1000,
+        metadata=field_meta("A whole re-query fits one message (cut short inside it).", min=1, max=10000),
+    )
+    type: Literal["slack"] = "slack"
 
 
 def _escape(text: str) -> str:
@@ -49,7 +77,7 @@ def _section(title: str, lines: list[str], budget: int) -> str:
 
 
 def slack_message(events: Sequence[Event], node: str) -> dict[str, Any]:
-    worst = max((e.severity for e in events), key=lambda s: _RANK[str(s)])
+    worst = max((e.severity for e in events), key=lambda s: s.rank)
     n = len(events)
     title = _cut(
         f"{node}: {n} change{'s' if n != 1 else ''}" + (f" — {events[0].summary}" if n == 1 else ""),
@@ -68,7 +96,7 @@ def slack_message(events: Sequence[Event], node: str) -> dict[str, Any]:
         if len(blocks) > room or budget < 200:
             omitted += len(group)
             continue
-        icon = ICONS[str(max((e.severity for e in group), key=lambda s: _RANK[str(s)]))]
+        icon = ICONS[str(max((e.severity for e in group), key=lambda s: s.rank))]
         lines = [_escape(_cut(e.summary, 500)) for e in group]
         text = _section(f"{icon} *{kind}* ({len(group)})", lines, min(MAX_SECTION, budget))
         budget -= len(text)
@@ -103,3 +131,18 @@ class SlackSink:
 
     async def close(self) -> None:
         await self.http.close()
+
+
+def _slack_sink(settings: SlackSinkSettings, context: SinkContext) -> SlackSink:
+    return SlackSink(settings, node=context.node)
+
+
+register(
+    SinkType(
+        name="slack",
+        settings=SlackSinkSettings,
+        factory=_slack_sink,
+        required_secrets=("url",),
+        order=30,
+    )
+)

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TextIO
+from dataclasses import dataclass, field
+from typing import Literal, TextIO
 
+from watcher.config import field_meta
 from watcher.model.events import Event
-from watcher.settings import StdoutSinkSettings
-from watcher.sinks import Outcome
+from watcher.sinks.base import BaseSinkSettings, Outcome, SinkContext
+from watcher.sinks.registry import SinkType, register
 
-__all__ = ["StdoutSink", "format_line"]
+__all__ = ["StdoutSink", "StdoutSinkSettings", "format_line"]
+
+
+@dataclass(frozen=True)
+class StdoutSinkSettings(BaseSinkSettings):
+    format: Literal["json", "text"] = field(
+        default="json", metadata=field_meta("json: one event per line; text: one readable line per event.")
+    )
+    rate: float = field(
+        default=1000.0, metadata=field_meta("Most messages per second.", min=0.001, max=100000)
+    )
+    type: Literal["stdout"] = "stdout"
 
 
 def format_line(event: Event) -> str:
@@ -40,3 +53,10 @@ class StdoutSink:
 
     async def close(self) -> None:
         return None
+
+
+def _stdout_sink(settings: StdoutSinkSettings, context: SinkContext) -> StdoutSink:
+    return StdoutSink(settings)
+
+
+register(SinkType(name="stdout", settings=StdoutSinkSettings, factory=_stdout_sink, order=10))

@@ -4,20 +4,86 @@ signed per Standard Webhooks (webhook-id = event id, so receivers can de-duplica
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from watcher.config import ConfigError, field_meta
 from watcher.model.events import Event
-from watcher.secrets import expand_env
-from watcher.settings import WebhookSinkSettings, check_signing_secret
-from watcher.sinks import Outcome
+from watcher.secrets import Secret, expand_env
+from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Outcome, SinkContext
 from watcher.sinks.http import HttpClient
+from watcher.sinks.registry import SinkType, register
 
-__all__ = ["WebhookSink", "cloudevent", "sign", "message_id"]
+__all__ = [
+    "WebhookSink",
+    "WebhookSinkSettings",
+    "check_signing_secret",
+    "cloudevent",
+    "sign",
+    "message_id",
+]
+
+
+@dataclass(frozen=True)
+class WebhookSinkSettings(BaseSinkSettings, HttpSinkSettings):
+    url: Secret | None = field(
+        default=None, metadata=field_meta("Where events are POSTed (secret).", secret=True)
+    )
+    format: Literal["json", "cloudevents", "cloudevents-binary"] = field(
+        default="json",
+        metadata=field_meta(
+            "json: the event; cloudevents: structured CloudEvents 1.0; -binary: ce-* headers."
+        ),
+    )
+    batch: bool = field(
+        default=False,
+        metadata=field_meta("POST up to max_batch events as one JSON array (not in binary mode)."),
+    )
+    type_prefix: str = field(
+        default="io.github.pod-resources-watcher",
+        metadata=field_meta("Reverse-DNS prefix of the CloudEvents type: PREFIX.device.removed."),
+    )
+    signing_secret: Secret | None = field(
+        default=None, metadata=field_meta("Standard Webhooks secret, whsec_... (secret).", secret=True)
+    )
+    bearer_token: Secret | None = field(
+        default=None, metadata=field_meta("Sent as Authorization: Bearer (secret).", secret=True)
+    )
+    headers: Mapping[str, str] = field(
+        default_factory=dict, metadata=field_meta("Extra headers; values may use ${ENV}.")
+    )
+    type: Literal["webhook"] = "webhook"
+
+
+def check_signing_secret(value: str) -> bytes:
+    """The HMAC key of a Standard Webhooks secret `whsec_<base64 of 24..64 bytes>`."""
+    if not value.startswith("whsec_"):
+        raise ValueError("expected a Standard Webhooks secret starting with whsec_")
+    try:
+        key = base64.b64decode(value.removeprefix("whsec_"), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the part after whsec_ is not valid base64") from None
+    if not 24 <= len(key) <= 64:
+        raise ValueError(f"the key must be 24 to 64 bytes, got {len(key)}")
+    return key
+
+
+def _check(path: str, settings: WebhookSinkSettings) -> None:
+    if settings.signing_secret is not None:
+        try:
+            check_signing_secret(settings.signing_secret.get())
+        except ValueError as err:
+            raise ConfigError(f"{path}.signing_secret: {err}") from err
+    if settings.batch and settings.format == "cloudevents-binary":
+        raise ConfigError(
+            f"{path}.batch: true is not allowed with format 'cloudevents-binary' (one event per request)"
+        )
 
 
 def _subject(event: Event) -> str | None:
@@ -140,3 +206,19 @@ class WebhookSink:
 
     async def close(self) -> None:
         await self.http.close()
+
+
+def _webhook_sink(settings: WebhookSinkSettings, context: SinkContext) -> WebhookSink:
+    return WebhookSink(settings, node=context.node)
+
+
+register(
+    SinkType(
+        name="webhook",
+        settings=WebhookSinkSettings,
+        factory=_webhook_sink,
+        required_secrets=("url",),
+        validate=_check,
+        order=50,
+    )
+)

@@ -1,0 +1,161 @@
+"""Settings from TOML: frozen dataclasses whose fields carry their doc and bounds, built from tables.
+
+Every bad input becomes one `ConfigError` line naming the key path, the bad
+value and what is allowed; unknown keys are rejected, so a typo never silently
+falls back to a default. Any layer can declare its settings here without
+knowing the rest of the configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from watcher.errors import WatcherError
+from watcher.secrets import Secret, SecretError, expand_env
+
+__all__ = ["ConfigError", "field_meta", "describe", "convert", "build"]
+
+
+class ConfigError(WatcherError):
+    """The configuration is invalid; the message is one line naming the key."""
+
+
+def field_meta(
+    doc: str, *, min: float | None = None, max: float | None = None, secret: bool = False
+) -> dict[str, Any]:
+    """A settings field's metadata: its doc line, numeric bounds, and whether it is a secret.
+
+    A secret field `x` is also settable as `x_file`, and never prints its value.
+    """
+    return {"doc": doc, "min": min, "max": max, "secret": secret}
+
+
+def describe(value: Any) -> str:
+    """A bad value as an error message shows it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], base: Path | None) -> Any:
+    """One TOML value as the field's type, or a ConfigError naming `path`."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        # `X | None`: TOML has no null, so a present key always means X.
+        (inner,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return convert(path, value, inner, meta, base)
+    if origin is tuple:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not items or not all(isinstance(i, str) and i for i in items):
+            raise ConfigError(
+                f"{path}: {describe(value)} is not allowed; expected a list of non-empty strings"
+            )
+        return tuple(items)
+    if origin in (Mapping, dict):
+        if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+            raise ConfigError(f"{path}: {describe(value)} is not allowed; expected a table of strings")
+        try:
+            for v in value.values():
+                expand_env(v)  # an unset variable is a config error now, not a failed send later
+        except SecretError as err:
+            raise ConfigError(f"{path}: {err}") from err
+        # Kept as written: ${ENV} values are expanded on each send, never stored or printed.
+        return {str(k): v for k, v in value.items()}
+    if origin is Literal:
+        allowed = typing.get_args(annotation)
+        if value not in allowed:
+            raise ConfigError(
+                f"{path}: {describe(value)} is not allowed; expected one of {', '.join(map(repr, allowed))}"
+            )
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: {describe(value)} is not allowed; expected true or false")
+        return value
+    if annotation in (int, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if annotation is int:
+            ok = ok and float(value).is_integer()
+        if not ok:
+            kind = "a whole number" if annotation is int else "a number"
+            raise ConfigError(f"{path}: {describe(value)} is not allowed; expected {kind}")
+        number = annotation(value)
+        low, high = meta.get("min"), meta.get("max")
+        if (low is not None and number < low) or (high is not None and number > high):
+            bounds = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+            raise ConfigError(f"{path}: {describe(value)} is out of range; expected {bounds}")
+        return number
+    if annotation is str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{path}: {describe(value)} is not allowed; expected a non-empty string")
+        return value
+    if annotation is Path:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{path}: {describe(value)} is not allowed; expected a path")
+        return Path(value) if base is None or Path(value).is_absolute() else base / value
+    raise AssertionError(f"unsupported settings type {annotation!r} at {path}")
+
+
+def _secret(key: str, value: Any, *, is_file: bool, base: Path | None) -> Secret:
+    if not isinstance(value, str) or not value:
+        expected = "a path" if is_file else "a non-empty string (a value or ${ENV_VAR})"
+        raise ConfigError(
+            f"{key}: {'<redacted>' if not is_file else describe(value)} is not allowed; expected {expected}"
+        )
+    try:
+        if is_file:
+            path = Path(value) if base is None or Path(value).is_absolute() else base / value
+            secret = Secret(file=path)
+            secret.get()  # unreadable now is a config error, not a 3 a.m. surprise
+            return secret
+        return Secret(value=value)
+    except SecretError as err:
+        raise ConfigError(f"{key}: {err}") from err
+
+
+def build(
+    cls: type[Any], data: Any, path: str, *, skip: frozenset[str] = frozenset(), base: Path | None = None
+) -> Any:
+    """An instance of the settings dataclass `cls` from the table `data` found at `path`.
+
+    Fields in `skip` are not settable here; nested dataclasses are built from
+    sub-tables; relative paths resolve against `base`.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path or 'config'}: expected a table, got {describe(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
+    secret_files = {f"{name}_file": name for name, f in fields.items() if f.metadata.get("secret")}
+    allowed = set(fields) | set(secret_files)
+    unknown = sorted(set(data) - allowed)
+    where = f"{path}." if path else ""
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"{where}{unknown[0]}: unknown key{hint}; allowed here: {', '.join(sorted(allowed))}"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        key = f"{where}{name}"
+        if name in secret_files:
+            target = secret_files[name]
+            if target in data:
+                raise ConfigError(f"{key}: set either {target} or {name}, not both")
+            kwargs[target] = _secret(key, value, is_file=True, base=base)
+            continue
+        f = fields[name]
+        if f.metadata.get("secret"):
+            kwargs[name] = _secret(key, value, is_file=False, base=base)
+            continue
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+            kwargs[name] = build(hint, value, key, base=base)
+        else:
+            kwargs[name] = convert(key, value, hint, f.metadata, base)
+    return cls(**kwargs)

@@ -1,0 +1,183 @@
+"""What every sink shares: the Sink protocol and its Outcome, the settings all sinks (and all HTTP
+sinks) have with their generic checks, what a sink type can do, and its route."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from watcher.config import ConfigError, describe, field_meta
+from watcher.model.changes import Severity
+from watcher.model.events import Event
+from watcher.model.routing import Route
+from watcher.secrets import Secret
+
+__all__ = [
+    "Outcome",
+    "KeyValue",
+    "Sink",
+    "SinkContext",
+    "Capabilities",
+    "SeverityName",
+    "BaseSinkSettings",
+    "HttpSinkSettings",
+    "check_http_sink",
+    "route_of",
+]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one delivery attempt.
+
+    delivered; or retry (transient: 408, 429, 5xx, network), optionally not
+    before `retry_after` seconds; or gone (410: disable the sink); or, when
+    none is set, permanent (other 4xx: dead-letter the events).
+    """
+
+    delivered: bool = False
+    retry: bool = False
+    retry_after: float | None = None
+    gone: bool = False
+    status: int | None = None
+    error: str = ""
+
+    @classmethod
+    def ok(cls, status: int | None = None) -> Outcome:
+        return cls(delivered=True, status=status)
+
+
+class KeyValue(Protocol):
+    """Small durable state a sink keeps (open pages, active alerts): the outbox provides it."""
+
+    async def kv_get(self, key: str) -> Any: ...
+    async def kv_set(self, key: str, value: Any) -> None: ...
+
+
+class Sink(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def settings(self) -> BaseSinkSettings: ...
+
+    async def deliver(self, events: Sequence[Event]) -> Outcome:
+        """Deliver the events (one message, or as the sink sees fit) and say how it went."""
+
+    def background(self) -> Callable[[], Awaitable[None]] | None:
+        """A long-lived task the sink needs (e.g. re-sending active alerts), or None."""
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """What a sink is built with besides its settings: the node, the state directory, durable state."""
+
+    node: str
+    state_dir: Path
+    store: KeyValue
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a sink type does beyond delivering what its route lets through.
+
+    `pages`: it opens something (a page, an alert) when a condition starts and
+    must see the end of every condition it started, whatever its minimum severity.
+    """
+
+    pages: bool = False
+
+
+SeverityName = Literal["info", "warning", "critical"]
+_WEEK = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class BaseSinkSettings:
+    """What every sink has: routing filters, grouping, queue bounds, rate and retry cap."""
+
+    name: str = ""
+    kinds: tuple[str, ...] = field(
+        default=("*",), metadata=field_meta('Event kinds this sink receives (globs, e.g. "device.*").')
+    )
+    min_severity: SeverityName = field(
+        default="info", metadata=field_meta("Lowest severity this sink receives.")
+    )
+    resources: tuple[str, ...] = field(
+        default=("*",),
+        metadata=field_meta(
+            "Resource globs; with a filter set, only events naming a matching resource pass."
+        ),
+    )
+    namespaces: tuple[str, ...] = field(
+        default=("*",),
+        metadata=field_meta(
+            "Pod namespace globs; with a filter set, only events naming a matching namespace pass."
+        ),
+    )
+    group: Literal["none", "cycle", "window"] = field(
+        default="none",
+        metadata=field_meta(
+            "none: one message per event; cycle: one per re-query; window: one per group_window."
+        ),
+    )
+    group_window: float = field(
+        default=2.0,
+        metadata=field_meta("Seconds to gather events into one message (group = window).", min=0.01, max=600),
+    )
+    max_batch: int = field(default=50, metadata=field_meta("Most events in one message.", min=1, max=10000))
+    max_queue: int = field(
+        default=10000, metadata=field_meta("Most events queued for this sink; the oldest go first.", min=1)
+    )
+    max_age: float = field(
+        default=_WEEK, metadata=field_meta("Seconds a queued event may wait before it is dropped.", min=1)
+    )
+    rate: float = field(default=10.0, metadata=field_meta("Most messages per second.", min=0.001, max=1000))
+    retry_max_delay: float = field(
+        default=300.0, metadata=field_meta("Cap of the retry backoff, seconds.", min=0.01, max=86400)
+    )
+
+
+@dataclass(frozen=True)
+class HttpSinkSettings:
+    """What every HTTP sink has besides the base: timeout and TLS (mixed in after BaseSinkSettings)."""
+
+    timeout: float = field(
+        default=15.0, metadata=field_meta("HTTP request timeout, seconds.", min=0.1, max=300)
+    )
+    ca_file: Path | None = field(default=None, metadata=field_meta("CA bundle to verify the server with."))
+    cert_file: Path | None = field(
+        default=None, metadata=field_meta("Client certificate (PEM) for mutual TLS.")
+    )
+    key_file: Path | None = field(default=None, metadata=field_meta("Client key (PEM) for mutual TLS."))
+    tls_verify: bool = field(
+        default=True, metadata=field_meta("Verify the server's certificate. Turn off only for tests.")
+    )
+
+
+def check_http_sink(path: str, settings: HttpSinkSettings) -> None:
+    """The checks every HTTP sink needs: a whole client key pair, and http(s) URLs (`url`, `endpoint`)."""
+    if (settings.cert_file is None) != (settings.key_file is None):
+        raise ConfigError(f"{path}.cert_file: cert_file and key_file go together")
+    urls = {"endpoint": getattr(settings, "endpoint", None), "url": getattr(settings, "url", None)}
+    for key, url in urls.items():
+        if isinstance(url, str) and not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{path}.{key}: {describe(url)} is not allowed; expected an http(s) URL")
+        if isinstance(url, Secret):
+            value = url.get()
+            if not value.startswith(("http://", "https://")):
+                raise ConfigError(f"{path}.{key}: the value from {url.describe()} is not an http(s) URL")
+
+
+def route_of(settings: BaseSinkSettings, *, resolutions: bool = False) -> Route:
+    return Route(
+        kinds=settings.kinds,
+        min_severity=Severity(settings.min_severity),
+        resources=settings.resources,
+        namespaces=settings.namespaces,
+        resolutions=resolutions,
+    )

@@ -1,0 +1,193 @@
+"""The sink types: each sink module registers its own, and everything else asks here.
+
+A `SinkType` is all there is to know about one kind of sink: its settings
+class, what it needs from the config beyond the types of single keys, how to
+build it, and what it can do. The registry imports every module of the
+`watcher.sinks` package the first time it is asked, so a new sink type is one
+new module calling `register` once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from watcher.config import ConfigError, build, describe
+from watcher.sinks.base import (
+    BaseSinkSettings,
+    Capabilities,
+    HttpSinkSettings,
+    KeyValue,
+    Sink,
+    SinkContext,
+    check_http_sink,
+)
+
+__all__ = [
+    "SinkType",
+    "SINK_SETTINGS",
+    "register",
+    "unregister",
+    "find",
+    "sink_type_of",
+    "sink_types",
+    "parse_sink",
+    "build_sink",
+    "build_sinks",
+]
+
+S = TypeVar("S", bound=BaseSinkSettings)
+
+
+def _no_checks(path: str, settings: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class SinkType(Generic[S]):
+    """One kind of sink, as its module registers it.
+
+    `name` is the config's `type` (and the settings class's `type` default);
+    `required_secrets` name secret fields that must be set; `validate(path,
+    settings)` raises ConfigError for what needs more than one key; `order`
+    places the type in listings such as the unknown-type error.
+    """
+
+    name: str
+    settings: type[S]
+    factory: Callable[[S, SinkContext], Sink]
+    required_secrets: tuple[str, ...] = ()
+    validate: Callable[[str, S], None] = _no_checks
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    order: int = 1000
+
+
+_types: dict[str, SinkType[Any]] = {}
+_discovered = False
+
+
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True  # first: a module that asks the registry while it is imported must not recurse
+    package = importlib.import_module(__name__.rpartition(".")[0])
+    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+
+
+def _refusal(sink_type: SinkType[Any]) -> str | None:
+    cls = sink_type.settings
+    if not (isinstance(cls, type) and issubclass(cls, BaseSinkSettings) and dataclasses.is_dataclass(cls)):
+        return "its settings are not a BaseSinkSettings dataclass"
+    if not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        return "its settings class is not frozen"
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if "type" not in fields or fields["type"].default != sink_type.name:
+        return f"its settings class needs a field `type` defaulting to {sink_type.name!r}"
+    for name in sink_type.required_secrets:
+        if name not in fields or not fields[name].metadata.get("secret"):
+            return f"required secret {name!r} is not a secret field of its settings"
+    if sink_type.name in _types:
+        # Its settings' `type` names it too, so no settings class can belong to two types.
+        return "a sink type of that name is already registered"
+    return None
+
+
+def register(sink_type: SinkType[S]) -> SinkType[S]:
+    """Add a sink type; ValueError if its name is taken or it is malformed.
+
+    A sink module calls this once, as its last statement: the other sink modules
+    are found first (so a taken name is refused here, whoever came first), and
+    they may import from this one, which by then is complete.
+    """
+    _discover()
+    problem = _refusal(sink_type)
+    if problem is not None:
+        raise ValueError(f"cannot register sink type {sink_type.name!r}: {problem}")
+    _types[sink_type.name] = sink_type
+    return sink_type
+
+
+def unregister(name: str) -> None:
+    """Remove a sink type (tests register their own and take them away again)."""
+    del _types[name]
+
+
+def sink_types() -> tuple[SinkType[Any], ...]:
+    """Every registered sink type, in listing order."""
+    _discover()
+    return tuple(sorted(_types.values(), key=lambda t: (t.order, t.name)))
+
+
+def find(name: object) -> SinkType[Any] | None:
+    """The sink type a config's `type` value names, or None."""
+    _discover()
+    return _types.get(name) if isinstance(name, str) else None
+
+
+def sink_type_of(settings: BaseSinkSettings) -> SinkType[Any]:
+    """The sink type whose settings these are; LookupError for an unregistered settings class."""
+    _discover()
+    for cls in type(settings).__mro__:
+        for sink_type in _types.values():
+            if sink_type.settings is cls:
+                return sink_type
+    raise LookupError(f"{type(settings).__name__} belongs to no registered sink type")
+
+
+class _SettingsClasses(Mapping[str, type[BaseSinkSettings]]):
+    """Type name -> settings class of every registered sink type, in listing order; always current."""
+
+    def __getitem__(self, name: str) -> type[BaseSinkSettings]:
+        sink_type = find(name)
+        if sink_type is None:
+            raise KeyError(name)
+        return sink_type.settings
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([t.name for t in sink_types()])
+
+    def __len__(self) -> int:
+        return len(sink_types())
+
+
+SINK_SETTINGS: Mapping[str, type[BaseSinkSettings]] = _SettingsClasses()
+
+
+def parse_sink(path: str, table: Mapping[str, Any], *, base: Path | None) -> BaseSinkSettings:
+    """One sink's settings from its TOML table at `path`, checked; its name is the caller's."""
+    kind = table.get("type")
+    sink_type = find(kind)
+    if sink_type is None:
+        raise ConfigError(
+            f"{path}.type: {describe(kind)} is not allowed; expected one of "
+            + ", ".join(repr(t.name) for t in sink_types())
+        )
+    rest = {k: v for k, v in table.items() if k != "type"}
+    settings: BaseSinkSettings = build(
+        sink_type.settings, rest, path, skip=frozenset({"type", "name"}), base=base
+    )
+    for required in sink_type.required_secrets:
+        if getattr(settings, required) is None:
+            raise ConfigError(f"{path}.{required}: required for a {sink_type.name} sink (or {required}_file)")
+    sink_type.validate(path, settings)
+    if isinstance(settings, HttpSinkSettings):
+        check_http_sink(path, settings)
+    return settings
+
+
+def build_sink(cfg: BaseSinkSettings, *, node: str, state_dir: Path, store: KeyValue) -> Sink:
+    """Instantiate one configured sink."""
+    return sink_type_of(cfg).factory(cfg, SinkContext(node=node, state_dir=state_dir, store=store))
+
+
+def build_sinks(
+    configs: Sequence[BaseSinkSettings], *, node: str, state_dir: Path, store: KeyValue
+) -> list[Sink]:
+    return [build_sink(cfg, node=node, state_dir=state_dir, store=store) for cfg in configs]
