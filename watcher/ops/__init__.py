@@ -1,0 +1,1 @@
+"""Operating the agent: Prometheus metrics, the HTTP endpoints and the logs."""

@@ -1,5 +1,5 @@
 """Where events go. Sinks know nothing of the kubelet: they get events, in `seq` order, and
-answer with an Outcome that the one retry policy in `watcher.delivery.dispatcher` acts on.
+answer with an Outcome that the one retry policy in `watcher.delivery.worker` acts on.
 
 `base` holds what every sink shares, `registry` the sink types; each other module is
 one sink type (registering itself) or a helper of some (`http`, `audit`)."""
