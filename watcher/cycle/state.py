@@ -15,7 +15,8 @@ from typing import Any
 import structlog
 
 from watcher.kubelet.identity import FileIdentity
-from watcher.model.inventory import Inventory, from_canonical
+from watcher.model.build import from_canonical
+from watcher.model.inventory import Inventory
 
 __all__ = ["SavedState", "state_to_json", "state_from_json", "VERSION"]
 

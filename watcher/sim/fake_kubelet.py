@@ -33,7 +33,7 @@ import grpc
 from grpc import aio
 
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model.inventory import cpuset_string
+from watcher.model.wording import cpuset_string
 from watcher.ratelimit import TokenBucket
 from watcher.sim.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
 
