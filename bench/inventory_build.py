@@ -15,7 +15,7 @@ import statistics
 import time
 
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model.inventory import build
+from watcher.model.build import build
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import large_node
 

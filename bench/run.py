@@ -50,7 +50,7 @@ from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node, large_node
-from watcher.model.inventory import build
+from watcher.model.build import build
 from watcher.kubeletapi.v1 import api_pb2, views_pb2
 from watcher.ops.logs import configure_logging
 from watcher.store.store import Store

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from tests.agent_harness import make_settings, running_agent
+from watcher.model.build import build
 from watcher.model.events import Event
-from watcher.model.inventory import Inventory, build
+from watcher.model.inventory import Inventory
 from watcher.sim.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"

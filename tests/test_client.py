@@ -14,7 +14,7 @@ import pytest
 
 from watcher import errors
 from watcher.kubelet.client import PodResourcesClient
-from watcher.model.inventory import build
+from watcher.model.build import build
 from watcher.sim.fake_kubelet import FakeKubelet
 
 

@@ -26,7 +26,8 @@ from tests.test_inventory_properties import (
 )
 from watcher.kubelet.decoding import Decoder, Outcome
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model.inventory import Inventory, build
+from watcher.model.build import build
+from watcher.model.inventory import Inventory
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeMemory, FakePod, default_node, large_node
 

@@ -10,9 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from watcher.kubeletapi.v1 import api_pb2
+from watcher.model.build import build
 from watcher.model.changes import DIFF_KINDS, Change, Kind
 from watcher.model.diff import KIND_ORDER, diff, inventory_summary
-from watcher.model.inventory import Inventory, build
+from watcher.model.inventory import Inventory
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import GIB, FakeClaim, FakeClaimDevice, FakeMemory, FakePod, default_node
 

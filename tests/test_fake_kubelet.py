@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from watcher.kubelet.client import PodResourcesClient
-from watcher.model.inventory import build
+from watcher.model.build import build
 from watcher.ratelimit import TokenBucket
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeDevice, FakeNode, FakePod, default_node

@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 from tests.agent_harness import Running, make_settings, running_agent
 from tests.conftest import FailingDisk, fill
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model.inventory import build
+from watcher.model.build import build
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.store.store import Store
 

@@ -11,24 +11,11 @@ from typing import Any
 import pytest
 
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model.inventory import (
-    FORMAT,
-    Claim,
-    ClaimDevice,
-    Container,
-    CpuCapacity,
-    Device,
-    Inventory,
-    Memory,
-    MemoryCapacity,
-    MissingDevice,
-    NumaCapacity,
-    Pod,
-    ResourceCapacity,
-    build,
-    cpuset_string,
-    from_canonical,
-)
+from watcher.model.build import build, from_canonical
+from watcher.model.capacity import CpuCapacity, MemoryCapacity, MissingDevice, NumaCapacity, ResourceCapacity
+from watcher.model.inventory import FORMAT, Inventory
+from watcher.model.records import Claim, ClaimDevice, Container, Device, Memory, Pod
+from watcher.model.wording import cpuset_string
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import large_node
 

@@ -22,8 +22,10 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model import inventory
-from watcher.model.inventory import ClaimDevice, Inventory, build, from_canonical
+from watcher.model import build as building
+from watcher.model.build import build, from_canonical
+from watcher.model.inventory import Inventory
+from watcher.model.records import ClaimDevice
 
 T = TypeVar("T")
 
@@ -663,7 +665,7 @@ def test_claim_device_order_never_depends_on_arrival_order(
 ) -> None:
     resources = [render_claim_resource(rng, dev) for dev in devices]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(inventory, "ClaimDevice", _CollidingClaimDevice)
+        mp.setattr(building, "ClaimDevice", _CollidingClaimDevice)
         forward = _claim_inventory(resources)
         backward = _claim_inventory(resources[::-1])
         shuffled = _claim_inventory(_shuffled(rng, resources))

@@ -12,7 +12,10 @@ from watcher import errors
 from watcher.backoff import Backoff, retry
 from watcher.kubelet.client import PodResourcesClient
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model.inventory import Inventory, Memory, build, cpuset_string
+from watcher.model.build import build
+from watcher.model.inventory import Inventory
+from watcher.model.records import Memory
+from watcher.model.wording import cpuset_string
 
 __all__ = ["Snapshot", "take_snapshot", "format_table", "format_json", "format_bytes"]
 

@@ -16,7 +16,8 @@ import structlog
 
 from watcher.kubelet.health import KubeletHealth
 from watcher.kubelet.identity import FileIdentity
-from watcher.model.inventory import Inventory, from_canonical
+from watcher.model.build import from_canonical
+from watcher.model.inventory import Inventory
 
 __all__ = ["CycleState", "SavedState", "state_to_json", "state_from_json", "VERSION"]
 

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from watcher.kubeletapi.v1 import api_pb2, views_pb2
-from watcher.model.inventory import Inventory, Pod, build, build_allocatable, build_pod
+from watcher.model.build import build, build_allocatable, build_pod
+from watcher.model.inventory import Inventory
+from watcher.model.records import Pod
 
 __all__ = ["Decoder", "Outcome"]
 

@@ -18,12 +18,10 @@ nothing (see shared/reference/kubelet-podresources.md):
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import secrets
 import time
-import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -33,24 +31,14 @@ import grpc
 from grpc import aio
 
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model.inventory import cpuset_string
 from watcher.ratelimit import TokenBucket
+from watcher.sim import fake_answers, fake_state_files
 from watcher.sim.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
 
 __all__ = ["FakeKubelet", "METHODS"]
 
 METHODS = ("List", "GetAllocatableResources", "Get")
 _SERVICE = "v1.PodResourcesLister"
-
-
-def _topology(numa: Iterable[int]) -> api_pb2.TopologyInfo:
-    return api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in numa])
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 class FakeKubelet:
@@ -244,88 +232,14 @@ class FakeKubelet:
     # -- the wire --
 
     def allocatable_response(self) -> api_pb2.AllocatableResourcesResponse:
-        entries = []
-        for dev in self.node.devices.values():
-            if not dev.healthy:
-                continue
-            entries.extend(self._device_entries(dev.resource, dev.id, dev.numa))
-        cpus = list(self.node.cpu_ids)
-        memory = [self._memory(m) for m in self.node.memory]
-        for seq in (entries, cpus, memory):
-            self._shuffle(seq)
-        return api_pb2.AllocatableResourcesResponse(devices=entries, cpu_ids=cpus, memory=memory)
+        return fake_answers.allocatable_response(self.node, self._shuffle)
 
     def list_response(self) -> api_pb2.ListPodResourcesResponse:
-        pods = [self._pod(p) for p in self.node.pods.values()]
-        self._shuffle(pods)
-        return api_pb2.ListPodResourcesResponse(pod_resources=pods)
+        return fake_answers.list_response(self.node, self._shuffle)
 
     def _shuffle(self, seq: list[Any]) -> None:
         if self.shuffle:
             self._rng.shuffle(seq)
-
-    def _device_entries(
-        self, resource: str, device_id: str, numa: tuple[int, ...]
-    ) -> list[api_pb2.ContainerDevices]:
-        if not numa:
-            return [api_pb2.ContainerDevices(resource_name=resource, device_ids=[device_id])]
-        return [
-            api_pb2.ContainerDevices(resource_name=resource, device_ids=[device_id], topology=_topology([n]))
-            for n in numa
-        ]
-
-    def _memory(self, m: FakeMemory) -> api_pb2.ContainerMemory:
-        if not m.numa:
-            return api_pb2.ContainerMemory(memory_type=m.type, size=m.size)
-        return api_pb2.ContainerMemory(memory_type=m.type, size=m.size, topology=_topology(m.numa))
-
-    def _pod(self, pod: FakePod) -> api_pb2.PodResources:
-        containers = []
-        for c in pod.containers:
-            devices = [
-                entry
-                for resource, ids in c.devices.items()
-                for dev_id in ids
-                for entry in self._device_entries(resource, dev_id, self.node.device_numa(resource, dev_id))
-            ]
-            cpus = list(c.cpu_ids)
-            memory = [self._memory(m) for m in c.memory]
-            dynamic = [
-                api_pb2.DynamicResource(
-                    claim_name=claim.name,
-                    claim_namespace=claim.namespace,
-                    claim_resources=[
-                        api_pb2.ClaimResource(
-                            cdi_devices=[api_pb2.CDIDevice(name=n) for n in d.cdi_devices],
-                            driver_name=d.driver,
-                            pool_name=d.pool,
-                            device_name=d.device,
-                            share_id=d.share_id,
-                        )
-                        for d in claim.devices
-                    ],
-                )
-                for claim in c.claims
-            ]
-            for seq in (devices, cpus, memory, dynamic):
-                self._shuffle(seq)
-            containers.append(
-                api_pb2.ContainerResources(
-                    name=c.name, devices=devices, cpu_ids=cpus, memory=memory, dynamic_resources=dynamic
-                )
-            )
-        # The kubelet lists sidecars before app containers, but it is a map
-        # underneath and consumers must not rely on any order: shuffle.
-        self._shuffle(containers)
-        pod_cpus = list(pod.cpu_ids)
-        self._shuffle(pod_cpus)
-        return api_pb2.PodResources(
-            name=pod.name,
-            namespace=pod.namespace,
-            containers=containers,
-            cpu_ids=pod_cpus,
-            memory=[self._memory(m) for m in pod.memory],
-        )
 
     def _handler(self) -> grpc.GenericRpcHandler:
         def unary(method: str, build: Callable[[bytes], Any]) -> grpc.RpcMethodHandler[bytes, bytes]:
@@ -350,7 +264,9 @@ class FakeKubelet:
         pod = self.node.pods.get((req.pod_namespace, req.pod_name))
         if pod is None:
             raise LookupError(f"pod {req.pod_namespace}/{req.pod_name} not found")
-        return api_pb2.GetPodResourcesResponse(pod_resources=self._pod(pod))
+        return api_pb2.GetPodResourcesResponse(
+            pod_resources=fake_answers.pod_resources(self.node, pod, self._shuffle)
+        )
 
     async def _serve(
         self,
@@ -389,46 +305,6 @@ class FakeKubelet:
 
     def write_state_files(self) -> None:
         """Rewrite the checkpoint and manager state files the way the kubelet does."""
-        entries = []
-        cpu_entries: dict[str, dict[str, str]] = {}
-        memory_entries: dict[str, dict[str, list[dict[str, Any]]]] = {}
-        allocated_cpus: set[int] = set()
-        for pod in self.node.pods.values():
-            for c in pod.containers:
-                for resource, ids in c.devices.items():
-                    by_numa: dict[str, list[str]] = {}
-                    for dev_id in ids:
-                        for n in self.node.device_numa(resource, dev_id) or (-1,):
-                            by_numa.setdefault(str(n), []).append(dev_id)
-                    entries.append(
-                        {
-                            "PodUID": pod.uid,
-                            "ContainerName": c.name,
-                            "ResourceName": resource,
-                            "DeviceIDs": by_numa,
-                            "AllocResp": "",
-                        }
-                    )
-                if c.cpu_ids:
-                    cpu_entries.setdefault(pod.uid, {})[c.name] = cpuset_string(c.cpu_ids)
-                    allocated_cpus.update(c.cpu_ids)
-                if c.memory:
-                    memory_entries.setdefault(pod.uid, {})[c.name] = [
-                        {"numaAffinity": list(m.numa), "type": m.type, "size": m.size} for m in c.memory
-                    ]
-        registered: dict[str, list[str]] = {}
-        for dev in self.node.devices.values():
-            if dev.healthy:
-                registered.setdefault(dev.resource, []).append(dev.id)
-        data = {"PodDeviceEntries": entries, "RegisteredDevices": registered}
-        body = json.dumps(data, sort_keys=True).encode()
-        checkpoint = {"Data": data, "Checksum": zlib.crc32(body)}
-        _write_atomically(self.checkpoint_path, json.dumps(checkpoint).encode())
-        cpu_state = {
-            "policyName": "static",
-            "defaultCpuSet": cpuset_string(self.node.cpu_ids - allocated_cpus),
-            "entries": cpu_entries,
-        }
-        _write_atomically(self.cpu_state_path, json.dumps(cpu_state).encode())
-        memory_state = {"policyName": "Static", "entries": memory_entries}
-        _write_atomically(self.memory_state_path, json.dumps(memory_state).encode())
+        fake_state_files.write_state_files(
+            self.node, self.checkpoint_path, self.cpu_state_path, self.memory_state_path
+        )
