@@ -31,7 +31,7 @@ from watcher.sinks.base import (
     Outcome,
     SinkContext,
 )
-from watcher.sinks.http import HttpClient
+from watcher.sinks.http import HttpClient, HttpSink
 from watcher.sinks.registry import SinkType, register
 
 __all__ = ["AlertmanagerSink", "AlertmanagerSinkSettings"]
@@ -54,7 +54,7 @@ class AlertmanagerSinkSettings(BaseSinkSettings, HttpSinkSettings):
     type: Literal["alertmanager"] = "alertmanager"
 
 
-class AlertmanagerSink:
+class AlertmanagerSink(HttpSink):
     def __init__(self, settings: AlertmanagerSinkSettings, *, node: str, store: KeyValue) -> None:
         self.name = settings.name
         self.settings = settings
@@ -133,9 +133,6 @@ class AlertmanagerSink:
                 await self._resend()
 
         return resend_active_alerts
-
-    async def close(self) -> None:
-        await self.http.close()
 
 
 def _alertmanager_sink(settings: AlertmanagerSinkSettings, context: SinkContext) -> AlertmanagerSink:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -21,7 +21,7 @@ from watcher import __version__
 from watcher.secrets import redact
 from watcher.sinks.base import HttpSinkSettings, Outcome
 
-__all__ = ["HttpClient", "parse_retry_after", "outcome_of", "USER_AGENT"]
+__all__ = ["HttpClient", "HttpSink", "parse_retry_after", "outcome_of", "USER_AGENT"]
 
 USER_AGENT = f"pod-resources-watcher/{__version__}"
 MAX_BODY_BYTES = 64 * 1024
@@ -131,3 +131,16 @@ class HttpClient:
             # Lets the connector's transports finish closing (aiohttp's advice).
             await asyncio.sleep(0)
             self._session = None
+
+
+class HttpSink:
+    """What the HTTP sinks share: a client made from their settings, no background loop unless
+    they add one, and closing the client."""
+
+    http: HttpClient
+
+    def background(self) -> Callable[[], Awaitable[None]] | None:
+        return None
+
+    async def close(self) -> None:
+        await self.http.close()

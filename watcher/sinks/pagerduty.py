@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,7 +27,7 @@ from watcher.sinks.base import (
     SeverityName,
     SinkContext,
 )
-from watcher.sinks.http import HttpClient
+from watcher.sinks.http import HttpClient, HttpSink
 from watcher.sinks.registry import SinkType, register
 
 __all__ = [
@@ -106,7 +106,7 @@ def pagerduty_event(event: Event, routing_key: str, *, active_keys: set[str]) ->
     return body
 
 
-class PagerDutySink:
+class PagerDutySink(HttpSink):
     def __init__(self, settings: PagerDutySinkSettings, *, node: str, store: KeyValue) -> None:
         assert settings.routing_key is not None
         self.name = settings.name
@@ -137,12 +137,6 @@ class PagerDutySink:
                 open_keys.discard(body["dedup_key"])
             await self.store.kv_set(self._store_key, sorted(open_keys))
         return Outcome.ok()
-
-    def background(self) -> Callable[[], Awaitable[None]] | None:
-        return None
-
-    async def close(self) -> None:
-        await self.http.close()
 
 
 def _pagerduty_sink(settings: PagerDutySinkSettings, context: SinkContext) -> PagerDutySink:

@@ -9,7 +9,7 @@ short with "... and N more", and a plain `text` fallback for notifications.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,7 +17,7 @@ from watcher.config import field_meta
 from watcher.model.events import Event
 from watcher.secrets import Secret
 from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Outcome, SinkContext
-from watcher.sinks.http import HttpClient
+from watcher.sinks.http import HttpClient, HttpSink
 from watcher.sinks.registry import SinkType, register
 
 __all__ = [
@@ -113,7 +113,7 @@ def slack_message(events: Sequence[Event], node: str) -> dict[str, Any]:
     return {"text": fallback, "blocks": blocks}
 
 
-class SlackSink:
+class SlackSink(HttpSink):
     def __init__(self, settings: SlackSinkSettings, *, node: str) -> None:
         assert settings.url is not None
         self.name = settings.name
@@ -125,12 +125,6 @@ class SlackSink:
         assert self.settings.url is not None
         body = json.dumps(slack_message(events, self.node)).encode()
         return await self.http.post(self.settings.url.get(), body, {"Content-Type": "application/json"})
-
-    def background(self) -> Callable[[], Awaitable[None]] | None:
-        return None
-
-    async def close(self) -> None:
-        await self.http.close()
 
 
 def _slack_sink(settings: SlackSinkSettings, context: SinkContext) -> SlackSink:

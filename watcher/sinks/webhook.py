@@ -9,7 +9,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,7 +17,7 @@ from watcher.config import ConfigError, field_meta
 from watcher.model.events import Event
 from watcher.secrets import Secret, expand_env
 from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Outcome, SinkContext
-from watcher.sinks.http import HttpClient
+from watcher.sinks.http import HttpClient, HttpSink
 from watcher.sinks.registry import SinkType, register
 
 __all__ = [
@@ -145,7 +145,7 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode()
 
 
-class WebhookSink:
+class WebhookSink(HttpSink):
     def __init__(self, settings: WebhookSinkSettings, *, node: str) -> None:
         assert settings.url is not None
         self.name = settings.name
@@ -200,12 +200,6 @@ class WebhookSink:
             if not outcome.delivered:
                 return outcome
         return outcome
-
-    def background(self) -> Callable[[], Awaitable[None]] | None:
-        return None
-
-    async def close(self) -> None:
-        await self.http.close()
 
 
 def _webhook_sink(settings: WebhookSinkSettings, context: SinkContext) -> WebhookSink:
