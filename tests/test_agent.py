@@ -277,7 +277,7 @@ async def test_unreachable_after_grace_then_reachable(fake: FakeKubelet, short_t
 
 
 async def test_list_only_mode_when_allocatable_is_disabled(fake: FakeKubelet, short_tmp: Path) -> None:
-    fake.disable("GetAllocatableResources")
+    fake.faults.disable("GetAllocatableResources")
     async with await _started(fake, short_tmp) as run:
         kinds = await run.recorder.kinds_after(0, 2)
         assert kinds == ["watcher.started", "api.degraded"]
@@ -420,13 +420,13 @@ async def test_chmod_of_the_socket_is_not_a_restart(fake: FakeKubelet, short_tmp
 async def test_list_disabled_is_reported_once_and_the_agent_keeps_trying(
     fake: FakeKubelet, short_tmp: Path
 ) -> None:
-    fake.disable("List")
+    fake.faults.disable("List")
     async with await _started(fake, short_tmp, interval=0.2) as run:
         kinds = await run.recorder.kinds_after(0, 2)
         assert kinds == ["watcher.started", "api.degraded"]
         assert run.recorder.events[1].severity == "critical"
         assert run.recorder.events[1].details["method"] == "List"
-        fake.enable("List")
+        fake.faults.enable("List")
         await run.recorder.until(lambda: run.queries_ok() > 0)
         await run.quiet_cycle()
         assert run.recorder.kinds().count("api.degraded") == 1

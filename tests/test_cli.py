@@ -120,7 +120,7 @@ def test_snapshot_shows_failed_device_still_in_use(
 def test_snapshot_list_only_when_allocatable_disabled(
     threaded: ThreadedKubelet, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    threaded.call(threaded.fake.disable, "GetAllocatableResources")
+    threaded.call(threaded.fake.faults.disable, "GetAllocatableResources")
     assert main(["snapshot", "--socket", str(threaded.fake.socket_path), "-o", "json"]) == 0
     captured = capfd.readouterr()
     doc = json.loads(captured.out)
@@ -169,9 +169,9 @@ def test_stale_socket_is_one_line_in_a_real_process(threaded: ThreadedKubelet) -
 @pytest.mark.parametrize(
     ("script", "expected"),
     [
-        (lambda f: f.disable("List"), "List is disabled"),
-        (lambda f: f.make_absent("List"), "does not implement List"),
-        (lambda f: f.set_delay("List", 3), "did not answer within 0.5 s"),
+        (lambda f: f.faults.disable("List"), "List is disabled"),
+        (lambda f: f.faults.make_absent("List"), "does not implement List"),
+        (lambda f: f.faults.set_delay("List", 3), "did not answer within 0.5 s"),
     ],
     ids=["disabled", "unimplemented", "deadline"],
 )

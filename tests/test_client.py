@@ -126,7 +126,7 @@ async def test_rate_limited(kubelet: FakeKubelet) -> None:
 
 @pytest.mark.parametrize("method", ["List", "GetAllocatableResources", "Get"])
 async def test_method_disabled(kubelet: FakeKubelet, method: str) -> None:
-    kubelet.disable(method)
+    kubelet.faults.disable(method)
     async with PodResourcesClient(str(kubelet.socket_path)) as client:
         call = {"List": client.list, "GetAllocatableResources": client.allocatable}.get(
             method, lambda: client.get("ml", "trainer-0")
@@ -138,7 +138,7 @@ async def test_method_disabled(kubelet: FakeKubelet, method: str) -> None:
 
 @pytest.mark.parametrize("method", ["GetAllocatableResources", "Get"])
 async def test_method_not_implemented(kubelet: FakeKubelet, method: str) -> None:
-    kubelet.make_absent(method)
+    kubelet.faults.make_absent(method)
     async with PodResourcesClient(str(kubelet.socket_path)) as client:
         call = client.allocatable if method == "GetAllocatableResources" else (lambda: client.get("a", "b"))
         with pytest.raises(errors.MethodNotImplementedError, match="does not implement"):
@@ -146,7 +146,7 @@ async def test_method_not_implemented(kubelet: FakeKubelet, method: str) -> None
 
 
 async def test_deadline_exceeded(kubelet: FakeKubelet) -> None:
-    kubelet.set_delay("List", 5)
+    kubelet.faults.set_delay("List", 5)
     async with PodResourcesClient(str(kubelet.socket_path), timeout=0.3) as client:
         with pytest.raises(errors.DeadlineExceededError, match=r"within 0.3 s"):
             await client.list()

@@ -128,10 +128,10 @@ async def test_cpus_and_memory_change_across_a_restart(kubelet: FakeKubelet) -> 
 
 
 async def test_get_and_disabled_methods_from_the_wire(kubelet: FakeKubelet) -> None:
-    kubelet.disable("GetAllocatableResources")
+    kubelet.faults.disable("GetAllocatableResources")
     async with PodResourcesClient(str(kubelet.socket_path)) as client:
         assert (await client.get("dra", "claimed-gpu")).pod_resources.containers[0].dynamic_resources
-    kubelet.enable("GetAllocatableResources")
+    kubelet.faults.enable("GetAllocatableResources")
     async with PodResourcesClient(str(kubelet.socket_path)) as client:
         assert (await client.allocatable()).cpu_ids
 

@@ -48,13 +48,13 @@ async def test_garbage_answers_are_logged_and_the_agent_recovers(short_tmp: Path
     with capture_logs() as logs:
         async with fake, running_agent(make_settings(short_tmp), fake) as run:
             await run.recorder.kinds_after(0, 1)
-            fake.answer_garbage("List")
+            fake.faults.answer_garbage("List")
             failed = run.agent.metrics.value("requeries_total", result="failed")
             run.agent.wake("test")
             await run.recorder.until(
                 lambda: run.agent.metrics.value("requeries_total", result="failed") > failed
             )
-            fake.enable("List")
+            fake.faults.enable("List")
             mark = len(run.recorder.events)
             fake.add_device(GPU, "GPU-after-garbage", (0,))
             assert "device.added" in await run.recorder.kinds_after(mark, 2)

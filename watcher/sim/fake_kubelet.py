@@ -33,12 +33,10 @@ from grpc import aio
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.ratelimit import TokenBucket
 from watcher.sim import fake_answers, fake_state_files
+from watcher.sim.fake_faults import SERVICE, MethodFaults
 from watcher.sim.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
 
-__all__ = ["FakeKubelet", "METHODS"]
-
-METHODS = ("List", "GetAllocatableResources", "Get")
-_SERVICE = "v1.PodResourcesLister"
+__all__ = ["FakeKubelet"]
 
 
 class FakeKubelet:
@@ -68,10 +66,7 @@ class FakeKubelet:
         self.rate = rate
         self.burst = burst
         self.bucket = TokenBucket(rate, burst)
-        self.disabled: set[str] = set()
-        self.absent: set[str] = set()
-        self.delays: dict[str, float] = {}
-        self.garbage: set[str] = set()  # methods that answer bytes that are not protobuf
+        self.faults = MethodFaults()  # disable, make_absent, set_delay, answer_garbage, enable
         self.calls: Counter[str] = Counter()
         # When each served call was answered (bounded): the benchmarks' view of our load.
         self.call_times: deque[float] = deque(maxlen=100_000)
@@ -202,33 +197,6 @@ class FakeKubelet:
         self.node.add_pod(pod)
         self._changed()
 
-    def disable(self, method: str) -> None:
-        """Feature gate off: the method answers UNKNOWN "... disabled"."""
-        self.disabled.add(self._method(method))
-
-    def make_absent(self, method: str) -> None:
-        """A kubelet older than the method: UNIMPLEMENTED."""
-        self.absent.add(self._method(method))
-
-    def enable(self, method: str) -> None:
-        self.disabled.discard(method)
-        self.absent.discard(method)
-        self.garbage.discard(method)
-
-    def answer_garbage(self, method: str) -> None:
-        """Answer the method with bytes that do not parse (a broken or foreign server)."""
-        self.garbage.add(self._method(method))
-
-    def set_delay(self, method: str, seconds: float) -> None:
-        """Make the method take `seconds` before answering (a hung kubelet)."""
-        self.delays[self._method(method)] = seconds
-
-    @staticmethod
-    def _method(method: str) -> str:
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
-        return method
-
     # -- the wire --
 
     def allocatable_response(self) -> api_pb2.AllocatableResourcesResponse:
@@ -249,7 +217,7 @@ class FakeKubelet:
             return grpc.unary_unary_rpc_method_handler(handle)  # raw bytes in and out
 
         return grpc.method_handlers_generic_handler(
-            _SERVICE,
+            SERVICE,
             {
                 "List": unary("List", lambda _req: self.list_response()),
                 "GetAllocatableResources": unary(
@@ -279,27 +247,16 @@ class FakeKubelet:
         if not self.bucket.take():
             self.rejected += 1
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
-        if method in self.absent:
-            await context.abort(
-                grpc.StatusCode.UNIMPLEMENTED, f"unknown method {method} for service {_SERVICE}"
-            )
-        if method in self.disabled:
-            await context.abort(grpc.StatusCode.UNKNOWN, f"PodResources API {method} disabled")
-        delay = self.delays.get(method, 0.0)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await self.faults.before_answer(method, context)
         try:
             message = build(request)
         except LookupError as err:
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))
         self.calls[method] += 1
         self.call_times.append(time.monotonic())
-        if method in self.garbage:
-            return b"\xff\xff\xff\xff garbage, not a protobuf message"
-        if self.first_call_at is None:
+        if self.first_call_at is None and method not in self.faults.garbage:
             self.first_call_at = time.monotonic()
-        data: bytes = message.SerializeToString()
-        return data
+        return self.faults.answer(method, message.SerializeToString())
 
     # -- state files --
 
