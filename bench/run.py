@@ -43,7 +43,8 @@ from aiohttp import web
 from grpc import aio
 
 from bench.cycles import agent_for_cycles
-from watcher.app import Agent, gc_paused
+from watcher.app import Agent
+from watcher.cycle.reactor import gc_paused
 from watcher.model.changes import Change, Kind, Severity
 from watcher.kubelet.decoding import Decoder
 from watcher.model.diff import diff
@@ -99,16 +100,17 @@ class Watch:
         agent.subscribe(self._on_event)
         agent.subscribe_cycles(self._on_cycle)
         self.agent = agent
-        self._ok = 0
+        self._last_success: float | None = None
 
     def _on_event(self, event: Event) -> None:
         self.events.append((time.monotonic(), event))
         self._changed.set()
 
     def _on_cycle(self, _: frozenset[str]) -> None:
-        if self.agent.stats.queries_ok > self._ok:
-            self._ok = self.agent.stats.queries_ok
-            self.successes.append(self.agent.stats.last_success or time.monotonic())
+        last = self.agent.reactor.last_success  # moves on every answered re-query
+        if last is not None and last != self._last_success:
+            self._last_success = last
+            self.successes.append(last)
         self._changed.set()
 
     async def until(self, predicate: Callable[[], bool], timeout: float) -> None:

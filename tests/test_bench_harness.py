@@ -21,3 +21,10 @@ async def test_the_bench_agent_commits_its_cycles(kubelet: FakeKubelet, short_tm
         )  # watcher.started, then nothing: the node did not change
     finally:
         await agent.close()
+
+
+def test_the_bench_script_imports() -> None:
+    """`make bench` is not part of the suite: at least its imports must keep up with the package."""
+    import bench.run
+
+    assert callable(bench.run.main)

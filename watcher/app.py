@@ -38,7 +38,7 @@ from watcher.supervision import Supervisor, sleep_or_stop, wait_any
 
 __all__ = ["Agent"]
 
-log = structlog.get_logger("watcher.agent")
+log = structlog.get_logger("watcher.app")
 
 SHUTDOWN_GRACE_S = 5.0
 

@@ -23,12 +23,12 @@ import structlog
 __all__ = [
     "Scope",
     "StopFlag",
+    "SettableStop",
     "StoppedError",
     "Supervisor",
     "TaskExitedError",
     "sleep_or_stop",
     "stop_on_signals",
-    "supervise",
     "unless_stopped",
     "wait_any",
 ]
@@ -50,6 +50,12 @@ class StopFlag(Protocol):
 
     def is_set(self) -> bool: ...
     async def wait(self) -> Any: ...
+
+
+class SettableStop(StopFlag, Protocol):
+    """A stop flag its owner can set: asyncio.Event, or a Scope (which leaves its parent alone)."""
+
+    def set(self) -> None: ...
 
 
 async def wait_any(*flags: StopFlag, within: float | None = None) -> None:
@@ -107,9 +113,14 @@ class Scope:
 
 
 class Supervisor:
-    """Named tasks under one stop flag; see the module docstring."""
+    """Named tasks under one stop flag; see the module docstring.
 
-    def __init__(self, stop: asyncio.Event, *, grace: float = 10.0) -> None:
+    On a failure it sets `stop` to stop its own tasks and re-raises. A supervisor nested in a
+    task of another is given a `Scope` of the outer stop flag: a failure then stops only its own
+    tasks, and the outer supervisor sees the failure as its task's crash.
+    """
+
+    def __init__(self, stop: SettableStop, *, grace: float = 10.0) -> None:
         self.stop = stop
         self.grace = grace
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -131,12 +142,7 @@ class Supervisor:
         """Stop watching these tasks (they were asked to end), wait `grace` seconds, then cancel them."""
         tasks = [t for n in names if (t := self._tasks.pop(n, None)) is not None]
         self._changed.set()
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=grace)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _end(tasks, grace)
 
     async def run(self) -> None:
         """Wait until the stop flag or a failure, then stop everything (see the module docstring)."""
@@ -181,29 +187,33 @@ class Supervisor:
 
     async def _stop_all(self, failure: BaseException | None) -> None:
         running = {task: name for name, task in self._tasks.items()}
-        pending = [t for t in running if not t.done()]
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=self.grace)
-            for task in still:
-                log.warning("task did not stop in time; cancelling", task=running[task], grace_s=self.grace)
-                task.cancel()
-            await asyncio.gather(*still, return_exceptions=True)
+        await _end(list(running), self.grace, names=running)
         for task, name in running.items():
             if failure is None and task.done() and not task.cancelled() and task.exception() is not None:
                 log.error("task failed while stopping", task=name, error=repr(task.exception()))
 
 
-async def supervise(
-    tasks: Mapping[str, Callable[[], Awaitable[None]]],
-    *,
-    stop: asyncio.Event,
-    grace: float = 10.0,
+async def _end(
+    tasks: list[asyncio.Task[None]], grace: float, *, names: Mapping[asyncio.Task[None], str] | None = None
 ) -> None:
-    """Run `tasks` under a fresh Supervisor until `stop` or the first failure."""
-    supervisor = Supervisor(stop, grace=grace)
-    for name, factory in tasks.items():
-        supervisor.spawn(name, factory)
-    await supervisor.run()
+    """Give `tasks` `grace` seconds to finish, then cancel the rest. Cancelled while waiting (an
+    outer supervisor's grace ran out first), it cancels them all before it lets go: no task
+    outlives its supervisor."""
+    pending = [t for t in tasks if not t.done()]
+    if not pending:
+        return
+    try:
+        _, still = await asyncio.wait(pending, timeout=grace)
+    except asyncio.CancelledError:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        raise
+    for task in still:
+        if names is not None:
+            log.warning("task did not stop in time; cancelling", task=names[task], grace_s=grace)
+        task.cancel()
+    await asyncio.gather(*still, return_exceptions=True)
 
 
 async def _as_coroutine(factory: Callable[[], Awaitable[None]]) -> None:

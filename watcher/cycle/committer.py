@@ -27,7 +27,7 @@ from watcher.store.store import Store
 
 __all__ = ["Committer", "EventObserver"]
 
-log = structlog.get_logger("watcher.committer")
+log = structlog.get_logger("watcher.cycle.committer")
 
 EventObserver = Callable[[Event], None]
 # Asks for a re-query: (reason, urgent).
@@ -56,6 +56,10 @@ class Committer:
         self.state = state
         self.observers: list[EventObserver] = []
 
+    @property
+    def log(self) -> structlog.stdlib.BoundLogger:
+        return log.bind(socket=str(self.settings.kubelet.socket))  # type: ignore[no-any-return]
+
     # -- opening --
 
     async def open(self, *, first: bool) -> bool:
@@ -69,10 +73,10 @@ class Committer:
             try:
                 await self.outbox.disconnect()  # half open: start clean next time
             except Exception as close_err:  # already broken: the first error says it all
-                log.debug("closing a half-open outbox failed", error=repr(close_err))
+                self.log.debug("closing a half-open outbox failed", error=repr(close_err))
             self.storage.open_failed(err)
             if first:
-                log.error(
+                self.log.error(
                     "cannot open the outbox: watching anyway, but nothing is emitted until it can be "
                     "written; retrying (check the state directory: full, read-only, wrong owner?)",
                     state_dir=str(self.settings.state_dir),
@@ -81,7 +85,7 @@ class Committer:
             return False
         self.state = self._restored(self.state, saved)
         if not first:
-            log.info("outbox open: events flow again", state_dir=str(self.settings.state_dir))
+            self.log.info("outbox open: events flow again", state_dir=str(self.settings.state_dir))
             self.storage.ok()
             self.wake("outbox", True)
         self.storage.ready.set()
@@ -94,7 +98,9 @@ class Committer:
 
     def _restored(self, state: CycleState, saved: SavedState) -> CycleState:
         if saved.node is not None and saved.node != self.settings.node:
-            log.warning("saved state belongs to another node: taking a fresh baseline", saved_node=saved.node)
+            self.log.warning(
+                "saved state belongs to another node: taking a fresh baseline", saved_node=saved.node
+            )
             return dataclasses.replace(state, seq=saved.seq, inventory=None, socket=None)
         return dataclasses.replace(state, seq=saved.seq, inventory=saved.inventory, socket=saved.socket)
 
@@ -104,7 +110,7 @@ class Committer:
         if not self.storage.writable:
             return  # said already, or not open yet
         self.storage.failed(err)
-        log.error(
+        self.log.error(
             "the outbox failed under a sink: reopening it at the next cycle",
             state_dir=str(self.settings.state_dir),
             error=repr(err),
@@ -122,8 +128,9 @@ class Committer:
         before: Inventory | None = None,
         baseline: bool = False,
     ) -> bool:
-        """Store `changes` as events and `draft` (seq aside) as the new state; False if the store
-        refused, and then the committed state stays as it was (a retry is scheduled)."""
+        """Store `changes` as events and `draft` (seq aside) as the new state. True when `draft`
+        became the committed state (stored, nothing to store, or the database was found ahead and
+        taken as it is); False when the store refused: nothing moved, and a retry is scheduled."""
         current = self.state
         after = draft.inventory
         changes = list(changes)
@@ -165,14 +172,15 @@ class Committer:
             self._failed(err)
             return False
         if self.storage.error is not None:
-            log.info("events and state stored again", state_dir=str(self.settings.state_dir))
+            self.log.info("events and state stored again", state_dir=str(self.settings.state_dir))
         self.storage.ok()
         if after is not None and after is not current.inventory:
             self.metrics.set_inventory(after)
         self.state = dataclasses.replace(draft, seq=seq, started_reported=True)
+        await self.dispatcher.hand_over()
         for event in events:
             self.metrics.events.labels(str(event.kind)).inc()
-            log.info(
+            self.log.info(
                 "event",
                 kind=str(event.kind),
                 seq=event.seq,
@@ -184,7 +192,7 @@ class Committer:
         return True
 
     def _failed(self, err: Exception) -> None:
-        log.error(
+        self.log.error(
             "could not commit events and state; will retry next cycle (check the state directory)",
             state_dir=str(self.settings.state_dir),
             error=repr(err),
@@ -202,11 +210,14 @@ class Committer:
         saved = await self._stored_state()
         if saved.seq <= self.state.seq:
             return False
-        log.warning(
+        self.log.warning(
             "the outbox holds events from a commit reported as failed: continuing from them",
             stored_seq=saved.seq,
             seq=self.state.seq,
         )
+        # The draft's lifecycle bookkeeping is kept: the events the database holds came from a
+        # cycle that saw what this one saw again (a restart, an outage's end), and taking the
+        # older bookkeeping would report those a second time.
         self.state = self._restored(
             dataclasses.replace(draft, started_reported=self.state.started_reported), saved
         )

@@ -24,7 +24,7 @@ from watcher.supervision import Scope
 
 __all__ = ["Notifier", "STATE_FILE_NAMES", "CHECKPOINT_NAME"]
 
-log = structlog.get_logger("watcher.notifier")
+log = structlog.get_logger("watcher.cycle.notifier")
 
 # Kubelet state files that are rewritten (temp + rename) when the inventory changes.
 STATE_FILE_NAMES = ("cpu_manager_state", "memory_manager_state")

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import structlog
@@ -40,7 +40,7 @@ from watcher.supervision import StoppedError, unless_stopped
 
 __all__ = ["Reactor", "CycleObserver", "gc_paused"]
 
-log = structlog.get_logger("watcher.reactor")
+log = structlog.get_logger("watcher.cycle.reactor")
 
 CycleObserver = Callable[[frozenset[str]], None]
 
@@ -101,6 +101,10 @@ class Reactor:
     def socket_path(self) -> Path:
         return self.settings.kubelet.socket
 
+    @property
+    def log(self) -> structlog.stdlib.BoundLogger:
+        return log.bind(socket=str(self.socket_path))  # type: ignore[no-any-return]
+
     # -- the loop --
 
     async def run(self) -> None:
@@ -148,7 +152,10 @@ class Reactor:
             started = time.perf_counter()
             result = "failed"
             try:
-                result = await self._cycle(reasons)
+                # The result is known before the commit: a commit cut short (at shutdown) does
+                # not turn an answered re-query into a failed one.
+                result, commit = await self._cycle(reasons)
+                await commit()
             finally:
                 self.metrics.requery_duration.observe(time.perf_counter() - started)
                 self.metrics.requeries.labels(result).inc()
@@ -191,7 +198,8 @@ class Reactor:
         assert alloc is None or isinstance(alloc, bytes)
         return alloc, pods
 
-    async def _cycle(self, reasons: frozenset[str]) -> str:
+    async def _cycle(self, reasons: frozenset[str]) -> tuple[str, Callable[[], Awaitable[None]]]:
+        """Query and compare: the cycle's result, and the step that commits what it found."""
         cycle = new_cycle_id()
         state = self.committer.state
         changes: list[Change] = []
@@ -204,15 +212,13 @@ class Reactor:
             delay = self.rate_backoff.delay(draft.health.attempt)
             draft = dataclasses.replace(draft, health=draft.health.rate_limited(now, delay))
             self.notifier.schedule_periodic(now)
-            log.warning(
+            self.log.warning(
                 "kubelet rate-limited us; backing off", attempt=draft.health.attempt, delay_s=round(delay, 3)
             )
-            await commit(draft)
-            return "rate_limited"
+            return "rate_limited", functools.partial(commit, draft)
         except errors.KubeletError as err:
-            await commit(await self._failed(err, type(err).__name__, draft, changes))
-            await self._maybe_unreachable(cycle)
-            return "failed"
+            failed = await self._failed(err, type(err).__name__, draft, changes)
+            return "failed", functools.partial(self._commit_failure, commit, failed, cycle)
 
         before = state.inventory
         try:
@@ -220,9 +226,8 @@ class Reactor:
                 after = self._inventory_from(before, alloc_raw, list_raw)
                 diffs = diff(before, after) if before is not None and after is not before else ()
         except DecodeError as err:
-            await commit(await self._failed(err, "DecodeError", draft, changes))
-            await self._maybe_unreachable(cycle)
-            return "failed"
+            failed = await self._failed(err, "DecodeError", draft, changes)
+            return "failed", functools.partial(self._commit_failure, commit, failed, cycle)
         draft = self._answered(draft, changes, list_only=alloc_raw is None)  # lifecycle changes first
         changes.extend(diffs)
         every = self.settings.watch.snapshot_interval
@@ -230,8 +235,9 @@ class Reactor:
         if every > 0 and now - draft.last_snapshot >= every:
             draft = dataclasses.replace(draft, last_snapshot=now)
             changes.append(lifecycle.snapshot(after))
-        await commit(dataclasses.replace(draft, inventory=after), before=before, baseline=before is None)
-        return "changed" if after is not before else "unchanged"
+        result = "changed" if after is not before else "unchanged"
+        draft = dataclasses.replace(draft, inventory=after)
+        return result, functools.partial(commit, draft, before=before, baseline=before is None)
 
     async def _check_socket_identity(
         self, reasons: frozenset[str], draft: CycleState, changes: list[Change]
@@ -274,7 +280,7 @@ class Reactor:
             self.notifier.socket_changed_at = None
         h = draft.health
         if h.failing and not h.unreachable_reported:
-            log.info("kubelet answering again", after_attempts=h.attempt)
+            self.log.info("kubelet answering again", after_attempts=h.attempt)
         health, more = h.answered(
             now,
             self.socket_path,
@@ -282,7 +288,7 @@ class Reactor:
             list_only_reason=self.list_only if list_only else None,
         )
         if ALLOCATABLE in h.degraded_reported and ALLOCATABLE not in health.degraded_reported:
-            log.info("GetAllocatableResources available again: full inventory restored")
+            self.log.info("GetAllocatableResources available again: full inventory restored")
         changes.extend(more)
         self.notifier.schedule_periodic(now)
         return dataclasses.replace(draft, health=health)
@@ -301,13 +307,19 @@ class Reactor:
             # The restart these name events showed is reported again next time.
             self.notifier.name_events = self.notifier.name_events or took_name_events
 
+    async def _commit_failure(
+        self, commit: Callable[[CycleState], Awaitable[None]], draft: CycleState, cycle: str
+    ) -> None:
+        await commit(draft)
+        await self._maybe_unreachable(cycle)
+
     async def _failed(
         self, err: Exception, kind: str, draft: CycleState, changes: list[Change]
     ) -> CycleState:
         now = time.monotonic()
         h = draft.health
         if kind != h.last_error_kind:
-            log.warning("kubelet query failed; will retry", error=str(err), error_kind=kind)
+            self.log.warning("kubelet query failed; will retry", error=str(err), error_kind=kind)
         delay = self.retry_backoff.delay(h.attempt)
         self.notifier.schedule_periodic(now)
         health, more = h.failed(

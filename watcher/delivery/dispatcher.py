@@ -23,9 +23,9 @@ from watcher.supervision import Scope, StoppedError, Supervisor, unless_stopped
 
 __all__ = ["Dispatcher", "SinkWorker", "DeliveryObserver"]
 
-log = structlog.get_logger("watcher.delivering")
+log = structlog.get_logger("watcher.delivery.dispatcher")
 # How long a stopping worker may hand over what is queued before it is cancelled.
-WORKER_STOP_GRACE_S = 10.0
+WORKER_STOP_GRACE_S = 4.0  # inside the agent's own shutdown grace
 
 
 class Dispatcher:
@@ -33,8 +33,9 @@ class Dispatcher:
 
     `run()` is one supervised task whose Supervisor owns a task per worker (and
     per sink background loop); `reload()` swaps the sinks whose settings changed
-    and leaves the others, and every queue, untouched. `commit()` is the one
-    call a producer makes: route, store, wake the workers, enforce the caps.
+    and leaves the others, and every queue, untouched. A producer calls
+    `commit()` (route and store, in one transaction) and, once it has taken the
+    stored events as its own, `hand_over()` (wake the workers, enforce the caps).
     """
 
     def __init__(
@@ -51,24 +52,33 @@ class Dispatcher:
         self.observers: list[DeliveryObserver] = []
         self.rng = rng if rng is not None else random.Random()
         # Told of every outbox failure a worker meets, so the agent can reopen it and say so.
-        self.on_outbox_error = on_outbox_error or (lambda _err: None)
-        self.supervisor = Supervisor(stop, grace=WORKER_STOP_GRACE_S)
+        self._on_outbox_error = on_outbox_error or (lambda _err: None)
+        # The workers' own stop flag: a crashed worker stops its siblings and the crash goes up
+        # to the agent's supervisor through run(); the agent's stop stops them all.
+        self._scope = Scope(stop)
+        self.supervisor = Supervisor(self._scope, grace=WORKER_STOP_GRACE_S)
         self.workers: dict[str, SinkWorker] = {s.name: self._worker(s) for s in sinks}
         self._started: set[str] = set()
         self._running = False
 
     def _worker(self, sink: Sink) -> SinkWorker:
         # Each worker has its own stop scope so one can be retired on reload.
-        worker = SinkWorker(sink, self.outbox, stop=Scope(self.stop), rng=self.rng, observers=self.observers)
-        worker.on_outbox_error = self.on_outbox_error
+        worker = SinkWorker(
+            sink, self.outbox, stop=Scope(self._scope), rng=self.rng, observers=self.observers
+        )
+        worker.on_outbox_error = self._on_outbox_error
         return worker
 
     async def commit(self, events: Sequence[Event], state: Mapping[str, Any] | None) -> None:
-        """Queue `events` for the sinks that asked for them and store `state`, in one transaction;
-        then wake the workers and enforce the queues' caps. Raises if the store refused."""
+        """Queue `events` for the sinks that asked for them and store `state`, in one
+        transaction. Raises if the store refused: then nothing was stored."""
         await self.outbox.commit(events, self.queues(events), state)
+
+    async def hand_over(self) -> None:
+        """After a commit: wake the workers and enforce the queues' caps (logs, never raises:
+        the events are stored already)."""
         self.notify()
-        await self.enforce_caps()  # logs, never raises: the events are stored already
+        await self.enforce_caps()
 
     def queues(self, events: Sequence[Event]) -> dict[str, list[int]]:
         """sink name -> seqs of the events it asked for."""

@@ -22,13 +22,13 @@ from watcher.model.events import Event
 from watcher.ratelimit import RateLimiter
 from watcher.secrets import redact
 from watcher.sinks.base import Outcome, Sink, route_of
-from watcher.sinks.registry import sink_type_of
+from watcher.sinks.registry import capabilities_of
 from watcher.store.store import Store
 from watcher.supervision import Scope, sleep_or_stop, wait_any
 
 __all__ = ["SinkWorker", "DeliveryObserver"]
 
-log = structlog.get_logger("watcher.delivering")
+log = structlog.get_logger("watcher.delivery.worker")
 
 # (sink name, result, events, seconds from event creation to delivery or failure)
 DeliveryObserver = Callable[[str, str, Sequence[Event], float], None]
@@ -52,7 +52,7 @@ class SinkWorker:
         self.stop = stop
         s = sink.settings
         # Paging sinks must see the end of every condition they started.
-        paging = sink_type_of(s).capabilities.pages
+        paging = capabilities_of(s).pages
         self.route = route_of(s, resolutions=paging)
         self.limiter = RateLimiter(s.rate)
         self.backoff = Backoff(base=0.5, cap=s.retry_max_delay, rng=rng)

@@ -35,6 +35,7 @@ __all__ = [
     "unregister",
     "find",
     "sink_type_of",
+    "capabilities_of",
     "sink_types",
     "parse_sink",
     "build_sink",
@@ -139,6 +140,15 @@ def sink_type_of(settings: BaseSinkSettings) -> SinkType[Any]:
             if sink_type.settings is cls:
                 return sink_type
     raise LookupError(f"{type(settings).__name__} belongs to no registered sink type")
+
+
+def capabilities_of(settings: BaseSinkSettings) -> Capabilities:
+    """What a sink with these settings can do; a sink built outside the registry (a test's, an
+    embedder's) has the defaults: it does not page."""
+    try:
+        return sink_type_of(settings).capabilities
+    except LookupError:
+        return Capabilities()
 
 
 class _SettingsClasses(Mapping[str, type[BaseSinkSettings]]):
