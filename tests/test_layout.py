@@ -106,3 +106,50 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     module.write_text("from watcher.app import Agent\nfrom watcher import settings\n")
     assert {"watcher.app", "watcher.settings"} <= _imports(module)
     assert _layer_of("app") > _layer_of("model")
+
+
+README = PACKAGE.parent / "README.md"
+
+
+def _layout_section() -> str:
+    text = README.read_text()
+    start = text.index("## Layout")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_the_readme_layout_names_every_module() -> None:
+    section = _layout_section()
+    missing = [
+        str(p.relative_to(PACKAGE))
+        for p in MODULES
+        if p.name != "__init__.py" and p.parent.name != "__pycache__" and p.name not in section
+    ]
+    assert not missing, f"README's Layout does not list: {missing}"
+
+
+def _defined(path: Path) -> set[str]:
+    """Top-level names and Class.method names defined in a module."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef):
+            names.add(node.name)
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names.add(f"{node.name}.{item.name}")
+                elif isinstance(item, ast.Assign):  # e.g. Store.commit = _OnThread(...)
+                    names.update(f"{node.name}.{t.id}" for t in item.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+    return names
+
+
+def test_the_readme_walk_names_code_that_exists() -> None:
+    """Every `file.py:Name` hop of the walk "a device fails -> a Slack message" still exists."""
+    import re
+
+    hops = re.findall(r"`([a-z_/]+\.py):([A-Za-z_.]+)", _layout_section())
+    assert len(hops) >= 10
+    for file, name in hops:
+        path = PACKAGE / file
+        assert path.is_file(), f"README names {file}, which does not exist"
+        assert name.rstrip(".") in _defined(path), f"README names {file}:{name}, which does not exist"
