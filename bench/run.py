@@ -303,7 +303,7 @@ async def bench_unchanged(cycles: int, blocks: int = 10) -> dict[str, Any]:
                     "ours": ours / n,
                     "bare": bare / n,
                     "cycles": n,
-                    "events": agent.metrics.value("events_total") - events,
+                    "events": int(agent.metrics.value("events_total") - events),
                     "same_bytes": stats.same_bytes - decoded.same_bytes,
                     "reordered": stats.reordered - decoded.reordered,
                     "pods_rebuilt": stats.pods_rebuilt - decoded.pods_rebuilt,
