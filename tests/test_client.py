@@ -163,7 +163,7 @@ async def test_response_larger_than_limit(kubelet: FakeKubelet) -> None:
 
 async def test_get_unknown_pod(kubelet: FakeKubelet) -> None:
     async with PodResourcesClient(str(kubelet.socket_path)) as client:
-        with pytest.raises(errors.PodNotFoundError, match="default/ghost not found"):
+        with pytest.raises(errors.PodNotFoundError, match="pod ghost in namespace default not found"):
             await client.get("default", "ghost")
 
 

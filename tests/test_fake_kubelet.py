@@ -7,11 +7,15 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
+from watcher import errors
 from watcher.kubelet.client import PodResourcesClient
 from watcher.model.build import build
 from watcher.ratelimit import TokenBucket
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeDevice, FakeNode, FakePod, default_node
+from watcher.sim.fake_plugins import Warmup, plugin_socket_name
 
 GPU = "nvidia.com/gpu"
 
@@ -115,8 +119,10 @@ async def test_checkpoint_rewritten_by_rename_on_every_change(kubelet: FakeKubel
     assert before[1] != after[1] or before[2] != after[2]
     assert len(new["Data"]["RegisteredDevices"][GPU]) == len(old["Data"]["RegisteredDevices"][GPU]) - 1
     assert {"Data", "Checksum"} <= set(new)
-    # No temporary files are left behind.
-    assert sorted(p.name for p in kubelet.checkpoint_path.parent.iterdir()) == ["kubelet_internal_checkpoint"]
+    # No temporary files are left behind: the checkpoint and one socket per registered plugin.
+    names = sorted(p.name for p in kubelet.checkpoint_path.parent.iterdir())
+    sockets = sorted(plugin_socket_name(r) for r in {r for r, _ in kubelet.node.devices})
+    assert names == sorted(["kubelet_internal_checkpoint", *sockets])
     cpu_state = json.loads(kubelet.cpu_state_path.read_text())
     assert cpu_state["policyName"] == "static" and cpu_state["entries"]
 
@@ -156,3 +162,46 @@ def test_default_node_looks_real() -> None:
     assert len(claims) == 1
     assert 3 <= len(node.pods) <= 8
     assert isinstance(node.pods[("ml", "trainer-0")], FakePod)
+
+
+async def test_a_restart_warms_up_like_a_real_kubelet(short_tmp: Path) -> None:
+    """Allocations come back at once, devices only as each plugin re-registers, pods as List syncs."""
+    warmup = Warmup(plugin_delay=(0.05, 0.3), pods_delay=(0.0, 0.2))
+    async with FakeKubelet(short_tmp / "kubelet", seed=3, warmup=warmup) as fake:
+        await fake.plugins.wait_settled()
+        full = build(fake.allocatable_response(), fake.list_response())
+        await fake.restart()
+        early = build(fake.allocatable_response(), fake.list_response())
+        assert early.devices == ()  # every resource's healthy set starts empty
+        assert len(early.pods) < len(full.pods)
+        assert not any(p.name.endswith(".sock") for p in fake.checkpoint_path.parent.iterdir())
+        await fake.plugins.wait_settled()
+        assert build(fake.allocatable_response(), fake.list_response()) == full
+        sockets = {p.name for p in fake.checkpoint_path.parent.iterdir() if p.name.endswith(".sock")}
+        assert sockets == {plugin_socket_name(r) for r, _ in fake.node.devices}
+
+
+async def test_a_plugin_restart_takes_its_devices_away_and_back(kubelet: FakeKubelet) -> None:
+    full = build(kubelet.allocatable_response(), kubelet.list_response())
+    socket = kubelet.checkpoint_path.parent / plugin_socket_name(GPU)
+    kubelet.plugins.restart_plugin(GPU, downtime=0.05)
+    gone = build(kubelet.allocatable_response(), kubelet.list_response())
+    assert not socket.exists()
+    assert {d.resource for d in gone.devices} == {d.resource for d in full.devices} - {GPU}
+    assert gone.pods == full.pods  # allocations stay
+    await kubelet.plugins.wait_settled()
+    assert socket.exists() and build(kubelet.allocatable_response(), kubelet.list_response()) == full
+
+
+async def test_unknown_methods_spend_no_token_and_texts_are_the_kubelets(kubelet: FakeKubelet) -> None:
+    kubelet.faults.make_absent("Get")
+    async with PodResourcesClient(str(kubelet.socket_path)) as client:
+        for _ in range(kubelet.burst * 3):
+            with pytest.raises(errors.MethodNotImplementedError, match="unknown method Get for service"):
+                await client.get("ml", "trainer-0")
+        assert kubelet.rejected == 0
+        kubelet.faults.disable("GetAllocatableResources")
+        with pytest.raises(
+            errors.MethodDisabledError, match="Pod Resources API GetAllocatableResources disabled"
+        ):
+            await client.allocatable()

@@ -1,13 +1,14 @@
 """The fake node as the kubelet's protobuf answers, with the real kubelet's quirks.
 
-Every answer comes in a fresh order (the caller's `shuffle` decides, so a seeded
-fake repeats itself), one device entry per device per NUMA node; unhealthy or
+Pods, devices and CPU ids come in a fresh order on every answer (the caller's `shuffle`
+decides, so a seeded fake repeats itself); containers, memory blocks and claims keep
+their order, as the kubelet's do while it runs. One device entry per device per NUMA node; unhealthy or
 unplugged devices vanish from allocatable but stay in the pods' allocations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from watcher.kubeletapi.v1 import api_pb2
@@ -23,23 +24,30 @@ def _topology(numa: Iterable[int]) -> api_pb2.TopologyInfo:
     return api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in numa])
 
 
-def allocatable_response(node: FakeNode, shuffle: Shuffle) -> api_pb2.AllocatableResourcesResponse:
-    """What GetAllocatableResources answers: healthy devices only, one entry per device per NUMA node."""
+def allocatable_response(
+    node: FakeNode, shuffle: Shuffle, down: Collection[str] = ()
+) -> api_pb2.AllocatableResourcesResponse:
+    """What GetAllocatableResources answers: healthy devices only, one entry per device per NUMA node;
+    nothing of a resource whose plugin is `down` (not registered)."""
     entries = []
     for dev in node.devices.values():
-        if not dev.healthy:
+        if not dev.healthy or dev.resource in down:
             continue
         entries.extend(_device_entries(dev.resource, dev.id, dev.numa))
     cpus = list(node.cpu_ids)
+    # Allocatable memory keeps one order while the kubelet runs (it may differ from start to start).
     memory = [_memory(m) for m in node.memory]
-    for seq in (entries, cpus, memory):
+    for seq in (entries, cpus):
         shuffle(seq)
     return api_pb2.AllocatableResourcesResponse(devices=entries, cpu_ids=cpus, memory=memory)
 
 
-def list_response(node: FakeNode, shuffle: Shuffle) -> api_pb2.ListPodResourcesResponse:
-    """What List answers: every pod, unhealthy or unplugged devices included."""
-    pods = [pod_resources(node, p, shuffle) for p in node.pods.values()]
+def list_response(
+    node: FakeNode, shuffle: Shuffle, hidden: Collection[tuple[str, str]] = ()
+) -> api_pb2.ListPodResourcesResponse:
+    """What List answers: every pod the kubelet knows (not the `hidden` ones yet), unhealthy or
+    unplugged devices included."""
+    pods = [pod_resources(node, p, shuffle) for key, p in node.pods.items() if key not in hidden]
     shuffle(pods)
     return api_pb2.ListPodResourcesResponse(pod_resources=pods)
 
@@ -54,8 +62,7 @@ def _device_entries(resource: str, device_id: str, numa: tuple[int, ...]) -> lis
 
 
 def _memory(m: FakeMemory) -> api_pb2.ContainerMemory:
-    if not m.numa:
-        return api_pb2.ContainerMemory(memory_type=m.type, size=m.size)
+    # The kubelet always sets a memory block's topology (its NUMA affinity).
     return api_pb2.ContainerMemory(memory_type=m.type, size=m.size, topology=_topology(m.numa))
 
 
@@ -88,16 +95,17 @@ def pod_resources(node: FakeNode, pod: FakePod, shuffle: Shuffle) -> api_pb2.Pod
             )
             for claim in c.claims
         ]
-        for seq in (devices, cpus, memory, dynamic):
+        # Devices and CPU ids come in a new order on every call; memory blocks and claims keep
+        # theirs while the kubelet runs.
+        for seq in (devices, cpus):
             shuffle(seq)
         containers.append(
             api_pb2.ContainerResources(
                 name=c.name, devices=devices, cpu_ids=cpus, memory=memory, dynamic_resources=dynamic
             )
         )
-    # The kubelet lists sidecars before app containers, but it is a map
-    # underneath and consumers must not rely on any order: shuffle.
-    shuffle(containers)
+    # Containers keep their order (restartable init containers first, then spec order); a
+    # consumer must still not rely on it.
     pod_cpus = list(pod.cpu_ids)
     shuffle(pod_cpus)
     return api_pb2.PodResources(

@@ -13,6 +13,12 @@ __all__ = ["METHODS", "SERVICE", "MethodFaults"]
 
 METHODS = ("List", "GetAllocatableResources", "Get")
 SERVICE = "v1.PodResourcesLister"
+# What a real kubelet answers for a disabled method (List cannot be disabled on a real one).
+DISABLED_TEXTS = {
+    "GetAllocatableResources": "Pod Resources API GetAllocatableResources disabled",
+    "Get": "PodResources API Get method disabled",
+    "List": "PodResources API List disabled",
+}
 GARBAGE = b"\xff\xff\xff\xff garbage, not a protobuf message"
 
 
@@ -52,14 +58,18 @@ class MethodFaults:
         """Make the method take `seconds` before answering (a hung kubelet)."""
         self.delays[_method(method)] = seconds
 
-    async def before_answer(self, method: str, context: aio.ServicerContext[bytes, bytes]) -> None:
-        """Abort the call as the kubelet would, or hold it for its delay."""
+    async def before_limiter(self, method: str, context: aio.ServicerContext[bytes, bytes]) -> None:
+        """A method the kubelet predates: gRPC answers UNIMPLEMENTED before the rate limiter runs,
+        so the call spends no token."""
         if method in self.absent:
             await context.abort(
                 grpc.StatusCode.UNIMPLEMENTED, f"unknown method {method} for service {SERVICE}"
             )
+
+    async def before_answer(self, method: str, context: aio.ServicerContext[bytes, bytes]) -> None:
+        """Past the limiter: a disabled method answers UNKNOWN; a hung one holds the call."""
         if method in self.disabled:
-            await context.abort(grpc.StatusCode.UNKNOWN, f"PodResources API {method} disabled")
+            await context.abort(grpc.StatusCode.UNKNOWN, DISABLED_TEXTS[method])
         delay = self.delays.get(method, 0.0)
         if delay > 0:
             await asyncio.sleep(delay)

@@ -35,6 +35,7 @@ from watcher.ratelimit import TokenBucket
 from watcher.sim import fake_answers, fake_state_files
 from watcher.sim.fake_faults import SERVICE, MethodFaults
 from watcher.sim.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
+from watcher.sim.fake_plugins import Plugins, Warmup
 
 __all__ = ["FakeKubelet"]
 
@@ -55,6 +56,7 @@ class FakeKubelet:
         burst: int = 10,
         seed: int | None = None,
         shuffle: bool = True,
+        warmup: Warmup | None = None,
     ) -> None:
         self.root = Path(root)
         self.node = node if node is not None else default_node()
@@ -79,6 +81,14 @@ class FakeKubelet:
         self.started_at: float | None = None
         self.first_call_at: float | None = None
         self._server: aio.Server | None = None
+        # Its own generator: the answers' shuffle stays the same sequence with or without warm-up.
+        self.plugins = Plugins(
+            self.root / "device-plugins",
+            self.node,
+            warmup=warmup,
+            rng=random.Random(None if seed is None else seed + 1),
+            on_change=self._changed,
+        )
 
     # -- lifecycle --
 
@@ -105,11 +115,13 @@ class FakeKubelet:
         self._server = server
         self.bucket = TokenBucket(self.rate, self.burst)
         self.starts += 1
+        self.plugins.kubelet_started()
         self.write_state_files()
 
     async def stop(self, *, remove_socket: bool = False) -> None:
         """Stop serving. Like a killed kubelet, leave the stale socket unless told otherwise."""
         server, self._server = self._server, None
+        await self.plugins.stop()
         if server is not None:
             await server.stop(grace=None)
         if remove_socket:
@@ -200,10 +212,10 @@ class FakeKubelet:
     # -- the wire --
 
     def allocatable_response(self) -> api_pb2.AllocatableResourcesResponse:
-        return fake_answers.allocatable_response(self.node, self._shuffle)
+        return fake_answers.allocatable_response(self.node, self._shuffle, self.plugins.down)
 
     def list_response(self) -> api_pb2.ListPodResourcesResponse:
-        return fake_answers.list_response(self.node, self._shuffle)
+        return fake_answers.list_response(self.node, self._shuffle, self.plugins.hidden_pods)
 
     def _shuffle(self, seq: list[Any]) -> None:
         if self.shuffle:
@@ -229,9 +241,10 @@ class FakeKubelet:
 
     def _get(self, request: bytes) -> api_pb2.GetPodResourcesResponse:
         req = api_pb2.GetPodResourcesRequest.FromString(request)
-        pod = self.node.pods.get((req.pod_namespace, req.pod_name))
+        key = (req.pod_namespace, req.pod_name)
+        pod = None if key in self.plugins.hidden_pods else self.node.pods.get(key)
         if pod is None:
-            raise LookupError(f"pod {req.pod_namespace}/{req.pod_name} not found")
+            raise LookupError(f"pod {req.pod_name} in namespace {req.pod_namespace} not found")
         return api_pb2.GetPodResourcesResponse(
             pod_resources=fake_answers.pod_resources(self.node, pod, self._shuffle)
         )
@@ -243,7 +256,8 @@ class FakeKubelet:
         context: aio.ServicerContext[bytes, bytes],
         build: Callable[[bytes], Any],
     ) -> bytes:
-        # The kubelet's limiter is an interceptor in front of every method.
+        await self.faults.before_limiter(method, context)
+        # The kubelet's limiter is an interceptor in front of every method it implements.
         if not self.bucket.take():
             self.rejected += 1
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")

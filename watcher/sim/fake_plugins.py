@@ -1,0 +1,159 @@
+"""The fake kubelet's device plugins, and the warm-up after a restart that a real kubelet shows.
+
+A real kubelet reads its checkpoint on start: allocations come back at once, but every
+resource's healthy set starts empty until that resource's device plugin registers again (the
+kubelet deletes the plugin sockets in `device-plugins/`; each plugin notices, serves a new
+socket and registers, typically within a second or a few). `List` fills in as the kubelet's
+pod sources sync. A plugin that restarts on its own takes all its resource's devices out of
+allocatable until it is back; one that never returns leaves its resource empty.
+
+`Warmup` says how long each of these takes; `Plugins` plays it against the fake node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watcher.sim.fake_node import FakeNode
+
+__all__ = ["Plugins", "Warmup", "plugin_socket_name"]
+
+KUBELET_REGISTRATION_SOCKET = "kubelet.sock"
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """How the fake comes back from a (re)start. Delays are uniform in (low, high) seconds."""
+
+    plugin_delay: tuple[float, float] = (0.2, 1.5)  # each plugin re-registers after this
+    pods_delay: tuple[float, float] = (0.0, 0.0)  # each pod shows in List after this
+    never: frozenset[str] = field(default_factory=frozenset)  # resources whose plugin never returns
+
+
+def plugin_socket_name(resource: str) -> str:
+    """The socket a resource's plugin serves in `device-plugins/` (one plugin per resource here)."""
+    return resource.replace("/", "_") + ".sock"
+
+
+class Plugins:
+    """Which resources' plugins are registered now, which pods `List` shows yet, and the sockets."""
+
+    def __init__(
+        self,
+        directory: Path,
+        node: FakeNode,
+        *,
+        warmup: Warmup | None,
+        rng: random.Random,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.directory = directory
+        self.node = node
+        self.warmup = warmup
+        self.rng = rng
+        self.on_change = on_change
+        self.down: set[str] = set()  # resources whose plugin is not registered
+        self.hidden_pods: set[tuple[str, str]] = set()  # pods List does not show yet
+        self.registrations = 0  # plugin registrations after a warm-up or a plugin restart
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._settled = asyncio.Event()
+        self._settled.set()
+
+    def resources(self) -> set[str]:
+        return {resource for resource, _ in self.node.devices}
+
+    def kubelet_started(self) -> None:
+        """The kubelet (re)started: plugin sockets deleted; with a warm-up, every plugin and pod
+        comes back after its delay; without, all are there at once."""
+        self._cancel()
+        for sock in self._sockets():
+            sock.unlink(missing_ok=True)
+        resources = self.resources()
+        if self.warmup is None:
+            self.down.clear()
+            self.hidden_pods.clear()
+            for resource in resources:
+                self._touch(resource)
+            return
+        self.down = set(resources)
+        self._settled.clear()
+        for resource in sorted(resources):
+            if resource not in self.warmup.never:
+                self._later(
+                    self.rng.uniform(*self.warmup.plugin_delay), functools.partial(self._register, resource)
+                )
+        low, high = self.warmup.pods_delay
+        if high > 0:
+            self.hidden_pods = set(self.node.pods)
+            for key in sorted(self.hidden_pods):
+                self._later(self.rng.uniform(low, high), functools.partial(self._reveal, key))
+
+    def restart_plugin(self, resource: str, downtime: float | None) -> None:
+        """The plugin of `resource` goes away (its devices leave allocatable) and registers again
+        after `downtime` seconds; None: it never comes back."""
+        self.down.add(resource)
+        self._settled.clear()
+        (self.directory / plugin_socket_name(resource)).unlink(missing_ok=True)
+        self.on_change()
+        if downtime is not None:
+            self._later(downtime, functools.partial(self._register, resource))
+
+    async def wait_settled(self) -> None:
+        """Until every plugin that will come back has registered and List shows every pod."""
+        await self._settled.wait()
+
+    async def stop(self) -> None:
+        tasks = self._cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- inside --
+
+    def _register(self, resource: str) -> None:
+        self.down.discard(resource)
+        self.registrations += 1
+        self._touch(resource)
+        self.on_change()  # the kubelet rewrites its checkpoint as the plugin's devices come in
+        self._check_settled()
+
+    def _reveal(self, key: tuple[str, str]) -> None:
+        self.hidden_pods.discard(key)
+        self._check_settled()
+
+    def _check_settled(self) -> None:
+        never = self.warmup.never if self.warmup is not None else frozenset()
+        if not self.hidden_pods and self.down <= never and not self._tasks - {asyncio.current_task()}:
+            self._settled.set()
+
+    def _touch(self, resource: str) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / plugin_socket_name(resource)).touch()
+
+    def _sockets(self) -> Iterable[Path]:
+        if not self.directory.is_dir():
+            return []
+        return [
+            p
+            for p in self.directory.iterdir()
+            if p.name.endswith(".sock") and p.name != KUBELET_REGISTRATION_SOCKET
+        ]
+
+    def _later(self, delay: float, action: Callable[[], None]) -> None:
+        async def run() -> None:
+            await asyncio.sleep(delay)
+            action()
+
+        task = asyncio.get_running_loop().create_task(run(), name="fake-plugin")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _cancel(self) -> list[asyncio.Task[None]]:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        self._tasks.clear()
+        return tasks
