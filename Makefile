@@ -33,10 +33,11 @@ typecheck: $(STAMP) ## mypy --strict on the package
 pytest: $(STAMP) ## the test suite
 	$(BIN)/pytest
 
-chaos: $(STAMP) ## the long reliability suites: 200 kubelet restarts, 70 receiver flaps (see RELIABILITY.md)
-	PRW_CHAOS_RESTARTS=200 PRW_CHAOS_FLAPS=70 \
+chaos: $(STAMP) ## the long reliability suites: 200 kubelet restarts, 50 warm-ups, 70 receiver flaps (see RELIABILITY.md)
+	PRW_CHAOS_RESTARTS=200 PRW_CHAOS_FLAPS=70 PRW_WARMUP_RESTARTS=50 PRW_WARMUP_MAX_S=5 \
 	PRW_CHAOS_REPORT=$${PRW_CHAOS_REPORT:-/dev/null} PRW_SINK_CHAOS_REPORT=$${PRW_SINK_CHAOS_REPORT:-/dev/null} \
-	$(BIN)/pytest -p no:cacheprovider tests/test_chaos.py tests/test_sink_chaos.py
+	$(BIN)/pytest -p no:cacheprovider tests/test_chaos.py tests/test_sink_chaos.py \
+	    tests/test_settling.py::test_restarts_with_warm_up_and_no_change_report_only_the_restarts
 
 bench: $(STAMP) ## measure the speed claims side by side and write BENCHMARKS.md (~10 min)
 	$(BIN)/python bench/run.py

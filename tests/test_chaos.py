@@ -1,6 +1,7 @@
 """Kubelet chaos: many restarts, both ways, with the inventory changing while it is down.
 
-The default run (inside `make test`) does 20 restarts; `make chaos` runs 200
+Every restart warms up like a real kubelet's (devices back as each plugin re-registers, pods
+as List fills in). The default run (inside `make test`) does 20 restarts; `make chaos` runs 200
 (PRW_CHAOS_RESTARTS). Checks: every restart detected once; the final inventory
 equals the fake kubelet's; replaying the device and allocation events onto the
 first inventory gives the last one (every change reported exactly once); no
@@ -24,6 +25,7 @@ from watcher.model.build import build
 from watcher.model.events import Event
 from watcher.model.inventory import Inventory
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_plugins import Warmup
 
 GPU = "nvidia.com/gpu"
 RESTARTS = int(os.environ.get("PRW_CHAOS_RESTARTS", "20"))
@@ -86,6 +88,9 @@ async def test_kubelet_chaos(short_tmp: Path) -> None:
     async with fake, running_agent(make_settings(short_tmp, unreachable_grace=60), fake) as run:
         await run.recorder.kinds_after(0, 1)
         await run.quiet_cycle()
+        # Every restart from here on warms up as a real kubelet's does: plugins re-register
+        # over a few hundred ms, List fills in.
+        fake.plugins.warmup = Warmup(plugin_delay=(0.0, 0.3), pods_delay=(0.0, 0.2))
         first = run.agent.inventory
         assert first is not None
         fds_before, tasks_before = _fds(), len(asyncio.all_tasks())
@@ -117,7 +122,11 @@ async def test_kubelet_chaos(short_tmp: Path) -> None:
                 await asyncio.sleep(downtime)
             await fake.start()
             await run.recorder.until(lambda r=restarted: run.recorder.kinds().count("kubelet.restarted") > r)
+        await fake.plugins.wait_settled()
         await run.quiet_cycle()
+        while run.agent.settling.holding:  # holds end on the clock (the pod list stable a while)
+            await asyncio.sleep(0.25)
+            await run.quiet_cycle()
         await run.quiet_cycle()
         events = run.recorder.events[mark:]
         assert [e.kind for e in events].count("kubelet.restarted") == RESTARTS

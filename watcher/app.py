@@ -26,6 +26,7 @@ from watcher.delivery.dispatcher import DeliveryObserver, Dispatcher
 from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import KubeletHealth
 from watcher.model.inventory import Inventory
+from watcher.model.settling import Settling
 from watcher.ops.http import HttpServer
 from watcher.ops.metrics import Metrics
 from watcher.settings import Settings, parse_listen
@@ -149,6 +150,11 @@ class Agent:
     @property
     def kubelet_health(self) -> KubeletHealth:
         return self.committer.state.health
+
+    @property
+    def settling(self) -> Settling:
+        """What the kubelet's warm-up holds back now (`.holding`: anything)."""
+        return self.committer.state.settling
 
     @property
     def decoder(self) -> Decoder:

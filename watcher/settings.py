@@ -60,6 +60,15 @@ class KubeletSettings:
             "Seconds of failed queries before `kubelet.unreachable` is reported.", min=0, max=86400
         ),
     )
+    warmup_grace: float = field(
+        default=60.0,
+        metadata=field_meta(
+            "Seconds to wait, after a kubelet or device plugin restart, for the plugins to register "
+            "again and List to fill in before what is still missing is reported.",
+            min=0,
+            max=3600,
+        ),
+    )
 
 
 @dataclass(frozen=True)

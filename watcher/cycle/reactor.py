@@ -28,11 +28,13 @@ from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import ALLOCATABLE
 from watcher.kubelet.identity import is_replacement, probe_socket
+from watcher.kubelet.plugins import plugin_sockets
 from watcher.model import lifecycle
 from watcher.model.changes import Change
 from watcher.model.diff import diff
 from watcher.model.events import new_cycle_id
 from watcher.model.inventory import Inventory
+from watcher.model.settling import Settling
 from watcher.ops.metrics import Metrics
 from watcher.ratelimit import RateLimiter
 from watcher.settings import Settings
@@ -133,17 +135,21 @@ class Reactor:
             deadlines.append(due)
         if self.settings.watch.snapshot_interval > 0:
             deadlines.append(state.last_snapshot + self.settings.watch.snapshot_interval)
+        if (look := state.settling.next_look(self.settings.kubelet.warmup_grace)) is not None:
+            deadlines.append(look)
         return min(deadlines)
 
     def _due(self, reasons: frozenset[str], now: float) -> bool:
         state = self.committer.state
         every = self.settings.watch.snapshot_interval
         retry_at = state.health.retry_at
+        look = state.settling.next_look(self.settings.kubelet.warmup_grace)
         return (
             bool(reasons)
             or now >= self.notifier.next_periodic
             or (retry_at is not None and now >= retry_at)
             or (every > 0 and now >= state.last_snapshot + every)
+            or (look is not None and now >= look)
         )
 
     async def requery(self, reasons: frozenset[str]) -> None:
@@ -203,7 +209,7 @@ class Reactor:
         cycle = new_cycle_id()
         state = self.committer.state
         changes: list[Change] = []
-        draft, took_name_events = await self._check_socket_identity(reasons, state, changes)
+        draft, took_name_events, restarted = await self._check_socket_identity(reasons, state, changes)
         commit = functools.partial(self._commit, changes, cycle, took_name_events=took_name_events)
         try:
             alloc_raw, list_raw = await self._query()
@@ -223,13 +229,18 @@ class Reactor:
         before = state.inventory
         try:
             with gc_paused():
-                after = self._inventory_from(before, alloc_raw, list_raw)
+                answer = self._inventory_from(before, alloc_raw, list_raw)
+                settling, held_changes, after = self._settle(
+                    draft.settling, before, answer, restarted=restarted
+                )
                 diffs = diff(before, after) if before is not None and after is not before else ()
         except DecodeError as err:
             failed = await self._failed(err, "DecodeError", draft, changes)
             return "failed", functools.partial(self._commit_failure, commit, failed, cycle)
         draft = self._answered(draft, changes, list_only=alloc_raw is None)  # lifecycle changes first
+        changes.extend(held_changes)
         changes.extend(diffs)
+        draft = dataclasses.replace(draft, settling=settling)
         every = self.settings.watch.snapshot_interval
         now = time.monotonic()
         if every > 0 and now - draft.last_snapshot >= every:
@@ -239,18 +250,45 @@ class Reactor:
         draft = dataclasses.replace(draft, inventory=after)
         return result, functools.partial(commit, draft, before=before, baseline=before is None)
 
+    def _settle(
+        self, settling: Settling, before: Inventory | None, answer: Inventory, *, restarted: bool
+    ) -> tuple[Settling, list[Change], Inventory]:
+        """Hold what the kubelet's warm-up explains (see watcher.model.settling): the next
+        settling state, the plugin lifecycle changes, and the inventory to report."""
+        if before is None:
+            return settling, [], answer
+        now = time.monotonic()
+        grace = self.settings.kubelet.warmup_grace
+        if restarted:
+            settling = settling.kubelet_restarted(now, before)
+        sockets = plugin_sockets(self.settings.kubelet.root_dir / "device-plugins")
+        after, changes = settling.observe(now, before, answer, sockets, grace)
+        if after.holding and not settling.holding:
+            self.log.info(
+                "holding what the warm-up explains until the node settles",
+                resources=sorted(after.held_resources()),
+                pods=after.pods_since is not None,
+                grace_s=grace,
+            )
+        elif settling.holding and not after.holding:
+            began = settling.began()
+            held_for = None if began is None else round(now - began, 3)
+            self.log.info("node settled: reporting the net change", held_s=held_for)
+        return after, changes, after.present(before, answer)
+
     async def _check_socket_identity(
         self, reasons: frozenset[str], draft: CycleState, changes: list[Change]
-    ) -> tuple[CycleState, bool]:
-        """The draft with the socket now seen, and whether the directory's name events were taken."""
+    ) -> tuple[CycleState, bool, bool]:
+        """The draft with the socket now seen, whether the directory's name events were taken,
+        and whether the kubelet restarted."""
         sock = probe_socket(self.socket_path)
         if not sock.present or sock.identity is None or sock.identity == draft.socket:
-            return draft, False
+            return draft, False, False
         name_events, self.notifier.name_events = self.notifier.name_events, False
         old = draft.socket
         draft = dataclasses.replace(draft, socket=sock.identity)
         if old is not None and not is_replacement(old, sock.identity, name_events=name_events):
-            return draft, name_events  # the same socket, its metadata touched (chmod, relabel)
+            return draft, name_events, False  # the same socket, its metadata touched (chmod, relabel)
         if old is not None:
             seen_by = "directory watch" if "socket" in reasons else "identity check"
             changes.append(lifecycle.restarted(self.socket_path, seen_by=seen_by))
@@ -259,7 +297,7 @@ class Reactor:
         await self.client.reconnect()
         self.metrics.reconnects.inc()
         self.notifier.socket_changed_at = self.notifier.socket_changed_at or time.monotonic()
-        return draft, name_events
+        return draft, name_events, old is not None
 
     def _inventory_from(
         self, before: Inventory | None, alloc_raw: bytes | None, list_raw: bytes

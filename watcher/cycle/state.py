@@ -18,6 +18,7 @@ from watcher.kubelet.health import KubeletHealth
 from watcher.kubelet.identity import FileIdentity
 from watcher.model.build import from_canonical
 from watcher.model.inventory import Inventory
+from watcher.model.settling import Settling
 
 __all__ = ["CycleState", "SavedState", "state_to_json", "state_from_json", "VERSION"]
 
@@ -46,6 +47,7 @@ class CycleState:
     health: KubeletHealth = field(default_factory=KubeletHealth)
     started_reported: bool = False  # watcher.started is stored
     last_snapshot: float = 0.0  # monotonic time of the last inventory.snapshot
+    settling: Settling = field(default_factory=Settling)  # what the kubelet's warm-up holds back
 
 
 def state_to_json(state: SavedState) -> dict[str, Any]:

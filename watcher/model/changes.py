@@ -31,6 +31,8 @@ class Kind(enum.StrEnum):
     KUBELET_REACHABLE = "kubelet.reachable"
     API_DEGRADED = "api.degraded"
     INVENTORY_SNAPSHOT = "inventory.snapshot"
+    PLUGIN_UNREGISTERED = "plugin.unregistered"
+    PLUGIN_REGISTERED = "plugin.registered"
 
 
 LIFECYCLE_KINDS = frozenset(
@@ -42,6 +44,8 @@ LIFECYCLE_KINDS = frozenset(
         Kind.KUBELET_REACHABLE,
         Kind.API_DEGRADED,
         Kind.INVENTORY_SNAPSHOT,
+        Kind.PLUGIN_UNREGISTERED,
+        Kind.PLUGIN_REGISTERED,
     }
 )
 DIFF_KINDS = frozenset(Kind) - LIFECYCLE_KINDS

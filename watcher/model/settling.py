@@ -1,0 +1,180 @@
+"""Settling: what the kubelet's warm-up explains is held back until the node has settled.
+
+After a restart the kubelet answers with every resource's devices missing until that resource's
+device plugin registers again, and `List` fills in as its pod sources sync; a device plugin
+that restarts on its own takes all its resource's devices away until it is back. None of that
+is a change on the node, and none of it may reach a person. So:
+
+- After a kubelet restart every resource that had devices is held, and so are the pods `List`
+  does not show yet. A resource is released when its devices are back (its plugin registered:
+  a plugin hands over its whole device list at once); the pods when every resource is released
+  and the pod list has stopped changing; anything still held after `grace` is released as it is.
+- Without a restart, a resource whose devices ALL vanished at once while a device plugin's socket
+  went away is held the same way (`plugin.unregistered`, then `plugin.registered` when back).
+  A device that vanishes while the plugins stay registered is not held: it is reported at once.
+- While something is held, the agent reports the "presented" inventory: the answer, with the
+  held resources' devices and the held pods taken from the last settled inventory. When a hold
+  ends, the next diff is the net change between the settled inventory and the answer.
+
+Pure: the caller brings the time, the answers and the plugin sockets it saw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.inventory import Inventory
+
+__all__ = ["Settling", "POLL_S", "PODS_STABLE_S"]
+
+POLL_S = 0.5  # while something is held, look again at least this often
+PODS_STABLE_S = 2.0  # the pod list must not change for this long before held pods are released
+
+
+def _resources(inv: Inventory) -> frozenset[str]:
+    return frozenset(d.resource for d in inv.devices)
+
+
+@dataclass(frozen=True)
+class Settling:
+    held: tuple[tuple[str, float], ...] = ()  # (resource, monotonic time its hold began), sorted
+    kubelet_restart: bool = False  # the holds come from a kubelet restart (no plugin events)
+    pods_since: float | None = None  # pods are held since (a kubelet restart), else None
+    pod_keys: frozenset[tuple[str, str]] = frozenset()  # the pods of the last answer
+    pods_changed_at: float = 0.0  # when the pod list last changed
+    sockets: frozenset[str] | None = None  # the plugin sockets of the last settled look
+    last_look: float = 0.0
+
+    @property
+    def holding(self) -> bool:
+        return bool(self.held) or self.pods_since is not None
+
+    def held_resources(self) -> frozenset[str]:
+        return frozenset(r for r, _ in self.held)
+
+    def began(self) -> float | None:
+        """When the oldest hold began; None when nothing is held."""
+        starts = [since for _, since in self.held]
+        if self.pods_since is not None:
+            starts.append(self.pods_since)
+        return min(starts, default=None)
+
+    def next_look(self, grace: float) -> float | None:
+        """When to look again while something is held (stability, or a grace running out)."""
+        began = self.began()
+        if began is None:
+            return None
+        return min(self.last_look + POLL_S, began + grace)
+
+    def kubelet_restarted(self, now: float, settled: Inventory) -> Settling:
+        """Hold every resource that had devices, and the pods, until the node settles again."""
+        held = tuple((r, now) for r in sorted(_resources(settled)))
+        return dataclasses.replace(self, held=held, kubelet_restart=True, pods_since=now, pods_changed_at=now)
+
+    def observe(
+        self,
+        now: float,
+        settled: Inventory,
+        answer: Inventory,
+        sockets: frozenset[str] | None,
+        grace: float,
+    ) -> tuple[Settling, list[Change]]:
+        """Take one answer into account: new plugin departures are held, resources whose devices
+        are back (or whose grace ran out) are released. Returns the plugin lifecycle changes."""
+        changes: list[Change] = []
+        state = self
+        keys = frozenset((p.namespace, p.name) for p in answer.pods)
+        if keys != state.pod_keys:
+            state = dataclasses.replace(state, pod_keys=keys, pods_changed_at=now)
+        held = dict(state.held)
+        present = _resources(answer) if answer.allocatable_known else None
+        # A plugin's departure: its resource's devices all gone while a plugin socket went away.
+        if present is not None and sockets is not None and not state.kubelet_restart:
+            gone = sorted(_resources(settled) - present - held.keys())
+            if gone and state._socket_went_away(sockets, settled):
+                for resource in gone:
+                    held[resource] = now
+                    changes.append(_plugin_change(Kind.PLUGIN_UNREGISTERED, resource, settled, grace))
+        for resource, since in list(held.items()):
+            back = present is None or resource in present
+            if back or now - since >= grace:
+                del held[resource]
+                if back and not state.kubelet_restart:
+                    changes.append(
+                        _plugin_change(Kind.PLUGIN_REGISTERED, resource, answer, grace, since=since, now=now)
+                    )
+        pods_since = state.pods_since
+        if pods_since is not None and (
+            now - pods_since >= grace or (not held and now - state.pods_changed_at >= PODS_STABLE_S)
+        ):
+            pods_since = None
+        kubelet_restart = state.kubelet_restart and bool(held or pods_since is not None)
+        settled_sockets = state.sockets
+        if not held and pods_since is None and sockets is not None:
+            settled_sockets = sockets
+        after = dataclasses.replace(
+            state,
+            held=tuple(sorted(held.items())),
+            kubelet_restart=kubelet_restart,
+            pods_since=pods_since,
+            sockets=settled_sockets,
+            last_look=now,
+        )
+        return after, changes
+
+    def _socket_went_away(self, sockets: frozenset[str], settled: Inventory) -> bool:
+        if self.sockets is not None:
+            return bool(self.sockets - sockets)
+        # First look since the agent started: fewer plugin sockets than resources means some
+        # plugin is not registered (one socket per resource is the common layout).
+        return len(sockets) < len(_resources(settled))
+
+    def present(self, settled: Inventory, answer: Inventory) -> Inventory:
+        """The answer with what is held taken from the settled inventory."""
+        held = self.held_resources()
+        if not held and self.pods_since is None:
+            return answer
+        devices = answer.devices
+        if held and answer.allocatable_known and settled.allocatable_known:
+            kept = [d for d in answer.devices if d.resource not in held]
+            kept.extend(d for d in settled.devices if d.resource in held)
+            devices = tuple(sorted(kept, key=lambda d: (d.resource, d.id)))
+        pods = answer.pods
+        if self.pods_since is not None:
+            shown = {(p.namespace, p.name) for p in answer.pods}
+            missing = [p for p in settled.pods if (p.namespace, p.name) not in shown]
+            if missing:
+                pods = tuple(sorted([*answer.pods, *missing], key=lambda p: (p.namespace, p.name)))
+        if devices is answer.devices and pods is answer.pods:
+            return answer
+        presented = dataclasses.replace(answer, devices=devices, pods=pods)
+        # The same content as the settled inventory is the same inventory: no change to report.
+        return settled if presented.content_hash == settled.content_hash else presented
+
+
+def _plugin_change(
+    kind: Kind,
+    resource: str,
+    inv: Inventory,
+    grace: float,
+    *,
+    since: float | None = None,
+    now: float | None = None,
+) -> Change:
+    devices = sorted(d.id for d in inv.devices if d.resource == resource)
+    details: dict[str, object] = {"resource": resource, "devices": devices}
+    if kind is Kind.PLUGIN_UNREGISTERED:
+        summary = (
+            f"{resource}: its device plugin went away; its {len(devices)} device(s) are not reported "
+            f"missing unless the plugin stays away for {grace:g} s"
+        )
+        details["grace_s"] = grace
+    else:
+        away = (now or 0.0) - (since or 0.0)
+        summary = (
+            f"{resource}: its device plugin registered again after {away:.1f} s ({len(devices)} device(s))"
+        )
+        details["away_s"] = round(away, 3)
+    return Change(kind, Severity.INFO, summary, details)
