@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 # The import path the generated code uses; protoc maps it onto proto/.
 VIRTUAL_PREFIX = "watcher/kubeletapi"
-PROTO_FILES = ["v1/api.proto", "v1/views.proto"]
+PROTO_FILES = ["v1/api.proto", "v1/views.proto", "v1/lenient.proto"]
 OUTPUT_DIR = ROOT / VIRTUAL_PREFIX / "v1"
 GENERATED = [
     "api_pb2.py",
@@ -26,6 +26,8 @@ GENERATED = [
     "api_pb2_grpc.pyi",
     "views_pb2.py",
     "views_pb2.pyi",
+    "lenient_pb2.py",
+    "lenient_pb2.pyi",
 ]
 
 

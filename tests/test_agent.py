@@ -468,3 +468,64 @@ async def test_reconnects_at_once_even_after_failing_queries_during_the_downtime
         await run.recorder.until(lambda: fake.first_call_at is not None)
         assert fake.first_call_at is not None
         assert fake.first_call_at - fake.started_at < 1.0
+
+
+async def test_a_dra_state_change_triggers_a_requery(fake: FakeKubelet, short_tmp: Path) -> None:
+    async with await _started(fake, short_tmp, interval=3600) as run:
+        await run.recorder.kinds_after(0, 1)
+        cycles = len(run.recorder.reasons)
+        tmp = fake.root / "dra_manager_state.tmp"
+        tmp.write_text("{}")
+        tmp.rename(fake.root / "dra_manager_state")  # as the kubelet writes it: temp + rename
+        await run.recorder.until(
+            lambda: any("state-file:dra_manager_state" in rs for rs in run.recorder.reasons[cycles:])
+        )
+
+
+async def test_the_outage_is_timed_from_the_socket_going_away_and_said_in_words(
+    fake: FakeKubelet, short_tmp: Path
+) -> None:
+    grace = 1.0
+    async with await _started(fake, short_tmp, unreachable_grace=grace, interval=3600) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.quiet_cycle()
+        gone = time.monotonic()
+        await fake.stop(remove_socket=True)
+        assert await run.recorder.kinds_after(1, 1, timeout=10) == ["kubelet.unreachable"]
+        assert time.monotonic() - gone < grace + 1.0  # not a timer period later
+        unreachable = run.recorder.events[-1]
+        assert unreachable.summary.endswith("its socket is gone")
+        assert "Error" not in unreachable.summary
+        await fake.start()
+        came_back = time.monotonic()
+        assert "kubelet.reachable" in await run.recorder.kinds_after(2, 2)
+        (reachable,) = [e for e in run.recorder.events if e.kind == "kubelet.reachable"]
+        assert abs(reachable.details["down_seconds"] - (came_back - gone)) < 0.5
+
+
+async def test_invalid_utf8_in_a_device_id_is_repaired_not_a_blind_agent(
+    fake: FakeKubelet, short_tmp: Path
+) -> None:
+    """One bad byte chosen by a device plugin: the answer is repaired, reported once, and every
+    other change keeps flowing; never kubelet.unreachable."""
+    async with await _started(fake, short_tmp, unreachable_grace=0.5) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+        fake.faults.substitute(b"GPU-evil", b"GPU\xffevil")
+        fake.add_device(GPU, "GPU-evil", (0,))
+        await run.recorder.until(lambda: "device.added" in run.recorder.kinds(mark))
+        for _ in range(3):
+            await run.quiet_cycle()
+        kinds = run.recorder.kinds(mark)
+        assert kinds.count("api.invalid_text") == 1 and "kubelet.unreachable" not in kinds
+        (added,) = [e for e in run.recorder.events[mark:] if e.kind == "device.added"]
+        assert added.details["device"] == "GPU\\xffevil"  # the same id on every answer
+        assert [e.details["strings"] for e in run.recorder.events[mark:] if e.kind == "api.invalid_text"] == [
+            ["GPU\\xffevil"]
+        ]
+        later = len(run.recorder.events)
+        victim = next(i for r, i in fake.node.devices if r == GPU and i != "GPU-evil")
+        fake.make_unhealthy(GPU, victim)
+        await run.recorder.until(lambda: "device.removed" in run.recorder.kinds(later))
+        assert run.agent.kubelet_health.failing_since is None

@@ -275,3 +275,20 @@ def test_demo_forever_churns_until_interrupted_then_summarises() -> None:
     assert proc.returncode == 0
     assert "== Summary" in out
     assert "audit log: intact" in out
+
+
+def test_send_test_never_touches_the_audit_log(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A test record in the real chain would take a seq the agent needs; it goes beside the log."""
+    audit = tmp_path / "audit.jsonl"
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'node = "node-a"\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[sinks.audit]\ntype = "file"\npath = "{audit}"\n'
+    )
+    assert main(["send-test", "audit", "--config", str(config)]) == 0
+    out = capfd.readouterr().out
+    assert "audit.jsonl.send-test" in out and "not to the sink's own stream" in out
+    assert not audit.exists()
+    copy = Path(str(audit) + ".send-test")
+    assert json.loads(copy.read_text().splitlines()[0])["event"]["summary"].startswith("TEST")
+    assert main(["audit", "verify", str(copy)]) == 0

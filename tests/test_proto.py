@@ -136,3 +136,25 @@ def test_each_view_reads_every_field_of_its_message_with_the_same_wire_shape(vie
             assert v.type == T.TYPE_BYTES or VIEWS.get(v.message_type.name) == f.message_type.name, f.name
         else:
             assert v.type == f.type, f.name
+
+
+def test_the_lenient_messages_are_the_api_with_every_string_as_bytes() -> None:
+    """Same messages, numbers, repetition and nesting; only string becomes bytes (one wire format),
+    so a repaired answer re-parses as the API message it came from."""
+    from watcher.kubeletapi.v1 import lenient_pb2
+
+    checked = 0
+    for name, lenient in lenient_pb2.DESCRIPTOR.message_types_by_name.items():
+        api = api_pb2.DESCRIPTOR.message_types_by_name[name]
+        assert set(lenient.fields_by_number) == set(api.fields_by_number), name
+        for number, field in api.fields_by_number.items():
+            mine = lenient.fields_by_number[number]
+            want = FieldDescriptor.TYPE_BYTES if field.type == FieldDescriptor.TYPE_STRING else field.type
+            assert (mine.name, mine.type, mine.is_repeated) == (field.name, want, field.is_repeated), name
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                assert mine.message_type.name == field.message_type.name
+            checked += 1
+    assert {"ListPodResourcesResponse", "AllocatableResourcesResponse"} <= set(
+        lenient_pb2.DESCRIPTOR.message_types_by_name
+    )
+    assert checked >= 25

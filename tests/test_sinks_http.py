@@ -39,6 +39,7 @@ from watcher.sinks.base import BaseSinkSettings as SinkSettings
 from watcher.sinks.base import Outcome, Sink
 from watcher.sinks.http import outcome_of, parse_retry_after
 from watcher.sinks.registry import build_sink
+from watcher.sinks.slack import slack_message
 from watcher.store.store import Store
 
 NODE = "node-a"
@@ -1032,3 +1033,19 @@ async def test_receivers_refuse_what_the_services_refuse(
         }
         assert (await post(hook_rx, body, signed))[0] == 400
         assert (await post(hook_rx, body, {**signed, "webhook-id": "m2"}))[0] == 401
+
+
+def test_slack_fallback_is_cut_before_it_is_escaped() -> None:
+    """A long text of `&`s: cut after escaping, it would end in half an entity ("&am")."""
+    event = envelope(
+        Change(Kind.DEVICE_ADDED, Severity.INFO, "&" * 2000, {"resource": GPU, "device": "d", "numa": []}),
+        seq=1,
+        node=NODE,
+        cycle="c",
+        before=None,
+        after=None,
+    )
+    msg = slack_message([event, event, event], NODE)
+    text = msg["text"]
+    assert len(text) <= 3000
+    assert text.endswith("…") and re.sub(r"&amp;", "", text).count("&") == 0

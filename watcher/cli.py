@@ -294,7 +294,12 @@ async def _send_test(settings: Settings, name: str) -> int:
     if not chosen:
         names = ", ".join(s.name for s in settings.sinks) or "none"
         return _fail(f"no sink named {name!r} in the config (sinks: {names})", 2)
-    sink = build_sink(chosen[0], node=settings.node, state_dir=settings.state_dir, store=MemoryStore())
+    cfg = chosen[0]
+    safe = sink_type_of(cfg).for_send_test
+    if safe is not None:
+        cfg = safe(cfg)
+        print(f"{name}: writing to {getattr(cfg, 'path', 'a copy')}, not to the sink's own stream")
+    sink = build_sink(cfg, node=settings.node, state_dir=settings.state_dir, store=MemoryStore())
     try:
         outcomes = []
         for event in synthetic_events(settings.node, paging=sink_type_of(chosen[0]).capabilities.pages):

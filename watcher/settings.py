@@ -45,7 +45,7 @@ class KubeletSettings:
     root_dir: Path = field(
         default=Path("/var/lib/kubelet"),
         metadata=field_meta(
-            "The kubelet's root dir: device-plugins/ and the CPU/memory manager state files."
+            "The kubelet's root dir: device-plugins/ and the CPU/memory/DRA manager state files."
         ),
     )
     timeout: float = field(
@@ -95,7 +95,7 @@ class WatchSettings:
     state_file_triggers: bool = field(
         default=True,
         metadata=field_meta(
-            "Re-query when the kubelet's checkpoint, CPU/memory state or plugin sockets change."
+            "Re-query when the kubelet's checkpoint, CPU/memory/DRA state or plugin sockets change."
         ),
     )
     force_polling: bool = field(

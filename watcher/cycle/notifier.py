@@ -27,7 +27,7 @@ __all__ = ["Notifier", "STATE_FILE_NAMES", "CHECKPOINT_NAME"]
 log = structlog.get_logger("watcher.cycle.notifier")
 
 # Kubelet state files that are rewritten (temp + rename) when the inventory changes.
-STATE_FILE_NAMES = ("cpu_manager_state", "memory_manager_state")
+STATE_FILE_NAMES = ("cpu_manager_state", "memory_manager_state", "dra_manager_state")
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"
 
 
@@ -109,6 +109,8 @@ class Notifier:
             if not now.present:
                 if before is not None and before.present:
                     log.warning("kubelet socket vanished; waiting for it to come back", socket=str(path))
+                    # Query now: the outage (and its grace) starts here, not at the next timer.
+                    self.trigger.fire("socket-gone", urgent=True)
                 continue
             assert now.identity is not None
             known = before.identity if before is not None and before.present else None

@@ -29,6 +29,7 @@ from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import ALLOCATABLE
 from watcher.kubelet.identity import is_replacement, probe_socket
 from watcher.kubelet.plugins import plugin_sockets
+from watcher.kubelet.repair import repair_answers
 from watcher.model import lifecycle
 from watcher.model.changes import Change
 from watcher.model.diff import diff
@@ -229,7 +230,7 @@ class Reactor:
         before = state.inventory
         try:
             with gc_paused():
-                answer = self._inventory_from(before, alloc_raw, list_raw)
+                answer, repaired = self._decode(before, alloc_raw, list_raw)
                 settling, held_changes, after = self._settle(
                     draft.settling, before, answer, restarted=restarted
                 )
@@ -238,6 +239,11 @@ class Reactor:
             failed = await self._failed(err, "DecodeError", draft, changes)
             return "failed", functools.partial(self._commit_failure, commit, failed, cycle)
         draft = self._answered(draft, changes, list_only=alloc_raw is None)  # lifecycle changes first
+        if set(repaired) - draft.invalid_text:  # once, until an answer comes without any
+            changes.append(lifecycle.invalid_text(repaired))
+        draft = dataclasses.replace(
+            draft, invalid_text=draft.invalid_text | set(repaired) if repaired else frozenset()
+        )
         changes.extend(held_changes)
         changes.extend(diffs)
         draft = dataclasses.replace(draft, settling=settling)
@@ -298,6 +304,18 @@ class Reactor:
         self.metrics.reconnects.inc()
         self.notifier.socket_changed_at = self.notifier.socket_changed_at or time.monotonic()
         return draft, name_events, old is not None
+
+    def _decode(
+        self, before: Inventory | None, alloc_raw: bytes | None, list_raw: bytes
+    ) -> tuple[Inventory, list[str]]:
+        """The answers' inventory, and the strings that had to be repaired (invalid UTF-8)."""
+        try:
+            return self._inventory_from(before, alloc_raw, list_raw), []
+        except DecodeError:
+            alloc_raw, list_raw, repaired = repair_answers(alloc_raw, list_raw)  # or DecodeError
+            if not repaired:
+                raise
+            return self._inventory_from(before, alloc_raw, list_raw), repaired
 
     def _inventory_from(
         self, before: Inventory | None, alloc_raw: bytes | None, list_raw: bytes

@@ -48,6 +48,7 @@ class CycleState:
     started_reported: bool = False  # watcher.started is stored
     last_snapshot: float = 0.0  # monotonic time of the last inventory.snapshot
     settling: Settling = field(default_factory=Settling)  # what the kubelet's warm-up holds back
+    invalid_text: frozenset[str] = frozenset()  # repaired strings already reported
 
 
 def state_to_json(state: SavedState) -> dict[str, Any]:

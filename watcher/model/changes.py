@@ -33,6 +33,7 @@ class Kind(enum.StrEnum):
     INVENTORY_SNAPSHOT = "inventory.snapshot"
     PLUGIN_UNREGISTERED = "plugin.unregistered"
     PLUGIN_REGISTERED = "plugin.registered"
+    API_INVALID_TEXT = "api.invalid_text"
 
 
 LIFECYCLE_KINDS = frozenset(
@@ -46,6 +47,7 @@ LIFECYCLE_KINDS = frozenset(
         Kind.INVENTORY_SNAPSHOT,
         Kind.PLUGIN_UNREGISTERED,
         Kind.PLUGIN_REGISTERED,
+        Kind.API_INVALID_TEXT,
     }
 )
 DIFF_KINDS = frozenset(Kind) - LIFECYCLE_KINDS

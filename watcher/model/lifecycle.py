@@ -67,11 +67,31 @@ def restarted(socket: Path, *, seen_by: str) -> Change:
     )
 
 
+# What each failure to reach the kubelet means, for people (the kinds are the agent's own names).
+FAILURES = {
+    "SocketMissingError": "its socket is gone",
+    "NotASocketError": "something that is not a socket sits at its path",
+    "SocketPermissionError": "permission denied on its socket",
+    "KubeletUnavailableError": "it does not answer",
+    "DeadlineExceededError": "it did not answer in time",
+    "ResponseTooLargeError": "its answer is over the receive limit",
+    "MethodDisabledError": "List is disabled",
+    "MethodNotImplementedError": "it does not implement List",
+    "UnexpectedKubeletError": "it answered with an unexpected error",
+    "DecodeError": "its answer could not be decoded",
+}
+
+
+def failure_text(kind: str | None) -> str:
+    """A failure kind in words; an unknown one as it is."""
+    return FAILURES.get(kind or "", kind or "an error")
+
+
 def unreachable(socket: Path, *, down_for: float, error: str | None, kind: str | None) -> Change:
     return Change(
         Kind.KUBELET_UNREACHABLE,
         Severity.CRITICAL,
-        f"kubelet unreachable for {down_for:.0f} s ({kind or 'error'})",
+        f"kubelet unreachable for {down_for:.0f} s: {failure_text(kind)}",
         {"socket": str(socket), "down_seconds": round(down_for, 3), "error": error, "error_kind": kind},
     )
 
@@ -91,6 +111,19 @@ def degraded(method: str, reason: str, *, lost: list[str], severity: Severity = 
     else:
         text = f"{method} unavailable: watching allocations only (List-only mode)"
     return Change(Kind.API_DEGRADED, severity, text, {"method": method, "reason": reason, "lost": lost})
+
+
+def invalid_text(repaired: list[str]) -> Change:
+    """The kubelet's answer carried strings that are not valid UTF-8 (they were repaired)."""
+    shown = sorted(set(repaired))
+    return Change(
+        Kind.API_INVALID_TEXT,
+        Severity.WARNING,
+        f"the kubelet's answer has {len(shown)} name(s) or id(s) that are not valid UTF-8, "
+        f"e.g. {shown[0]!r}: shown with the bad bytes escaped; look for the device plugin or pod "
+        "that chose it",
+        {"strings": shown[:20], "count": len(shown)},
+    )
 
 
 def snapshot(inv: Inventory) -> Change:

@@ -36,6 +36,7 @@ class MethodFaults:
         self.absent: set[str] = set()
         self.delays: dict[str, float] = {}
         self.garbage: set[str] = set()
+        self.substitutions: list[tuple[bytes, bytes]] = []  # applied to every answer's bytes
 
     def disable(self, method: str) -> None:
         """Feature gate off: the method answers UNKNOWN "... disabled"."""
@@ -74,6 +75,17 @@ class MethodFaults:
         if delay > 0:
             await asyncio.sleep(delay)
 
+    def substitute(self, old: bytes, new: bytes) -> None:
+        """Put `new` where `old` stands in every answer, e.g. bytes that are not UTF-8 into a
+        device id (keep the length, so the message stays well-formed)."""
+        if len(old) != len(new):
+            raise ValueError("a substitution must keep the length")
+        self.substitutions.append((old, new))
+
     def answer(self, method: str, data: bytes) -> bytes:
         """The bytes that go on the wire for `data`."""
-        return GARBAGE if method in self.garbage else data
+        if method in self.garbage:
+            return GARBAGE
+        for old, new in self.substitutions:
+            data = data.replace(old, new)
+        return data

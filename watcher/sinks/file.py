@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -226,4 +227,15 @@ def _file_sink(settings: FileSinkSettings, context: SinkContext) -> FileSink:
     return FileSink(settings, path)
 
 
-register(SinkType(name="file", settings=FileSinkSettings, factory=_file_sink, order=20))
+def _send_test_copy(settings: FileSinkSettings) -> FileSinkSettings:
+    """send-test writes beside the audit log, never into it: a test record in the real chain
+    would take a seq the agent's events need and stay in the log for good."""
+    path = settings.path.with_name(settings.path.name + ".send-test")
+    return dataclasses.replace(settings, path=path)
+
+
+register(
+    SinkType(
+        name="file", settings=FileSinkSettings, factory=_file_sink, order=20, for_send_test=_send_test_copy
+    )
+)

@@ -56,7 +56,9 @@ class SinkType(Generic[S]):
     `name` is the config's `type` (and the settings class's `type` default);
     `required_secrets` name secret fields that must be set; `validate(path,
     settings)` raises ConfigError for what needs more than one key; `order`
-    places the type in listings such as the unknown-type error.
+    places the type in listings such as the unknown-type error; `for_send_test`
+    turns the settings into ones that `send-test` may deliver to without touching
+    the real stream (e.g. another file), where the type keeps one.
     """
 
     name: str
@@ -66,6 +68,7 @@ class SinkType(Generic[S]):
     validate: Callable[[str, S], None] = _no_checks
     capabilities: Capabilities = field(default_factory=Capabilities)
     order: int = 1000
+    for_send_test: Callable[[S], S] | None = None
 
 
 _types: dict[str, SinkType[Any]] = {}

@@ -64,6 +64,14 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _escaped_within(text: str, limit: int) -> str:
+    """`text` cut, then escaped, within `limit` characters: never half an entity at the end."""
+    keep = limit
+    while len(escaped := _escape(_cut(text, keep))) > limit:
+        keep -= len(escaped) - limit
+    return escaped
+
+
 def _section(title: str, lines: list[str], budget: int) -> str:
     """A section's text within `budget` characters, ending in "... and N more" when cut."""
     text = title
@@ -108,8 +116,10 @@ def slack_message(events: Sequence[Event], node: str) -> dict[str, Any]:
     seqs = f"seq {events[0].seq}" + (f"-{events[-1].seq}" if n > 1 else "")
     context = f"node *{_escape(node)}* · {events[-1].time} · {seqs} · {ICONS[str(worst)]} {worst}"
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
-    # The fallback is mrkdwn in notifications too: escape it like the blocks.
-    fallback = _cut(_escape(f"{node}: {n} change(s); " + "; ".join(e.summary for e in events[:3])), 3000)
+    # The fallback is mrkdwn in notifications too: escape it like the blocks, after cutting (a cut
+    # after escaping can end in half an entity, "&am").
+    plain = f"{node}: {n} change(s); " + "; ".join(e.summary for e in events[:3])
+    fallback = _escaped_within(plain, 3000)
     return {"text": fallback, "blocks": blocks}
 
 
