@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -1049,3 +1050,60 @@ def test_slack_fallback_is_cut_before_it_is_escaped() -> None:
     text = msg["text"]
     assert len(text) <= 3000
     assert text.endswith("…") and re.sub(r"&amp;", "", text).count("&") == 0
+
+
+# --- paging that is prompt and finite ---
+
+
+async def test_a_page_is_not_delayed_by_events_the_paging_sink_does_not_send(
+    pagerduty: PagerDutyReceiver, make_sink: Any, store: Store, pd_env: None
+) -> None:
+    """40 devices hot-plugged (ends of conditions PagerDuty never opened: nothing to send) must
+    not spend its 2/s rate: the GPU failure right after them is paged at once."""
+    sink = make_sink(pd_config(pagerduty, rate=2.0))
+    plugged = [added(seq, f"GPU-new-{seq}") for seq in range(1, 41)]
+    async with dispatching(store, [sink]) as run:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await run.enqueue([*plugged, removed(41, "GPU-3")])
+        await run.deliveries.wait_for(lambda d: 41 in d.seqs("delivered"))
+        assert loop.time() - started < 1.5
+    assert [e["event_action"] for e in pagerduty.events] == ["trigger"]
+
+
+async def test_a_resolve_refused_for_good_ends_the_condition_locally(
+    pagerduty: PagerDutyReceiver, make_sink: Any, store: Store, pd_env: None
+) -> None:
+    sink = make_sink(pd_config(pagerduty))
+    assert (await sink.deliver([removed(1, "GPU-3")])).delivered
+    assert await store.kv_get("pagerduty:pager:open")
+    pagerduty.force(400, body="invalid")
+    outcome = await sink.deliver([added(2, "GPU-3")])
+    assert not outcome.delivered and not outcome.retry
+    assert await store.kv_get("pagerduty:pager:open") == []  # never re-fired, never left open
+
+
+async def test_alertmanager_resolve_refused_for_good_is_not_resent_forever(
+    hook: WebhookReceiver, make_sink: Any, store: Store
+) -> None:
+    sink = make_sink(sink_config("am", type="alertmanager", url=hook.url("")))
+    assert (await sink.deliver([removed(1, "GPU-3")])).delivered
+    assert len(await store.kv_get("alertmanager:am:active")) == 1
+    hook.force(400, body="start time must be before end time")
+    outcome = await sink.deliver([added(2, "GPU-3")])
+    assert not outcome.delivered and not outcome.retry
+    assert await store.kv_get("alertmanager:am:active") == {}  # the resender has nothing to re-send
+
+
+async def test_alertmanager_ends_at_is_never_before_starts_at(
+    hook: WebhookReceiver, make_sink: Any, store: Store
+) -> None:
+    """After a clock step back, the wall clock reads earlier than an alert's start."""
+    sink = make_sink(sink_config("am", type="alertmanager", url=hook.url("")))
+    future = "2099-01-01T00:00:00.000Z"
+    assert (await sink.deliver([dataclasses.replace(removed(1, "GPU-3"), time=future)])).delivered
+    assert (await sink.deliver([added(2, "GPU-3")])).delivered
+    alerts = [a for req in hook.requests for a in json.loads(req.body)]
+    assert len(alerts) == 2
+    for alert in alerts:
+        assert alert["startsAt"] == future and alert["endsAt"] >= alert["startsAt"]

@@ -22,6 +22,7 @@ from watcher.model.events import Event
 from watcher.ratelimit import RateLimiter
 from watcher.secrets import redact
 from watcher.sinks.base import Outcome, Sink, route_of
+from watcher.sinks.http import HttpSink
 from watcher.sinks.registry import capabilities_of
 from watcher.store.store import Store
 from watcher.supervision import Scope, sleep_or_stop, wait_any
@@ -55,6 +56,11 @@ class SinkWorker:
         paging = capabilities_of(s).pages
         self.route = route_of(s, resolutions=paging)
         self.limiter = RateLimiter(s.rate)
+        # A sink that sends its own requests spends the rate on those, not on every event routed
+        # to it (an end of condition it never opened costs nothing and must not delay a page).
+        self._paced_by_sink = isinstance(sink, HttpSink)
+        if isinstance(sink, HttpSink):
+            sink.pace = self.limiter.acquire
         self.backoff = Backoff(base=0.5, cap=s.retry_max_delay, rng=rng)
         # Outbox trouble is ours, not the receiver's: retry it briskly, whatever the sink's cap.
         self.outbox_backoff = Backoff(base=0.2, cap=OUTBOX_RETRY_CAP_S, rng=rng)
@@ -158,7 +164,8 @@ class SinkWorker:
         attempt = 0
         started = time.monotonic()
         while True:
-            await self.limiter.acquire()
+            if not self._paced_by_sink:
+                await self.limiter.acquire()
             try:
                 outcome = await self.sink.deliver(batch)
             except Exception as err:  # a sink bug must not stop delivery to it, let alone the agent

@@ -74,17 +74,19 @@ class AlertmanagerSink(HttpSink):
             headers["Authorization"] = f"Bearer {self.settings.bearer_token.get()}"
         return headers
 
-    def _ends_at(self, now: datetime) -> str:
-        return rfc3339(now + timedelta(seconds=3 * self.settings.resend_interval))
+    def _ends_at(self, now: datetime, starts_at: str) -> str:
+        return _not_before(now + timedelta(seconds=3 * self.settings.resend_interval), starts_at)
 
     async def _post(self, alerts: list[dict[str, Any]]) -> Outcome:
-        return await self.http.post(self.url, json.dumps(alerts).encode(), self._headers())
+        return await self.send(self.url, json.dumps(alerts).encode(), self._headers())
 
     async def deliver(self, events: Sequence[Event]) -> Outcome:
         async with self._lock:
-            active: dict[str, dict[str, Any]] = dict(await self.store.kv_get(self._store_key) or {})
+            before: dict[str, dict[str, Any]] = dict(await self.store.kv_get(self._store_key) or {})
+            active = dict(before)
             now = datetime.now(UTC)
             changed: list[dict[str, Any]] = []
+            resolved: list[str] = []
             for event in events:
                 condition = condition_of(event)
                 if condition is None:
@@ -100,14 +102,27 @@ class AlertmanagerSink(HttpSink):
                         "seq": str(event.seq),
                     }
                     active[condition.key] = alert
-                    changed.append({**alert, "endsAt": self._ends_at(now)})
+                    changed.append({**alert, "endsAt": self._ends_at(now, alert["startsAt"])})
                 elif condition.key in active:
                     alert = active.pop(condition.key)
                     alert["annotations"] = {**alert.get("annotations", {}), "resolved_by": event.summary}
-                    changed.append({**alert, "endsAt": rfc3339(now)})
+                    resolved.append(condition.key)
+                    changed.append({**alert, "endsAt": _not_before(now, alert["startsAt"])})
             if changed:
                 outcome = await self._post(changed)
                 if not outcome.delivered:
+                    if resolved and not outcome.retry and not outcome.gone:
+                        # Refused for good: the condition ends here all the same. Kept active, it
+                        # would be re-sent every interval for a device that is healthy again.
+                        log.error(
+                            "Alertmanager refused resolving alerts for good; they end here and are no "
+                            "longer re-sent (they expire there on their own)",
+                            sink=self.name,
+                            alerts=resolved,
+                            status=outcome.status,
+                            error=outcome.error,
+                        )
+                        await self.store.kv_set(self._store_key, _without(before, resolved))
                     return outcome
             await self.store.kv_set(self._store_key, active)
         return Outcome.ok()
@@ -117,8 +132,10 @@ class AlertmanagerSink(HttpSink):
             active: dict[str, dict[str, Any]] = dict(await self.store.kv_get(self._store_key) or {})
         if not active:
             return
-        ends = self._ends_at(datetime.now(UTC))
-        outcome = await self._post([{**a, "endsAt": ends} for a in active.values()])
+        now = datetime.now(UTC)
+        outcome = await self._post(
+            [{**a, "endsAt": self._ends_at(now, a["startsAt"])} for a in active.values()]
+        )
         if not outcome.delivered:
             log.warning(
                 "re-sending active alerts failed; next try in one interval",
@@ -133,6 +150,17 @@ class AlertmanagerSink(HttpSink):
                 await self._resend()
 
         return resend_active_alerts
+
+
+def _not_before(when: datetime, starts_at: str) -> str:
+    """`when` as an alert's endsAt, never before its startsAt (Alertmanager refuses that with 400:
+    after a clock step the wall clock can read earlier than an alert's start)."""
+    start = datetime.fromisoformat(starts_at.replace("Z", "+00:00"))
+    return rfc3339(max(when, start))
+
+
+def _without(alerts: dict[str, dict[str, Any]], keys: list[str]) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in alerts.items() if k not in keys}
 
 
 def _alertmanager_sink(settings: AlertmanagerSinkSettings, context: SinkContext) -> AlertmanagerSink:

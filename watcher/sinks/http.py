@@ -133,11 +133,25 @@ class HttpClient:
             self._session = None
 
 
+async def _unpaced() -> None:
+    return None
+
+
 class HttpSink:
-    """What the HTTP sinks share: a client made from their settings, no background loop unless
-    they add one, and closing the client."""
+    """What the HTTP sinks share: a client made from their settings, requests paced one by one,
+    no background loop unless they add one, and closing the client.
+
+    A sink of this kind may send fewer requests than it is given events (PagerDuty sends nothing
+    for the end of a condition it never opened), so its delivery worker hands it the sink's rate
+    limit as `pace` and it spends a token per request it actually sends, not per event.
+    """
 
     http: HttpClient
+    pace: Callable[[], Awaitable[None]] = staticmethod(_unpaced)
+
+    async def send(self, url: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
+        await self.pace()
+        return await self.http.post(url, body, headers)
 
     def background(self) -> Callable[[], Awaitable[None]] | None:
         return None

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import structlog
+
 from watcher.config import field_meta
 from watcher.model.conditions import condition_of
 from watcher.model.events import Event
@@ -29,6 +31,8 @@ from watcher.sinks.base import (
 )
 from watcher.sinks.http import HttpClient, HttpSink
 from watcher.sinks.registry import SinkType, register
+
+log = structlog.get_logger("watcher.sinks.pagerduty")
 
 __all__ = [
     "PagerDutySink",
@@ -126,10 +130,23 @@ class PagerDutySink(HttpSink):
             body = pagerduty_event(event, self.settings.routing_key.get(), active_keys=open_keys)
             if body is None:
                 continue
-            outcome = await self.http.post(
+            outcome = await self.send(
                 self.settings.endpoint, json.dumps(body).encode(), {"Content-Type": "application/json"}
             )
             if not outcome.delivered:
+                if body["event_action"] == "resolve" and not outcome.retry and not outcome.gone:
+                    # Refused for good: the condition ends here all the same (logged; the event is
+                    # dead-lettered), rather than stay open forever.
+                    log.error(
+                        "PagerDuty refused a resolve for good; the condition ends here, resolve the "
+                        "incident by hand",
+                        sink=self.name,
+                        dedup_key=body["dedup_key"],
+                        status=outcome.status,
+                        error=outcome.error,
+                    )
+                    open_keys.discard(body["dedup_key"])
+                    await self.store.kv_set(self._store_key, sorted(open_keys))
                 return outcome
             if body["event_action"] == "trigger":
                 open_keys.add(body["dedup_key"])

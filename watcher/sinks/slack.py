@@ -134,7 +134,7 @@ class SlackSink(HttpSink):
     async def deliver(self, events: Sequence[Event]) -> Outcome:
         assert self.settings.url is not None
         body = json.dumps(slack_message(events, self.node)).encode()
-        return await self.http.post(self.settings.url.get(), body, {"Content-Type": "application/json"})
+        return await self.send(self.settings.url.get(), body, {"Content-Type": "application/json"})
 
 
 def _slack_sink(settings: SlackSinkSettings, context: SinkContext) -> SlackSink:

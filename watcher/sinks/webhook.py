@@ -196,7 +196,7 @@ class WebhookSink(HttpSink):
         outcome = Outcome.ok()
         for group in groups:
             body, headers = self._request(group)
-            outcome = await self.http.post(self.settings.url.get(), body, headers)
+            outcome = await self.send(self.settings.url.get(), body, headers)
             if not outcome.delivered:
                 return outcome
         return outcome
