@@ -292,3 +292,18 @@ def test_send_test_never_touches_the_audit_log(tmp_path: Path, capfd: pytest.Cap
     copy = Path(str(audit) + ".send-test")
     assert json.loads(copy.read_text().splitlines()[0])["event"]["summary"].startswith("TEST")
     assert main(["audit", "verify", str(copy)]) == 0
+
+
+def test_the_snapshot_table_escapes_names_that_would_forge_lines() -> None:
+    from watcher.model.build import build
+    from watcher.sim.fake_node import default_node
+    from watcher.snapshot import Snapshot, format_table
+
+    fake = FakeKubelet("/nonexistent", default_node(), seed=1)
+    gpu = next(i for r, i in fake.node.devices if r == "nvidia.com/gpu")
+    fake.make_unhealthy("nvidia.com/gpu", gpu)  # listed under ALLOCATED BUT NOT ALLOCATABLE if held
+    fake.allocate("ml", "evil\npod\x1b[2J", "c", devices={"nvidia.com/gpu": [gpu]})
+    plain = format_table(Snapshot(build(fake.allocatable_response(), fake.list_response())))
+    assert "\x1b" not in plain
+    assert "ml/evil\\x0apod\\x1b[2J" in plain
+    assert not any(line.startswith("pod") for line in plain.splitlines())

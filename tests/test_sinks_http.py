@@ -1107,3 +1107,28 @@ async def test_alertmanager_ends_at_is_never_before_starts_at(
     assert len(alerts) == 2
     for alert in alerts:
         assert alert["startsAt"] == future and alert["endsAt"] >= alert["startsAt"]
+
+
+async def test_hostile_names_cannot_forge_lines_or_oversize_headers(
+    ce_hook: WebhookReceiver, make_sink: Any, store: Store
+) -> None:
+    """A device id chosen by a plugin: ANSI escapes and newlines are escaped in the summary every
+    person sees, and the binary-mode subject header stays small."""
+    device = "GPU-\x1b[31mOK\nFAKE: all healthy\u202e" + "x" * 5000
+    event = envelope(
+        Change(
+            Kind.DEVICE_ADDED, Severity.INFO, f"{GPU} {device} joined", {"resource": GPU, "device": device}
+        ),
+        seq=1,
+        node=NODE,
+        cycle="c",
+        before=None,
+        after=None,
+    )
+    assert "\n" not in event.summary and "\x1b" not in event.summary and "\u202e" not in event.summary
+    assert "\\x1b[31mOK\\x0aFAKE" in event.summary
+    assert event.details["device"] == device  # the machine-readable record keeps the bytes
+    sink = make_sink(sink_config("ce", type="webhook", url=ce_hook.url("/"), format="cloudevents-binary"))
+    assert (await sink.deliver([event])).delivered
+    (req,) = ce_hook.requests
+    assert len(req.headers["ce-subject"]) <= 3 * 600

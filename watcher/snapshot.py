@@ -15,7 +15,7 @@ from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.build import build
 from watcher.model.inventory import Inventory
 from watcher.model.records import Memory
-from watcher.model.wording import cpuset_string
+from watcher.model.wording import cpuset_string, printable
 
 __all__ = ["Snapshot", "take_snapshot", "format_table", "format_json", "format_bytes"]
 
@@ -160,7 +160,8 @@ def format_table(snap: Snapshot) -> str:
                     for d in cl.devices
                 )
                 out.append(f"    claim {cl.namespace}/{cl.name}: {devices}")
-    return "\n".join(out)
+    # Each item is one line: names chosen by plugins and users cannot add lines or colours.
+    return "\n".join(printable(line) for line in out)
 
 
 def format_json(snap: Snapshot) -> str:

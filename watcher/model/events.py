@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 from watcher.model.changes import Change, Kind, Severity
+from watcher.model.wording import printable
 
 __all__ = ["SCHEMA_VERSION", "Event", "new_cycle_id", "envelope", "event_schema"]
 
@@ -116,7 +117,7 @@ def envelope(
         node=node,
         kind=change.kind,
         severity=change.severity,
-        summary=change.summary,
+        summary=printable(change.summary),
         details=change.details,
         cycle=cycle,
         inventory_before=before,

@@ -14,7 +14,16 @@ from typing import Any
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.records import NumaNodes
 
-__all__ = ["SortKey", "Keyed", "make_change", "cpuset_string", "numa_text", "count_text", "bytes_text"]
+__all__ = [
+    "SortKey",
+    "Keyed",
+    "make_change",
+    "cpuset_string",
+    "numa_text",
+    "count_text",
+    "bytes_text",
+    "printable",
+]
 
 SortKey = tuple[Any, ...]
 # A change with the key it sorts by among the changes of its kind.
@@ -59,3 +68,25 @@ def bytes_text(n: int | None) -> str:
         if n and n % size == 0:
             return f"{n // size} {unit}"
     return f"{n} B"
+
+
+# C0 and C1 controls, DEL, and the line/paragraph separators and bidirectional overrides that
+# change how a terminal, a chat client or a log viewer shows the text around them.
+_CONTROLS = {
+    c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    for c in [
+        *range(0x20),
+        *range(0x7F, 0xA0),
+        0x2028,
+        0x2029,
+        *range(0x202A, 0x202F),
+        *range(0x2066, 0x206A),
+    ]
+}
+
+
+def printable(text: str) -> str:
+    """`text` safe to show a person: control characters (ANSI escapes, newlines, bidi overrides)
+    escaped as `\\xNN`/`\\uNNNN`, so a name chosen by a device plugin or a user cannot forge lines,
+    colours or reorder what is shown. Plain text comes back as it is."""
+    return text.translate(_CONTROLS)

@@ -86,14 +86,21 @@ def _check(path: str, settings: WebhookSinkSettings) -> None:
         )
 
 
+# Device ids and pod names are chosen by others: the subject also travels as a header (binary
+# mode, percent-encoded, up to 3 bytes per character), and receivers cap headers at a few KiB.
+MAX_SUBJECT = 512
+
+
 def _subject(event: Event) -> str | None:
     d = event.details
+    subject: str | None = None
     if isinstance(d.get("resource"), str) and isinstance(d.get("device"), str):
-        return f"{d['resource']}/{d['device']}"
-    if all(isinstance(d.get(k), str) for k in ("namespace", "pod", "container")):
-        return f"{d['namespace']}/{d['pod']}/{d['container']}"
-    resource = d.get("resource")
-    return resource if isinstance(resource, str) else None
+        subject = f"{d['resource']}/{d['device']}"
+    elif all(isinstance(d.get(k), str) for k in ("namespace", "pod", "container")):
+        subject = f"{d['namespace']}/{d['pod']}/{d['container']}"
+    elif isinstance(d.get("resource"), str):
+        subject = d["resource"]
+    return None if subject is None else subject[:MAX_SUBJECT]
 
 
 def ce_source(node: str) -> str:
