@@ -249,6 +249,9 @@ def test_demo_plays_the_whole_story_and_ends_by_itself(capfd: pytest.CaptureFixt
         assert f"deliveries to {sink}: delivered {events}" in summary
     assert f"webhook receiver got {events} signed CloudEvents" in summary
     assert f"audit log: intact, {events} records chained" in summary
+    # Both restarts warmed up as a real kubelet's do, and neither reached anyone.
+    assert "kubelet restarts with a warm-up: 2, absorbed with 0 false alarm(s)" in summary
+    assert out.count("registered again") >= 4
 
 
 def test_version(capfd: pytest.CaptureFixture[str]) -> None:

@@ -28,6 +28,7 @@ from watcher.ops.logs import configure_logging
 from watcher.secrets import Secret
 from watcher.settings import HttpSettings, KubeletSettings, LogSettings, Settings, WatchSettings
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_plugins import Warmup
 from watcher.sinks.audit import verify_files
 from watcher.sinks.file import FileSinkSettings
 from watcher.sinks.stdout import StdoutSinkSettings
@@ -76,6 +77,8 @@ class _Story:
         self.out = out
         self.events: list[Event] = []
         self._changed = asyncio.Event()
+        self.warmups = 0  # kubelet restarts that warmed up like a real kubelet's
+        self.false_alarms = 0  # events during those that the story did not cause
         agent.subscribe(self._on_event)
 
     def _on_event(self, event: Event) -> None:
@@ -88,16 +91,37 @@ class _Story:
                 self._changed.clear()
                 await self._changed.wait()
 
-    async def step(self, title: str, act: Callable[[], object], expect: str) -> None:
+    async def step(
+        self,
+        title: str,
+        act: Callable[[], object],
+        expect: str,
+        *,
+        warmup: FakeKubelet | None = None,
+        caused: frozenset[str] = frozenset(),
+    ) -> None:
+        """Act, wait for the event the act causes; after a restart with `warmup`, also until the
+        node has settled, counting any event but `expect` and `caused` as a false alarm."""
         print(f"\n== {title}", file=self.out, flush=True)
         mark = len(self.events)
         result = act()
         if asyncio.iscoroutine(result):
             await result
         await self.wait_for(expect, mark)
+        if warmup is not None:
+            await self._settled(warmup)
+            self.warmups += 1
+            self.false_alarms += sum(1 for e in self.events[mark:] if e.kind not in {expect, *caused})
         await _delivered(self.agent)
         # A breath between steps: readable, and the agent's RPC budget (5/s) refills.
         await asyncio.sleep(PAUSE_S)
+
+    async def _settled(self, fake: FakeKubelet) -> None:
+        async with asyncio.timeout(STEP_TIMEOUT_S):
+            await fake.plugins.wait_settled()
+            while self.agent.settling.holding:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)  # the agent settles on its own clock: nothing to await
+        print("    node settled: nothing the warm-up explains was reported", file=self.out, flush=True)
 
 
 async def _delivered(agent: Agent) -> None:
@@ -148,6 +172,12 @@ async def run_demo(*, forever: bool = False, out: TextIO | None = None, seed: in
             await story.step(
                 "Baseline: the watcher starts and takes the node's inventory", lambda: None, "watcher.started"
             )
+            # From now on the kubelet comes back from a restart as a real one does: each device
+            # plugin registers again after a second or two, List fills in.
+            fake.plugins.warmup = Warmup(plugin_delay=(0.5, 2.0), pods_delay=(0.0, 0.5))
+            fake.plugins.on_register = lambda resource: print(
+                f"    device plugin for {resource} registered again", file=out, flush=True
+            )
             await story.step(
                 "A GPU is hot-plugged on NUMA node 1",
                 lambda: fake.add_device(GPU, "GPU-hotplug-0", (1,)),
@@ -166,14 +196,17 @@ async def run_demo(*, forever: bool = False, out: TextIO | None = None, seed: in
                 "allocation.added",
             )
             await story.step(
-                "The kubelet restarts (socket replaced)",
+                "The kubelet restarts (socket replaced); its device plugins come back one by one",
                 lambda: fake.restart(downtime=0.3),
                 "kubelet.restarted",
+                warmup=fake,
             )
             await story.step(
                 "The kubelet restarts with fewer allocatable CPUs",
                 lambda: fake.restart(cpu_ids=set(range(2, 64)) - {48, 49}),
                 "cpu.removed",
+                warmup=fake,
+                caused=frozenset({"kubelet.restarted", "capacity.changed"}),
             )
             await _delivered(agent)
             if forever:
@@ -223,6 +256,11 @@ def _summary(
         counts = ", ".join(f"{k} {v}" for k, v in sorted(worker.counts.items())) or "nothing"
         print(f"deliveries to {name}: {counts}", file=out)
     print(f"webhook receiver got {receiver.received} signed CloudEvents", file=out)
+    print(
+        f"kubelet restarts with a warm-up: {story.warmups}, "
+        f"absorbed with {story.false_alarms} false alarm(s)",
+        file=out,
+    )
     latency = agent.reactor.last_reconnect_latency
     if latency is not None:
         ms = latency * 1000

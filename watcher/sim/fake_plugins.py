@@ -60,6 +60,7 @@ class Plugins:
         self.down: set[str] = set()  # resources whose plugin is not registered
         self.hidden_pods: set[tuple[str, str]] = set()  # pods List does not show yet
         self.registrations = 0  # plugin registrations after a warm-up or a plugin restart
+        self.on_register: Callable[[str], None] | None = None  # told of each, e.g. by the demo
         self._tasks: set[asyncio.Task[None]] = set()
         self._settled = asyncio.Event()
         self._settled.set()
@@ -118,6 +119,8 @@ class Plugins:
         self.registrations += 1
         self._touch(resource)
         self.on_change()  # the kubelet rewrites its checkpoint as the plugin's devices come in
+        if self.on_register is not None:
+            self.on_register(resource)
         self._check_settled()
 
     def _reveal(self, key: tuple[str, str]) -> None:
