@@ -113,6 +113,24 @@ class WatchSettings:
             max=7 * 86400,
         ),
     )
+    flap_limit: int = field(
+        default=4,
+        metadata=field_meta(
+            "A device with more health changes than this within flap_window is flapping: "
+            "notification sinks get one device.flapping instead of each change; 0: never.",
+            min=0,
+            max=1000,
+        ),
+    )
+    flap_window: float = field(
+        default=600.0, metadata=field_meta("The window flap_limit counts in, seconds.", min=1, max=86400)
+    )
+    flap_quiet: float = field(
+        default=300.0,
+        metadata=field_meta(
+            "A flapping device stable this long gets device.flap_ended, seconds.", min=1, max=86400
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from watcher.model import lifecycle
 from watcher.model.changes import Change
 from watcher.model.diff import diff
 from watcher.model.events import new_cycle_id
+from watcher.model.flapping import FlapRule
 from watcher.model.inventory import Inventory
 from watcher.model.settling import Settling
 from watcher.ops.metrics import Metrics
@@ -124,6 +125,11 @@ class Reactor:
                         await self._maybe_unreachable(new_cycle_id())
 
     @property
+    def _flap_rule(self) -> FlapRule:
+        w = self.settings.watch
+        return FlapRule(limit=w.flap_limit, window=w.flap_window, quiet=w.flap_quiet)
+
+    @property
     def _grace(self) -> float:
         return self.settings.kubelet.unreachable_grace
 
@@ -138,6 +144,8 @@ class Reactor:
             deadlines.append(state.last_snapshot + self.settings.watch.snapshot_interval)
         if (look := state.settling.next_look(self.settings.kubelet.warmup_grace)) is not None:
             deadlines.append(look)
+        if (quiet := state.flaps.next_look(self._flap_rule)) is not None:
+            deadlines.append(quiet)
         return min(deadlines)
 
     def _due(self, reasons: frozenset[str], now: float) -> bool:
@@ -145,12 +153,14 @@ class Reactor:
         every = self.settings.watch.snapshot_interval
         retry_at = state.health.retry_at
         look = state.settling.next_look(self.settings.kubelet.warmup_grace)
+        quiet = state.flaps.next_look(self._flap_rule)
         return (
             bool(reasons)
             or now >= self.notifier.next_periodic
             or (retry_at is not None and now >= retry_at)
             or (every > 0 and now >= state.last_snapshot + every)
             or (look is not None and now >= look)
+            or (quiet is not None and now >= quiet)
         )
 
     async def requery(self, reasons: frozenset[str]) -> None:
@@ -245,7 +255,9 @@ class Reactor:
             draft, invalid_text=draft.invalid_text | set(repaired) if repaired else frozenset()
         )
         changes.extend(held_changes)
-        changes.extend(diffs)
+        flaps, damped = draft.flaps.damp(time.monotonic(), diffs, self._flap_rule)
+        changes.extend(damped)
+        draft = dataclasses.replace(draft, flaps=flaps)
         draft = dataclasses.replace(draft, settling=settling)
         every = self.settings.watch.snapshot_interval
         now = time.monotonic()

@@ -17,6 +17,7 @@ import structlog
 from watcher.kubelet.health import KubeletHealth
 from watcher.kubelet.identity import FileIdentity
 from watcher.model.build import from_canonical
+from watcher.model.flapping import Flaps
 from watcher.model.inventory import Inventory
 from watcher.model.settling import Settling
 
@@ -49,6 +50,7 @@ class CycleState:
     last_snapshot: float = 0.0  # monotonic time of the last inventory.snapshot
     settling: Settling = field(default_factory=Settling)  # what the kubelet's warm-up holds back
     invalid_text: frozenset[str] = frozenset()  # repaired strings already reported
+    flaps: Flaps = field(default_factory=Flaps)  # devices changing health often
 
 
 def state_to_json(state: SavedState) -> dict[str, Any]:

@@ -53,8 +53,8 @@ class SinkWorker:
         self.stop = stop
         s = sink.settings
         # Paging sinks must see the end of every condition they started.
-        paging = capabilities_of(s).pages
-        self.route = route_of(s, resolutions=paging)
+        caps = capabilities_of(s)
+        self.route = route_of(s, resolutions=caps.pages, skip_flapping=caps.notifies)
         self.limiter = RateLimiter(s.rate)
         # A sink that sends its own requests spends the rate on those, not on every event routed
         # to it (an end of condition it never opened costs nothing and must not delay a page).

@@ -34,6 +34,8 @@ class Kind(enum.StrEnum):
     PLUGIN_UNREGISTERED = "plugin.unregistered"
     PLUGIN_REGISTERED = "plugin.registered"
     API_INVALID_TEXT = "api.invalid_text"
+    DEVICE_FLAPPING = "device.flapping"
+    DEVICE_FLAP_ENDED = "device.flap_ended"
 
 
 LIFECYCLE_KINDS = frozenset(

@@ -24,6 +24,8 @@ CONDITION_KINDS = frozenset(
     {
         Kind.DEVICE_REMOVED,
         Kind.DEVICE_ADDED,
+        Kind.DEVICE_FLAPPING,
+        Kind.DEVICE_FLAP_ENDED,
         Kind.KUBELET_UNREACHABLE,
         Kind.KUBELET_REACHABLE,
         Kind.KUBELET_CONNECTED,
@@ -47,7 +49,7 @@ def condition_of(event: Event) -> Condition | None:
     """The condition `event` starts or ends, if any."""
     d = event.details
     node = event.node
-    if event.kind in (Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED):
+    if event.kind in (Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED, Kind.DEVICE_FLAPPING, Kind.DEVICE_FLAP_ENDED):
         resource, device = str(d.get("resource", "")), str(d.get("device", ""))
         labels = {
             "alertname": DEVICE_ALERT,
@@ -56,9 +58,13 @@ def condition_of(event: Event) -> Condition | None:
             "device": device,
             "severity": str(event.severity),
         }
+        # A flapping device is one open condition until it settles; it ends present or missing.
+        active = event.kind in (Kind.DEVICE_REMOVED, Kind.DEVICE_FLAPPING) or (
+            event.kind == Kind.DEVICE_FLAP_ENDED and not d.get("present", True)
+        )
         return Condition(
             key=f"{node}/device/{resource}/{device}",
-            active=event.kind == Kind.DEVICE_REMOVED,
+            active=active,
             labels=labels,
             summary=event.summary,
             details=d,

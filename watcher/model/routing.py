@@ -45,8 +45,13 @@ class Route:
     resources: tuple[str, ...] = ("*",)
     namespaces: tuple[str, ...] = ("*",)
     resolutions: bool = False
+    # Notification sinks: a flapping device's individual changes stay in the audit log and the
+    # webhooks; these sinks get its device.flapping and device.flap_ended instead.
+    skip_flapping: bool = False
 
     def matches(self, event: Event) -> bool:
+        if self.skip_flapping and event.details.get("flapping") is True:
+            return False
         if not any(fnmatchcase(event.kind, p) for p in self.kinds):
             return False
         if self.resources != ("*",) and not _any_match(

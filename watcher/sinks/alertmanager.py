@@ -172,7 +172,7 @@ register(
         name="alertmanager",
         settings=AlertmanagerSinkSettings,
         factory=_alertmanager_sink,
-        capabilities=Capabilities(pages=True),
+        capabilities=Capabilities(pages=True, notifies=True),
         order=60,
     )
 )

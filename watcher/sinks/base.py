@@ -87,9 +87,12 @@ class Capabilities:
 
     `pages`: it opens something (a page, an alert) when a condition starts and
     must see the end of every condition it started, whatever its minimum severity.
+    `notifies`: a person reads it: a flapping device's individual changes are left
+    out (its device.flapping and device.flap_ended say it once).
     """
 
     pages: bool = False
+    notifies: bool = False
 
 
 SeverityName = Literal["info", "warning", "critical"]
@@ -173,11 +176,12 @@ def check_http_sink(path: str, settings: HttpSinkSettings) -> None:
                 raise ConfigError(f"{path}.{key}: the value from {url.describe()} is not an http(s) URL")
 
 
-def route_of(settings: BaseSinkSettings, *, resolutions: bool = False) -> Route:
+def route_of(settings: BaseSinkSettings, *, resolutions: bool = False, skip_flapping: bool = False) -> Route:
     return Route(
         kinds=settings.kinds,
         min_severity=Severity(settings.min_severity),
         resources=settings.resources,
         namespaces=settings.namespaces,
         resolutions=resolutions,
+        skip_flapping=skip_flapping,
     )

@@ -166,7 +166,7 @@ register(
         settings=PagerDutySinkSettings,
         factory=_pagerduty_sink,
         required_secrets=("routing_key",),
-        capabilities=Capabilities(pages=True),
+        capabilities=Capabilities(pages=True, notifies=True),
         order=40,
     )
 )

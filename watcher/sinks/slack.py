@@ -16,7 +16,7 @@ from typing import Any, Literal
 from watcher.config import field_meta
 from watcher.model.events import Event
 from watcher.secrets import Secret
-from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Outcome, SinkContext
+from watcher.sinks.base import BaseSinkSettings, Capabilities, HttpSinkSettings, Outcome, SinkContext
 from watcher.sinks.http import HttpClient, HttpSink
 from watcher.sinks.registry import SinkType, register
 
@@ -147,6 +147,7 @@ register(
         settings=SlackSinkSettings,
         factory=_slack_sink,
         required_secrets=("url",),
+        capabilities=Capabilities(notifies=True),
         order=30,
     )
 )

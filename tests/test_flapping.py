@@ -1,0 +1,97 @@
+"""Flap damping: a device changing health over and over is one story for a person."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from tests.agent_harness import make_settings, running_agent
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.flapping import FlapRule, Flaps
+from watcher.model.routing import Route
+from watcher.sim.fake_kubelet import FakeKubelet
+
+GPU = "nvidia.com/gpu"
+RULE = FlapRule(limit=4, window=60, quiet=30)
+
+
+def _health(kind: Kind, device: str = "GPU-1") -> Change:
+    pods = ["ml/trainer-0/trainer"]
+    severity = Severity.CRITICAL if kind is Kind.DEVICE_REMOVED else Severity.INFO
+    return Change(
+        kind, severity, f"{GPU} {device} changed", {"resource": GPU, "device": device, "allocated_to": pods}
+    )
+
+
+def test_more_changes_than_the_limit_in_the_window_is_one_flapping_report_then_one_end() -> None:
+    flaps, out_all = Flaps(), []
+    for i in range(10):
+        kind = Kind.DEVICE_REMOVED if i % 2 == 0 else Kind.DEVICE_ADDED
+        flaps, out = flaps.damp(float(i), [_health(kind)], RULE)
+        out_all += out
+    kinds = [c.kind for c in out_all]
+    assert kinds.count(Kind.DEVICE_FLAPPING) == 1 and kinds.index(Kind.DEVICE_FLAPPING) == 5
+    assert [
+        c.details.get("flapping", False)
+        for c in out_all
+        if c.kind in (Kind.DEVICE_ADDED, Kind.DEVICE_REMOVED)
+    ] == [False, False, False, False, True, True, True, True, True, True]
+    assert flaps.next_look(RULE) == 9 + 30
+    flaps, out = flaps.damp(38.0, [], RULE)
+    assert out == []
+    flaps, out = flaps.damp(39.0, [], RULE)
+    (ended,) = out
+    assert ended.kind is Kind.DEVICE_FLAP_ENDED and ended.details["present"] is True
+    assert ended.severity is Severity.INFO and flaps.next_look(RULE) is None
+
+
+def test_changes_spread_wider_than_the_window_never_flap() -> None:
+    flaps, out_all = Flaps(), []
+    for i in range(10):
+        kind = Kind.DEVICE_REMOVED if i % 2 == 0 else Kind.DEVICE_ADDED
+        flaps, out = flaps.damp(i * 20.0, [_health(kind)], RULE)
+        out_all += out
+    assert all(
+        c.kind in (Kind.DEVICE_ADDED, Kind.DEVICE_REMOVED) and "flapping" not in c.details for c in out_all
+    )
+
+
+def test_notification_routes_skip_the_marked_changes_only() -> None:
+    from watcher.model.events import envelope
+
+    flaps, changes = Flaps(), []
+    for i in range(8):
+        kind = Kind.DEVICE_REMOVED if i % 2 == 0 else Kind.DEVICE_ADDED
+        flaps, out = flaps.damp(float(i), [_health(kind)], RULE)
+        changes += out
+    events = [
+        envelope(c, seq=i, node="n", cycle="c", before=None, after=None) for i, c in enumerate(changes, 1)
+    ]
+    notify = Route(skip_flapping=True)
+    assert len([e for e in events if notify.matches(e)]) == 4 + 1  # before it flapped, and the report
+    assert all(Route().matches(e) for e in events)  # the audit log and webhooks: everything
+
+
+async def test_a_flapping_device_reaches_notification_sinks_twice_and_the_audit_log_every_time(
+    short_tmp: Path,
+) -> None:
+    settings = make_settings(short_tmp)
+    settings = dataclasses.replace(
+        settings, watch=dataclasses.replace(settings.watch, flap_limit=4, flap_window=60, flap_quiet=1.0)
+    )
+    async with FakeKubelet(short_tmp / "kubelet", seed=9) as fake, running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+        gpu = sorted(i for r, i in fake.node.devices if r == GPU)[0]
+        for i in range(10):
+            fake.set_healthy(GPU, gpu, healthy=i % 2 == 1)
+            await run.quiet_cycle()
+        await run.recorder.until(lambda: "device.flap_ended" in run.recorder.kinds(mark), timeout=10)
+        events = run.recorder.events[mark:]
+        health = [e for e in events if e.kind in ("device.added", "device.removed")]
+        assert len(health) == 10  # the audit log keeps every change
+        notify = Route(skip_flapping=True, resolutions=True)
+        seen = [str(e.kind) for e in events if notify.matches(e)]
+        assert seen.count("device.flapping") == 1 and seen.count("device.flap_ended") == 1
+        assert len([k for k in seen if k in ("device.added", "device.removed")]) == 4

@@ -1,0 +1,142 @@
+"""Flap damping: a device that keeps changing health is one story for a person, not twenty pages.
+
+A device whose health changes (`device.removed` / `device.added`) more than `limit` times within
+`window` seconds is flapping: one `device.flapping` event says so, with the count; its further
+`device.removed` / `device.added` events are marked `flapping` (the audit log and webhooks still get
+every one; notification sinks do not); and once it has not changed for `quiet` seconds one
+`device.flap_ended` says how it ended (present or missing). Pure: the caller brings the time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from watcher.model.changes import Change, Kind, Severity
+
+__all__ = ["Flaps", "FlapRule"]
+
+_HEALTH = (Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED)
+DeviceKey = tuple[str, str]  # (resource, device)
+
+
+@dataclass(frozen=True)
+class FlapRule:
+    limit: int  # more changes than this within `window` is flapping; 0: never damp
+    window: float
+    quiet: float
+
+
+@dataclass(frozen=True)
+class _Device:
+    times: tuple[float, ...] = ()  # recent health changes (monotonic), within the window
+    flapping_since: float | None = None
+    changes: int = 0  # health changes since the flapping began
+    present: bool = True
+    allocated_to: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Flaps:
+    devices: tuple[tuple[DeviceKey, _Device], ...] = ()
+
+    def next_look(self, rule: FlapRule) -> float | None:
+        """When a flapping device may have been quiet long enough."""
+        ends = [d.times[-1] + rule.quiet for _, d in self.devices if d.flapping_since is not None and d.times]
+        return min(ends, default=None)
+
+    def flapping(self) -> frozenset[DeviceKey]:
+        return frozenset(k for k, d in self.devices if d.flapping_since is not None)
+
+    def damp(self, now: float, changes: Sequence[Change], rule: FlapRule) -> tuple[Flaps, list[Change]]:
+        """The cycle's changes with flapping devices' health changes marked, plus the
+        `device.flapping` / `device.flap_ended` changes this cycle calls for."""
+        if rule.limit <= 0:
+            return self, list(changes)
+        devices = dict(self.devices)
+        out: list[Change] = []
+        for change in changes:
+            if change.kind not in _HEALTH:
+                out.append(change)
+                continue
+            key = (str(change.details.get("resource", "")), str(change.details.get("device", "")))
+            d = devices.get(key, _Device())
+            times = tuple(t for t in (*d.times, now) if now - t <= rule.window)
+            held = change.details.get("allocated_to") or d.allocated_to
+            d = dataclasses.replace(
+                d,
+                times=times,
+                present=change.kind is Kind.DEVICE_ADDED,
+                allocated_to=tuple(held) if isinstance(held, list | tuple) else d.allocated_to,
+                changes=d.changes + 1 if d.flapping_since is not None else d.changes,
+            )
+            if d.flapping_since is not None:
+                out.append(_marked(change))
+            elif len(times) > rule.limit:
+                d = dataclasses.replace(d, flapping_since=now, changes=len(times))
+                out.append(_marked(change))
+                out.append(_flapping(key, d, rule))
+            else:
+                out.append(change)
+            devices[key] = d
+        for key, d in list(devices.items()):
+            if d.flapping_since is not None and d.times and now - d.times[-1] >= rule.quiet:
+                out.append(_flap_ended(key, d, rule))
+                devices[key] = _Device(present=d.present, allocated_to=d.allocated_to)
+            elif d.flapping_since is None and (not d.times or now - d.times[-1] > rule.window):
+                del devices[key]  # forgotten: nothing recent
+        return Flaps(tuple(sorted(devices.items()))), out
+
+
+def _marked(change: Change) -> Change:
+    return Change(
+        change.kind,
+        change.severity,
+        change.summary + " (flapping)",
+        {**change.details, "flapping": True},
+    )
+
+
+def _flapping(key: DeviceKey, d: _Device, rule: FlapRule) -> Change:
+    resource, device = key
+    pods = list(d.allocated_to)
+    severity = Severity.CRITICAL if pods and not d.present else Severity.WARNING
+    return Change(
+        Kind.DEVICE_FLAPPING,
+        severity,
+        f"{resource} {device} is flapping: {len(d.times)} health changes in {rule.window:g} s; further "
+        f"changes go to the audit log only until it is stable for {rule.quiet:g} s"
+        + (f" (allocated to {', '.join(pods)})" if pods else ""),
+        {
+            "resource": resource,
+            "device": device,
+            "changes": len(d.times),
+            "window_s": rule.window,
+            "present": d.present,
+            "allocated_to": pods,
+            "namespaces": sorted({p.split("/")[0] for p in pods}),
+        },
+    )
+
+
+def _flap_ended(key: DeviceKey, d: _Device, rule: FlapRule) -> Change:
+    resource, device = key
+    pods = list(d.allocated_to)
+    state = "present" if d.present else "missing"
+    severity = Severity.INFO if d.present else (Severity.CRITICAL if pods else Severity.WARNING)
+    return Change(
+        Kind.DEVICE_FLAP_ENDED,
+        severity,
+        f"{resource} {device} stopped flapping after {d.changes} health changes; "
+        f"stable for {rule.quiet:g} s, now {state}"
+        + (f" (allocated to {', '.join(pods)})" if pods and not d.present else ""),
+        {
+            "resource": resource,
+            "device": device,
+            "changes": d.changes,
+            "present": d.present,
+            "allocated_to": pods,
+            "namespaces": sorted({p.split("/")[0] for p in pods}),
+        },
+    )
