@@ -113,6 +113,15 @@ class WatchSettings:
             max=7 * 86400,
         ),
     )
+    incident_threshold: int = field(
+        default=8,
+        metadata=field_meta(
+            "This many devices of one resource leaving allocatable in one re-query are one "
+            "device.incident for paging sinks instead of a page each; 0: never.",
+            min=0,
+            max=100000,
+        ),
+    )
     flap_limit: int = field(
         default=4,
         metadata=field_meta(

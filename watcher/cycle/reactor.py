@@ -256,8 +256,9 @@ class Reactor:
         )
         changes.extend(held_changes)
         flaps, damped = draft.flaps.damp(time.monotonic(), diffs, self._flap_rule)
-        changes.extend(damped)
-        draft = dataclasses.replace(draft, flaps=flaps)
+        incidents, grouped = draft.incidents.group(cycle, damped, self.settings.watch.incident_threshold)
+        changes.extend(grouped)
+        draft = dataclasses.replace(draft, flaps=flaps, incidents=incidents)
         draft = dataclasses.replace(draft, settling=settling)
         every = self.settings.watch.snapshot_interval
         now = time.monotonic()

@@ -18,6 +18,7 @@ from watcher.kubelet.health import KubeletHealth
 from watcher.kubelet.identity import FileIdentity
 from watcher.model.build import from_canonical
 from watcher.model.flapping import Flaps
+from watcher.model.incidents import Incidents
 from watcher.model.inventory import Inventory
 from watcher.model.settling import Settling
 
@@ -51,6 +52,7 @@ class CycleState:
     settling: Settling = field(default_factory=Settling)  # what the kubelet's warm-up holds back
     invalid_text: frozenset[str] = frozenset()  # repaired strings already reported
     flaps: Flaps = field(default_factory=Flaps)  # devices changing health often
+    incidents: Incidents = field(default_factory=Incidents)  # mass failures not yet back
 
 
 def state_to_json(state: SavedState) -> dict[str, Any]:

@@ -54,7 +54,9 @@ class SinkWorker:
         s = sink.settings
         # Paging sinks must see the end of every condition they started.
         caps = capabilities_of(s)
-        self.route = route_of(s, resolutions=caps.pages, skip_flapping=caps.notifies)
+        self.route = route_of(
+            s, resolutions=caps.pages, skip_flapping=caps.notifies, skip_incident_devices=caps.pages
+        )
         self.limiter = RateLimiter(s.rate)
         # A sink that sends its own requests spends the rate on those, not on every event routed
         # to it (an end of condition it never opened costs nothing and must not delay a page).

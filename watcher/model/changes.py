@@ -36,6 +36,8 @@ class Kind(enum.StrEnum):
     API_INVALID_TEXT = "api.invalid_text"
     DEVICE_FLAPPING = "device.flapping"
     DEVICE_FLAP_ENDED = "device.flap_ended"
+    DEVICE_INCIDENT = "device.incident"
+    DEVICE_INCIDENT_RESOLVED = "device.incident_resolved"
 
 
 LIFECYCLE_KINDS = frozenset(

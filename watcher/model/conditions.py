@@ -17,6 +17,7 @@ __all__ = ["Condition", "condition_of", "CONDITION_KINDS"]
 
 DEVICE_ALERT = "PodResourcesDeviceUnavailable"
 KUBELET_ALERT = "PodResourcesKubeletUnreachable"
+INCIDENT_ALERT = "PodResourcesDevicesUnavailable"
 
 # Kinds that can start or end a condition; routes of paging sinks let the
 # ending ones through whatever their minimum severity.
@@ -26,6 +27,8 @@ CONDITION_KINDS = frozenset(
         Kind.DEVICE_ADDED,
         Kind.DEVICE_FLAPPING,
         Kind.DEVICE_FLAP_ENDED,
+        Kind.DEVICE_INCIDENT,
+        Kind.DEVICE_INCIDENT_RESOLVED,
         Kind.KUBELET_UNREACHABLE,
         Kind.KUBELET_REACHABLE,
         Kind.KUBELET_CONNECTED,
@@ -65,6 +68,21 @@ def condition_of(event: Event) -> Condition | None:
         return Condition(
             key=f"{node}/device/{resource}/{device}",
             active=active,
+            labels=labels,
+            summary=event.summary,
+            details=d,
+        )
+    if event.kind in (Kind.DEVICE_INCIDENT, Kind.DEVICE_INCIDENT_RESOLVED):
+        labels = {
+            "alertname": INCIDENT_ALERT,
+            "node": node,
+            "resource": str(d.get("resource", "")),
+            "incident": str(d.get("incident", "")),
+            "severity": str(event.severity),
+        }
+        return Condition(
+            key=f"{node}/incident/{d.get('incident', '')}",
+            active=event.kind == Kind.DEVICE_INCIDENT,
             labels=labels,
             summary=event.summary,
             details=d,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from watcher.model.changes import Severity
+from watcher.model.changes import Kind, Severity
 from watcher.model.conditions import CONDITION_KINDS, condition_of
 from watcher.model.events import Event
 
@@ -30,6 +30,9 @@ def _any_match(values: Iterable[str], patterns: tuple[str, ...]) -> bool:
     return any(fnmatchcase(v, p) for v in values for p in patterns)
 
 
+_DEVICE_HEALTH = (Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED)
+
+
 @dataclass(frozen=True)
 class Route:
     """Globs for kind, resource and namespace, and a minimum severity.
@@ -48,9 +51,13 @@ class Route:
     # Notification sinks: a flapping device's individual changes stay in the audit log and the
     # webhooks; these sinks get its device.flapping and device.flap_ended instead.
     skip_flapping: bool = False
+    # Paging sinks: the devices of a mass failure are paged once, as its device.incident.
+    skip_incident_devices: bool = False
 
     def matches(self, event: Event) -> bool:
         if self.skip_flapping and event.details.get("flapping") is True:
+            return False
+        if self.skip_incident_devices and "incident" in event.details and event.kind in _DEVICE_HEALTH:
             return False
         if not any(fnmatchcase(event.kind, p) for p in self.kinds):
             return False

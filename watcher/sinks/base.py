@@ -176,7 +176,13 @@ def check_http_sink(path: str, settings: HttpSinkSettings) -> None:
                 raise ConfigError(f"{path}.{key}: the value from {url.describe()} is not an http(s) URL")
 
 
-def route_of(settings: BaseSinkSettings, *, resolutions: bool = False, skip_flapping: bool = False) -> Route:
+def route_of(
+    settings: BaseSinkSettings,
+    *,
+    resolutions: bool = False,
+    skip_flapping: bool = False,
+    skip_incident_devices: bool = False,
+) -> Route:
     return Route(
         kinds=settings.kinds,
         min_severity=Severity(settings.min_severity),
@@ -184,4 +190,5 @@ def route_of(settings: BaseSinkSettings, *, resolutions: bool = False, skip_flap
         namespaces=settings.namespaces,
         resolutions=resolutions,
         skip_flapping=skip_flapping,
+        skip_incident_devices=skip_incident_devices,
     )

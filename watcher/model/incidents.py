@@ -1,0 +1,108 @@
+"""Incidents: many devices of one resource failing at once are one page, not thousands.
+
+When `threshold` or more devices of one resource leave allocatable in one re-query, paging sinks
+(PagerDuty, Alertmanager) get one `device.incident` (count, devices, pods hit) instead of a
+page per device; its devices' `device.removed` events, and the `device.added` that bring them
+back, are marked with the incident's key (the audit log and webhooks still carry each one), and
+one `device.incident_resolved` follows when every one of them is back. Pure.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from watcher.model.changes import Change, Kind, Severity
+
+__all__ = ["Incidents"]
+
+
+@dataclass(frozen=True)
+class _Open:
+    key: str
+    resource: str
+    missing: frozenset[str]
+    total: int
+
+
+@dataclass(frozen=True)
+class Incidents:
+    open: tuple[_Open, ...] = ()
+
+    def group(self, cycle: str, changes: Sequence[Change], threshold: int) -> tuple[Incidents, list[Change]]:
+        """The cycle's changes with mass failures turned into incidents (see the module)."""
+        if threshold <= 0:
+            return self, list(changes)
+        removed: dict[str, list[Change]] = defaultdict(list)
+        for c in changes:
+            if c.kind is Kind.DEVICE_REMOVED and not c.details.get("flapping"):
+                removed[str(c.details.get("resource", ""))].append(c)
+        opening = {r: cs for r, cs in removed.items() if len(cs) >= threshold}
+        still = list(self.open)
+        new = [
+            _Open(f"{resource}/{cycle}", resource, frozenset(_device(c) for c in cs), len(cs))
+            for resource, cs in sorted(opening.items())
+        ]
+        out: list[Change] = []
+        for c in changes:
+            incident = self._incident_of(c, [*still, *new])
+            out.append(c if incident is None else _marked(c, incident.key))
+        for inc in new:
+            out.append(_opened(inc, removed[inc.resource]))
+        # Devices back: an incident whose devices are all back is resolved.
+        back = {
+            (str(c.details.get("resource", "")), _device(c)) for c in changes if c.kind is Kind.DEVICE_ADDED
+        }
+        remaining: list[_Open] = []
+        for inc in [*still, *new]:
+            missing = frozenset(d for d in inc.missing if (inc.resource, d) not in back)
+            if missing:
+                remaining.append(_Open(inc.key, inc.resource, missing, inc.total))
+            else:
+                out.append(_resolved(inc))
+        return Incidents(tuple(remaining)), out
+
+    @staticmethod
+    def _incident_of(change: Change, incidents: Sequence[_Open]) -> _Open | None:
+        if change.kind not in (Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED):
+            return None
+        resource, device = str(change.details.get("resource", "")), _device(change)
+        return next((i for i in incidents if i.resource == resource and device in i.missing), None)
+
+
+def _device(change: Change) -> str:
+    return str(change.details.get("device", ""))
+
+
+def _marked(change: Change, key: str) -> Change:
+    return Change(change.kind, change.severity, change.summary, {**change.details, "incident": key})
+
+
+def _opened(inc: _Open, removed: Sequence[Change]) -> Change:
+    pods = sorted({p for c in removed for p in c.details.get("allocated_to") or []})
+    devices = sorted(inc.missing)
+    shown = ", ".join(devices[:5]) + (f" and {len(devices) - 5} more" if len(devices) > 5 else "")
+    return Change(
+        Kind.DEVICE_INCIDENT,
+        Severity.CRITICAL if pods else Severity.WARNING,
+        f"{len(devices)} {inc.resource} devices left allocatable at once ({shown})"
+        + (f"; {len(pods)} container(s) hit" if pods else ""),
+        {
+            "resource": inc.resource,
+            "incident": inc.key,
+            "count": len(devices),
+            "devices": devices,
+            "allocated_to": pods,
+            "namespaces": sorted({p.split("/")[0] for p in pods}),
+        },
+    )
+
+
+def _resolved(inc: _Open) -> Change:
+    return Change(
+        Kind.DEVICE_INCIDENT_RESOLVED,
+        Severity.INFO,
+        f"all {inc.total} {inc.resource} devices of the incident are back",
+        {"resource": inc.resource, "incident": inc.key, "count": inc.total},
+    )
