@@ -75,6 +75,14 @@ class Running:
         m = self.agent.metrics
         return m.value("requeries_total", result="changed") + m.value("requeries_total", result="unchanged")
 
+    async def settled(self) -> None:
+        """Until the fake kubelet's plugins and pods are all back and the agent holds nothing back."""
+        await self.kubelet.plugins.wait_settled()
+        await self.quiet_cycle()
+        while self.agent.settling.holding:
+            await asyncio.sleep(0.25)  # holds end on the clock (the pod list stable for a while)
+            await self.quiet_cycle()
+
     async def quiet_cycle(self, timeout: float = 10.0) -> None:
         """Force one more complete re-query and wait for it: anything pending shows by then."""
         self._marks += 1

@@ -122,11 +122,7 @@ async def test_kubelet_chaos(short_tmp: Path) -> None:
                 await asyncio.sleep(downtime)
             await fake.start()
             await run.recorder.until(lambda r=restarted: run.recorder.kinds().count("kubelet.restarted") > r)
-        await fake.plugins.wait_settled()
-        await run.quiet_cycle()
-        while run.agent.settling.holding:  # holds end on the clock (the pod list stable a while)
-            await asyncio.sleep(0.25)
-            await run.quiet_cycle()
+        await run.settled()
         await run.quiet_cycle()
         events = run.recorder.events[mark:]
         assert [e.kind for e in events].count("kubelet.restarted") == RESTARTS

@@ -9,12 +9,11 @@ Precision and recall are both 1.0 for both classes.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections import Counter
 from pathlib import Path
 
-from tests.agent_harness import Running, make_settings, running_agent
+from tests.agent_harness import make_settings, running_agent
 from watcher.model.changes import Severity
 from watcher.model.conditions import condition_of
 from watcher.model.events import Event
@@ -47,14 +46,6 @@ def _score(seen: Counter[tuple[str, ...]], truth: Counter[tuple[str, ...]]) -> t
     return precision, recall
 
 
-async def _settle(run: Running, fake: FakeKubelet) -> None:
-    await fake.plugins.wait_settled()
-    await run.quiet_cycle()
-    while run.agent.settling.holding:
-        await asyncio.sleep(0.25)  # holds end on the clock (the pod list stable for a while)
-        await run.quiet_cycle()
-
-
 async def test_churn_precision_and_recall_are_one_for_every_sink_class(short_tmp: Path) -> None:
     settings = make_settings(short_tmp)
     settings = dataclasses.replace(
@@ -65,17 +56,17 @@ async def test_churn_precision_and_recall_are_one_for_every_sink_class(short_tmp
     fake = FakeKubelet(short_tmp / "kubelet", seed=21)
     async with fake, running_agent(settings, fake) as run:
         await run.recorder.kinds_after(0, 1)
-        await _settle(run, fake)
+        await run.settled()
         mark = len(run.recorder.events)
         fake.plugins.warmup = Warmup(plugin_delay=(0.1, 0.6), pods_delay=(0.0, 0.3))
 
         # 1. A kubelet restart that changes nothing, and a plugin restart: no real change.
         await fake.restart(downtime=0.1)
         await run.recorder.until(lambda: "kubelet.restarted" in run.recorder.kinds(mark))
-        await _settle(run, fake)
+        await run.settled()
         fake.plugins.restart_plugin(GPU, downtime=0.3)
         await run.recorder.until(lambda: "plugin.registered" in run.recorder.kinds(mark))
-        await _settle(run, fake)
+        await run.settled()
 
         # 2. 64 FPGAs hot-plugged; then they all fail at once (one incident); then all come back.
         fpgas = [f"FPGA-{i:02d}" for i in range(64)]

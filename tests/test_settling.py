@@ -91,23 +91,11 @@ async def kubelet(short_tmp: Path) -> AsyncIterator[FakeKubelet]:
         yield fake
 
 
-async def _settled(run: object, fake: FakeKubelet) -> None:
-    """Until the fake's plugins and pods are all back and the agent holds nothing."""
-    from tests.agent_harness import Running
-
-    assert isinstance(run, Running)
-    await fake.plugins.wait_settled()
-    await run.quiet_cycle()
-    while run.agent.settling.holding:
-        await asyncio.sleep(0.25)  # holds end on the clock (the pod list stable for a while)
-        await run.quiet_cycle()
-
-
 @pytest.mark.timeout(900)
 async def test_restarts_with_warm_up_and_no_change_report_only_the_restarts(short_tmp: Path) -> None:
     fake = FakeKubelet(short_tmp / "kubelet", seed=5)
     async with fake, running_agent(make_settings(short_tmp), fake) as run:
-        await _settled(run, fake)
+        await run.settled()
         # From now on every restart warms up.
         fake.plugins.warmup = Warmup(plugin_delay=(0.0, PLUGIN_DELAY), pods_delay=(0.0, PLUGIN_DELAY / 2))
         mark = len(run.recorder.events)
@@ -116,7 +104,7 @@ async def test_restarts_with_warm_up_and_no_change_report_only_the_restarts(shor
             await run.recorder.until(
                 lambda n=n: run.recorder.kinds(mark).count("kubelet.restarted") == n + 1, timeout=30
             )
-            await _settled(run, fake)
+            await run.settled()
         await run.quiet_cycle()
         assert run.recorder.kinds(mark) == ["kubelet.restarted"] * RESTARTS
         assert run.agent.inventory == build(fake.allocatable_response(), fake.list_response())
@@ -132,7 +120,7 @@ async def test_a_node_reboot_reports_nothing_the_warm_up_explains(short_tmp: Pat
     warmup = Warmup(plugin_delay=(0.1, 0.8), pods_delay=(0.0, 0.4))
     rebooted = FakeKubelet(short_tmp / "kubelet", seed=6, warmup=warmup)
     async with rebooted, running_agent(settings, rebooted) as run:
-        await _settled(run, rebooted)
+        await run.settled()
         await run.quiet_cycle()
         assert run.recorder.kinds() == ["watcher.started", "kubelet.restarted"]
 

@@ -67,6 +67,12 @@ class RateLimiter:
             return 0.0
         return self.window - (now - self._recent[0])
 
+    def refund(self, calls: int) -> None:
+        """Give back the last `calls` slots: those calls never reached the server (nobody was
+        listening), so they did not count against the rate this limiter protects."""
+        for _ in range(min(calls, len(self._recent))):
+            self._recent.pop()
+
     async def acquire(self) -> None:
         async with self._lock:
             while (wait := self.delay()) > 0:  # noqa: ASYNC110 - waiting on time, not on an event

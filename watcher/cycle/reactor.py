@@ -24,7 +24,7 @@ from watcher.backoff import Backoff
 from watcher.cycle.committer import Committer
 from watcher.cycle.notifier import Notifier
 from watcher.cycle.state import CycleState
-from watcher.kubelet.client import PodResourcesClient
+from watcher.kubelet.client import PodResourcesClient, check_socket
 from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import ALLOCATABLE
 from watcher.kubelet.identity import is_replacement, probe_socket
@@ -124,6 +124,14 @@ class Reactor:
                     async with self.lock:
                         await self._maybe_unreachable(new_cycle_id())
 
+    def _settle_look(self, state: CycleState) -> float | None:
+        # Settling looks again only while the kubelet answers: a kubelet that is down is retried
+        # on the failure backoff, and polls at a dead socket would spend the RPC budget the
+        # re-query of its replacement needs.
+        if state.health.failing:
+            return None
+        return state.settling.next_look(self.settings.kubelet.warmup_grace)
+
     @property
     def _flap_rule(self) -> FlapRule:
         w = self.settings.watch
@@ -142,7 +150,7 @@ class Reactor:
             deadlines.append(due)
         if self.settings.watch.snapshot_interval > 0:
             deadlines.append(state.last_snapshot + self.settings.watch.snapshot_interval)
-        if (look := state.settling.next_look(self.settings.kubelet.warmup_grace)) is not None:
+        if (look := self._settle_look(state)) is not None:
             deadlines.append(look)
         if (quiet := state.flaps.next_look(self._flap_rule)) is not None:
             deadlines.append(quiet)
@@ -152,7 +160,7 @@ class Reactor:
         state = self.committer.state
         every = self.settings.watch.snapshot_interval
         retry_at = state.health.retry_at
-        look = state.settling.next_look(self.settings.kubelet.warmup_grace)
+        look = self._settle_look(state)
         quiet = state.flaps.next_look(self._flap_rule)
         return (
             bool(reasons)
@@ -197,12 +205,27 @@ class Reactor:
 
     async def _query(self) -> tuple[bytes | None, bytes]:
         """(allocatable bytes or None in List-only mode, List bytes)."""
+        # A socket that is not there (or is no socket) costs no RPC, so no token: the query the
+        # socket's disappearance asks for must not delay the one its return asks for.
+        check_socket(str(self.socket_path))
         calls = [self.client.list_raw]
         if self.list_only is None:
             calls.append(self.client.allocatable_raw)
         for _ in calls:
             await self.limiter.acquire()
-        results = await asyncio.gather(*(call() for call in calls), return_exceptions=True)
+        self.notifier.replaced.clear()
+        try:
+            results = await unless_stopped(
+                self.notifier.replaced, asyncio.gather(*(call() for call in calls), return_exceptions=True)
+            )
+        except StoppedError:
+            raise errors.KubeletUnavailableError(
+                "the kubelet's socket was replaced during the call; asking the new one",
+                socket=str(self.socket_path),
+            ) from None
+        # Calls nobody answered (the kubelet is down, its socket stale) did not reach its rate
+        # limiter, so they do not spend ours: the re-query its return asks for goes at once.
+        self.limiter.refund(sum(isinstance(r, errors.KubeletUnavailableError) for r in results))
         pods, alloc = results[0], results[1] if len(results) > 1 else None
         if isinstance(alloc, errors.MethodDisabledError | errors.MethodNotImplementedError):
             self.list_only = str(alloc)

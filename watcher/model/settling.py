@@ -29,7 +29,7 @@ from watcher.model.inventory import Inventory
 
 __all__ = ["Settling", "POLL_S", "PODS_STABLE_S"]
 
-POLL_S = 0.5  # while something is held, look again at least this often
+POLL_S = 1.0  # while something is held, look again this often (2 RPCs: well inside our 5/s cap)
 PODS_STABLE_S = 2.0  # the pod list must not change for this long before held pods are released
 
 
