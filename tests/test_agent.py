@@ -529,3 +529,24 @@ async def test_invalid_utf8_in_a_device_id_is_repaired_not_a_blind_agent(
         fake.make_unhealthy(GPU, victim)
         await run.recorder.until(lambda: "device.removed" in run.recorder.kinds(later))
         assert run.agent.kubelet_health.failing_since is None
+
+
+async def test_a_restart_is_queried_at_once_even_after_failed_calls_at_the_stale_socket(
+    fake: FakeKubelet, short_tmp: Path
+) -> None:
+    """Calls at a kubelet that is down reach nobody: they must not spend the RPC budget that the
+    re-query of its replacement needs (the cap is 5 calls a second)."""
+    async with await _started(fake, short_tmp, max_rpc_rate=5.0) as run:
+        await run.recorder.kinds_after(0, 1)
+        await fake.stop()  # the stale socket stays
+        for n in range(3):  # six calls that nobody answers, inside one second
+            failed = run.agent.metrics.value("requeries_total", result="failed")
+            run.agent.wake(f"probe-{n}", urgent=True)
+            await run.recorder.until(
+                lambda f=failed: run.agent.metrics.value("requeries_total", result="failed") > f
+            )
+        await fake.start()
+        started = fake.started_at
+        assert started is not None
+        await run.recorder.until(lambda: fake.first_call_at is not None)
+        assert fake.first_call_at - started < 0.15

@@ -45,10 +45,6 @@ class Notifier:
         self.name_events = False
         # When a new socket was seen, for the reconnect latency; the reactor takes it too.
         self.socket_changed_at: float | None = None
-        # Set when a new socket appears: a call still waiting on the old one is abandoned (gRPC
-        # would hold it until the new kubelet answers, and the re-query the new socket asks for
-        # would wait behind it).
-        self.replaced = asyncio.Event()
         self._socket_seen: SocketState | None = None
         self._said_not_a_socket: FileIdentity | None = None
         self._generation = Scope(stop)
@@ -121,7 +117,6 @@ class Notifier:
             if known is None or is_replacement(known, now.identity, name_events=self.name_events):
                 # Appeared or replaced: query at once on a fresh channel.
                 self.socket_changed_at = time.monotonic()
-                self.replaced.set()
                 self.trigger.fire("socket", urgent=True)
 
     async def watch_state_files(self) -> None:

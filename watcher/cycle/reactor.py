@@ -24,7 +24,7 @@ from watcher.backoff import Backoff
 from watcher.cycle.committer import Committer
 from watcher.cycle.notifier import Notifier
 from watcher.cycle.state import CycleState
-from watcher.kubelet.client import PodResourcesClient, check_socket
+from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import ALLOCATABLE
 from watcher.kubelet.identity import is_replacement, probe_socket
@@ -47,6 +47,8 @@ __all__ = ["Reactor", "CycleObserver", "gc_paused"]
 log = structlog.get_logger("watcher.cycle.reactor")
 
 CycleObserver = Callable[[frozenset[str]], None]
+# Calls that reached no kubelet: no socket, or nobody listening on it.
+_UNANSWERED = (errors.KubeletUnavailableError, errors.SocketMissingError)
 
 
 @contextlib.contextmanager
@@ -205,27 +207,15 @@ class Reactor:
 
     async def _query(self) -> tuple[bytes | None, bytes]:
         """(allocatable bytes or None in List-only mode, List bytes)."""
-        # A socket that is not there (or is no socket) costs no RPC, so no token: the query the
-        # socket's disappearance asks for must not delay the one its return asks for.
-        check_socket(str(self.socket_path))
         calls = [self.client.list_raw]
         if self.list_only is None:
             calls.append(self.client.allocatable_raw)
         for _ in calls:
             await self.limiter.acquire()
-        self.notifier.replaced.clear()
-        try:
-            results = await unless_stopped(
-                self.notifier.replaced, asyncio.gather(*(call() for call in calls), return_exceptions=True)
-            )
-        except StoppedError:
-            raise errors.KubeletUnavailableError(
-                "the kubelet's socket was replaced during the call; asking the new one",
-                socket=str(self.socket_path),
-            ) from None
+        results = await asyncio.gather(*(call() for call in calls), return_exceptions=True)
         # Calls nobody answered (the kubelet is down, its socket stale) did not reach its rate
         # limiter, so they do not spend ours: the re-query its return asks for goes at once.
-        self.limiter.refund(sum(isinstance(r, errors.KubeletUnavailableError) for r in results))
+        self.limiter.refund(sum(isinstance(r, _UNANSWERED) for r in results))
         pods, alloc = results[0], results[1] if len(results) > 1 else None
         if isinstance(alloc, errors.MethodDisabledError | errors.MethodNotImplementedError):
             self.list_only = str(alloc)

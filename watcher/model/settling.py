@@ -85,9 +85,10 @@ class Settling:
         are back (or whose grace ran out) are released. Returns the plugin lifecycle changes."""
         changes: list[Change] = []
         state = self
-        keys = frozenset((p.namespace, p.name) for p in answer.pods)
-        if keys != state.pod_keys:
-            state = dataclasses.replace(state, pod_keys=keys, pods_changed_at=now)
+        if state.pods_since is not None:  # the pod list is watched only while pods are held
+            keys = frozenset((p.namespace, p.name) for p in answer.pods)
+            if keys != state.pod_keys:
+                state = dataclasses.replace(state, pod_keys=keys, pods_changed_at=now)
         held = dict(state.held)
         present = _resources(answer) if answer.allocatable_known else None
         # A plugin's departure: its resource's devices all gone while a plugin socket went away.
