@@ -1,6 +1,7 @@
 """Real HTTP receivers for the sink tests: each enforces its service's documented rules.
 
-The rules are those of shared/reference/sink-contracts.md. Every receiver is an aiohttp
+The rules are each service's published ones (Slack's Block Kit limits, PagerDuty Events API
+v2, CloudEvents 1.0, Standard Webhooks, Alertmanager's v2 API). Every receiver is an aiohttp
 server on 127.0.0.1 with an ephemeral port; it records every request (raw body, headers,
 monotonic and wall arrival time), what it answered and every rule the request broke, and
 can be scripted with forced responses that it returns, in order, before its normal

@@ -1,7 +1,7 @@
 """A simulated kubelet: a real grpc.aio server of the pod-resources v1 API on a unix socket.
 
 It keeps the real kubelet's quirks, because tests against a polite fake prove
-nothing (see shared/reference/kubelet-podresources.md):
+nothing (they are those of the kubelet's own pod-resources server and device manager):
 
 - the socket is created by unlink, listen on a temporary name, rename into
   place: a new file on every start; a stopped kubelet leaves its stale socket;

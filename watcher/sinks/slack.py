@@ -1,6 +1,6 @@
 """Slack incoming webhooks: one Block Kit message per group of events, inside Slack's limits.
 
-Limits (shared/reference/sink-contracts.md): 50 blocks; section text 3000
+Limits (Slack's Block Kit documentation): 50 blocks; section text 3000
 characters; header 150; messages far above ~13k characters are refused. So a
 cycle of 500 changes becomes one message with a section per kind, each cut
 short with "... and N more", and a plain `text` fallback for notifications.
