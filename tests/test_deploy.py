@@ -799,6 +799,9 @@ def test_systemd_unit_is_hardened() -> None:
         f"{CONFIG_DIR}/config.toml",
     ]
     assert one("ExecReload") == "/bin/kill -HUP $MAINPID"
+    # systemd holds reloads until the agent says READY=1 (tests/test_signals.py checks it does).
+    assert one("Type") == "notify"
+    assert one("NotifyAccess") == "main"
     assert one("CapabilityBoundingSet") == ""
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
 

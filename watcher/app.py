@@ -27,6 +27,7 @@ from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import KubeletHealth
 from watcher.model.inventory import Inventory
 from watcher.model.settling import Settling
+from watcher.ops import notify
 from watcher.ops.http import HttpServer
 from watcher.ops.metrics import Metrics
 from watcher.settings import Settings, parse_listen
@@ -42,6 +43,11 @@ __all__ = ["Agent"]
 log = structlog.get_logger("watcher.app")
 
 SHUTDOWN_GRACE_S = 5.0
+# A reload waits for this much quiet after the last request, so a burst of SIGHUPs (a config
+# tool that signals per file it writes) is one reload of the final file ...
+RELOAD_QUIET_S = 0.2
+# ... but never longer than this after the first one, so a steady stream cannot starve it.
+RELOAD_MAX_WAIT_S = 2.0
 
 
 class Agent:
@@ -61,8 +67,14 @@ class Agent:
         sinks: Sequence[Sink] | None = None,
         stop: asyncio.Event | None = None,
         rng: random.Random | None = None,
+        load_settings: Callable[[], Settings] | None = None,
     ) -> None:
         self.settings = settings
+        # Where `request_reload()` reads the new settings from (the config file); None: nowhere.
+        self.load_settings = load_settings
+        self._reload_wanted = asyncio.Event()
+        # Set once every task is running: from then on a reload request is acted on.
+        self.started = asyncio.Event()
         self.stop = stop if stop is not None else asyncio.Event()
         self.rng = rng if rng is not None else random.Random()
         self.metrics = Metrics()
@@ -162,7 +174,8 @@ class Agent:
 
     # -- running --
 
-    async def run(self) -> None:
+    async def run(self, on_started: Callable[[], None] | None = None) -> None:
+        """Run until `stop` is set; `on_started` is called once every task is running."""
         structlog.contextvars.bind_contextvars(node=self.settings.node)
         try:
             tasks: dict[str, Callable[[], Awaitable[None]]] = {
@@ -177,6 +190,8 @@ class Agent:
                 host, port = parse_listen(self.settings.http.listen)
                 self.http = HttpServer(self.status, host, port)
                 tasks["http"] = self.http.serve(self.stop)
+            if self.load_settings is not None:
+                tasks["reloader"] = self._reloader
             log.info(
                 "watcher starting",
                 socket=str(self.settings.kubelet.socket),
@@ -188,8 +203,13 @@ class Agent:
             )
             for name, factory in tasks.items():
                 self.supervisor.spawn(name, factory)
+            self.started.set()
+            if on_started is not None:
+                on_started()
+            notify.ready(f"watching {self.settings.kubelet.socket}")
             await self.supervisor.run()
         finally:
+            notify.stopping()
             await self.close()
             log.info("watcher stopped", seq=self.seq)
 
@@ -222,6 +242,46 @@ class Agent:
             await self.dispatcher.run()
 
     # -- reload --
+
+    def request_reload(self) -> None:
+        """Ask for the settings to be read again from `load_settings` and applied (SIGHUP).
+
+        Requests coalesce: one that arrives while another waits or runs is folded into the
+        next reload, which reads the file as it is then. Before the agent has started and
+        once it is stopping, requests are ignored: there is nothing yet, or any more, to apply
+        them to.
+        """
+        if self.load_settings is None or not self.started.is_set() or self.stop.is_set():
+            log.info("reload request ignored", started=self.started.is_set(), stopping=self.stop.is_set())
+            return
+        self._reload_wanted.set()
+
+    async def _reloader(self) -> None:
+        assert self.load_settings is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await wait_any(self._reload_wanted, self.stop)
+            if self.stop.is_set():
+                return
+            give_up_waiting = loop.time() + RELOAD_MAX_WAIT_S
+            while True:  # wait for the burst to end
+                self._reload_wanted.clear()
+                quiet = min(RELOAD_QUIET_S, give_up_waiting - loop.time())
+                if quiet <= 0:
+                    break
+                await wait_any(self._reload_wanted, self.stop, within=quiet)
+                if self.stop.is_set():
+                    return
+                if not self._reload_wanted.is_set():
+                    break
+            notify.reloading()
+            try:
+                new = self.load_settings()
+            except Exception as err:  # a broken file must not take the agent down
+                log.error("reload failed; keeping the running configuration", error=str(err))
+            else:
+                await self.reload(new)
+            notify.ready("configuration reloaded")
 
     async def reload(self, settings: Settings) -> None:
         """Apply a new configuration: sinks and routes swap without losing queued events; a new

@@ -257,34 +257,38 @@ async def _run(settings: Settings, config: Path | None) -> int:
     configure_logging(settings.log.level, settings.log.format)
     structlog.contextvars.bind_contextvars(node=settings.node)
     stop = asyncio.Event()
-    agent = Agent(settings, stop=stop)
-    reloads: set[asyncio.Task[None]] = set()
 
-    async def reload() -> None:
+    def load() -> Settings:
+        assert config is not None
+        new = load_settings(config)
+        configure_logging(new.log.level, new.log.format)
+        return new
+
+    agent = Agent(settings, stop=stop, load_settings=load if config is not None else None)
+    loop = asyncio.get_running_loop()
+    before = signal.getsignal(signal.SIGHUP)
+
+    def on_hup() -> None:
         if config is None:
             log.warning("SIGHUP ignored: running on built-in defaults, no config file to re-read")
             return
-        try:
-            new = load_settings(config)
-        except ConfigError as err:
-            log.error("reload failed; keeping the running configuration", error=str(err))
-            return
-        configure_logging(new.log.level, new.log.format)
-        await agent.reload(new)
+        agent.request_reload()
 
-    def on_hup() -> None:
-        task = asyncio.create_task(reload(), name="reload")
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
+    def on_started() -> None:
+        # Only now: until the agent runs, a reload has nothing to apply to. Until then
+        # SIGHUP is ignored (the entry point ignores it before the heavy imports).
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
 
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGHUP, on_hup)
     try:
         with stop_on_signals(stop):
-            await agent.run()
+            await agent.run(on_started=on_started)
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
-        await asyncio.gather(*reloads, return_exceptions=True)
+        # Shutting down: a SIGHUP now must neither reload nor, at its default action, kill
+        # the process before the queued events are handed over and the outbox is closed.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if before is not None and before is not signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, before)  # in-process callers (tests) get theirs back
     return 0
 
 
@@ -377,9 +381,14 @@ def _audit(args: argparse.Namespace) -> int:
     return 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int:
+    """Run the command line. `hup_ignored`: the entry point ignored SIGHUP before importing
+    us; `run` keeps it ignored until the agent can reload, the other commands restore the
+    default (a closed terminal ends them)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if hup_ignored and args.command != "run":
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
         if args.command == "run":
             return asyncio.run(_run(_settings(args.config), args.config))
