@@ -242,6 +242,52 @@ def test_any_config_gives_ok_or_one_clear_error_line_and_exit_2(
         assert "Traceback" not in err
 
 
+_MARK = "Zq9Leak"  # in every string the next test writes; no message of ours contains it
+_MARKED = st.text(max_size=12).map(lambda t: _MARK + t)
+_MARKED_VALUES = st.one_of(
+    _MARKED,
+    st.lists(_MARKED, max_size=3),
+    st.dictionaries(st.sampled_from(["Authorization", "X-Api-Key"]), _MARKED | st.integers(), max_size=2),
+    st.integers(),
+    st.booleans(),
+)
+# `*_file` secrets are paths, and an unreadable one is named in its error: a path, not a secret.
+_NO_SECRET_FILES = [k for k in _KEYS if k != "url_file"]
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    edits=st.lists(
+        st.tuples(st.sampled_from(_SECTIONS), st.sampled_from(_NO_SECRET_FILES), _MARKED_VALUES),
+        min_size=1,
+        max_size=4,
+    ),
+    sink_type=st.sampled_from([*SINK_TYPES, "carrier-pigeon"]),
+)
+def test_a_config_error_never_shows_a_value_it_was_given(
+    edits: list[tuple[str, str, object]], sink_type: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Whatever key a value lands in, wrongly typed or out of place, the error names the key and
+    says what kind of value it got: a token pasted into the wrong key never reaches the terminal."""
+    doc: dict[str, object] = {"sinks": {"a": {"type": sink_type}}}
+    for section, key, value in edits:
+        target: dict[str, object] = doc
+        for part in filter(None, section.split(".")):
+            nxt = target.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                break
+            target = nxt
+        else:
+            target[key] = value
+    path = tmp_path / "fuzz.toml"
+    path.write_text(_to_toml(doc))
+    if main(["check-config", str(path)]) == 2:
+        out, err = capfd.readouterr()
+        assert out == "" and _MARK not in err, err
+    else:
+        capfd.readouterr()
+
+
 def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
