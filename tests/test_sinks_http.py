@@ -992,6 +992,13 @@ def test_credentials_nobody_registered_are_scrubbed_from_any_text() -> None:
         redact("the receiver said: bad password AmOnlyPassword-42") == "the receiver said: bad password ***"
     )
 
+    # A credential header's value written in the file is a secret; other headers' values are not
+    # (a node named after the cluster must stay readable in the logs).
+    headers = {"X-Api-Key": "LiteralApiKey-5a5b5c", "X-Cluster": "prod-eu-cluster-9"}
+    sink_config("hook", type="webhook", url="http://127.0.0.1:9/", headers=headers)
+    assert redact("key LiteralApiKey-5a5b5c refused") == "key *** refused"
+    assert redact("node gpu-prod-eu-cluster-9-17") == "node gpu-prod-eu-cluster-9-17"
+
 
 @pytest.mark.parametrize("query", [False, True], ids=["path", "path-and-query"])
 async def test_a_receiver_echoing_only_the_request_path_gets_no_token_into_errors_or_logs(

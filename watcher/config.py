@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from watcher.errors import WatcherError
-from watcher.secrets import Secret, SecretError, expand_env, remember
+from watcher.secrets import Secret, SecretError, expand_env, remember_header
 
 __all__ = ["ConfigError", "field_meta", "describe", "convert", "build"]
 
@@ -78,9 +78,9 @@ def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], bas
                 expand_env(v)  # an unset variable is a config error now, not a failed send later
         except SecretError as err:
             raise ConfigError(f"{path}: {err}") from err
-        # Kept as written: ${ENV} values are expanded on each send, never stored or printed. The
-        # values are treated as secrets (they are often credentials: Authorization, API keys).
-        return {str(k): remember(v) for k, v in value.items()}
+        # Kept as written: ${ENV} values are expanded on each send, never stored or printed.
+        # Credential headers' values written in the file are secrets from now on too.
+        return {str(k): remember_header(str(k), v) for k, v in value.items()}
     if origin is Literal:
         allowed = typing.get_args(annotation)
         if value not in allowed:

@@ -125,11 +125,25 @@ def open_private(path: Path, flags: int, what: str) -> int:
     return fd
 
 
-def check_private(path: Path, what: str) -> None:
-    """For an existing file the agent writes (or one another program writes for it, as SQLite
-    its -wal and -shm): refuse a symbolic link, and set a loose mode to 0600. Nothing is created."""
+def check_private(path: Path, what: str, *, create: bool = False) -> None:
+    """For a file another program writes for the agent (SQLite: the database, its -wal and
+    -shm) or one kept from before (rotated logs): refuse a symbolic link or anything but a
+    regular file, and set a loose mode to 0600. With `create`, a missing one is created 0600.
+
+    A file that is already right is only looked at (lstat), never opened: closing a descriptor
+    drops every POSIX lock this process holds on the file, SQLite's included.
+    """
     try:
-        fd = open_private(path, os.O_RDONLY, what)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if create:
+            os.close(open_private(path, os.O_RDONLY | os.O_CREAT, what))
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise _link_error(path, what)
+    if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o077:
+        return
+    try:
+        os.close(open_private(path, os.O_RDONLY, what))  # says what is wrong, or fixes the mode
     except FileNotFoundError:
         return
-    os.close(fd)

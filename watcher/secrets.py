@@ -23,7 +23,7 @@ __all__ = [
     "SecretError",
     "redact",
     "redact_url",
-    "remember",
+    "remember_header",
     "remember_url_credentials",
     "expand_env",
 ]
@@ -82,9 +82,19 @@ def _remember(value: str) -> str:
     return value
 
 
-def remember(value: str) -> str:
-    """Treat `value` as a secret from now on (e.g. a header value written into the config)."""
-    return _remember(value)
+# Header names that carry credentials. Other headers' values (X-Cluster = "prod-eu-1") are not
+# registered: they often repeat names that appear in ordinary log lines (a node called
+# gpu-prod-eu-1-17), which would be scrubbed too. `check-config` shows every header value as ***.
+_CREDENTIAL_HEADER = re.compile(r"(?i)auth|cookie|key|token|secret|passw|signature|session|credential")
+
+
+def remember_header(name: str, value: str) -> str:
+    """Treat a header's value as a secret when its name says it is a credential (Authorization,
+    Cookie, X-Api-Key, ...). A ${ENV} value in it is registered when it is expanded, whatever
+    the name."""
+    if _CREDENTIAL_HEADER.search(name):
+        _remember(value)
+    return value
 
 
 def remember_url_credentials(url: str) -> None:

@@ -21,7 +21,6 @@ SQLite opens anything, so a link's target is never touched; see `watcher.files`)
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,7 +30,7 @@ from typing import Any
 
 import structlog
 
-from watcher.files import check_private, open_private, private_dir
+from watcher.files import check_private, private_dir
 from watcher.model.events import Event
 from watcher.store.hooks import installed_hooks
 
@@ -155,8 +154,9 @@ class OutboxDatabase:
         """
         for suffix in ("-wal", "-shm"):
             check_private(Path(f"{self.path}{suffix}"), f"outbox database's {suffix[1:]} file")
-        # Read-only: creating needs no more, and on a read-only disk SQLite says what fails.
-        os.close(open_private(self.path, os.O_RDONLY | os.O_CREAT, "outbox database"))
+        # The state directory is ours alone (0700), so no link can appear between this and
+        # SQLite's own open.
+        check_private(self.path, "outbox database", create=True)
 
     def _connect(self) -> sqlite3.Connection:
         self._make_private()
