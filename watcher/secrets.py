@@ -6,7 +6,8 @@ text that might reach a log line or an error message. A secret that is a URL
 registers its parts too (credentials, path, query): a receiver that echoes only
 the path it was called on must not put a webhook's token into our logs.
 `redact()` also scrubs what looks like a credential whoever it belongs to: URL
-credentials (`user:pass@`), URL query strings and `Bearer`/`Basic` tokens.
+credentials (`user:pass@`), URL query strings, `Authorization:` values and
+`Bearer` tokens.
 """
 
 from __future__ import annotations

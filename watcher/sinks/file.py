@@ -76,8 +76,8 @@ class FileSink:
         return self.path.with_name(f"{self.path.name}.{i}")
 
     def _open_log(self) -> int:
-        # O_APPEND: every write lands at the end, whatever else holds the file. Read too: a torn
-        # tail is cut through this same descriptor, never through the path (a link by then?).
+        # O_APPEND: every write lands at the end, whatever else holds the file. Readable too: a
+        # torn tail is cut through this checked descriptor, never by opening the path again.
         return open_private(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, "audit log")
 
     def _open(self) -> None:
