@@ -30,6 +30,7 @@ __all__ = [
     "SlackReceiver",
     "PagerDutyReceiver",
     "WebhookReceiver",
+    "PathEchoReceiver",
     "CloudEventSeen",
     "parse_cloudevent",
 ]
@@ -574,3 +575,18 @@ class WebhookReceiver(Receiver):
         if rec.violations:
             return 400, {}, rec.violations[0]
         return self.ok_status, {}, ""
+
+
+class PathEchoReceiver(Receiver):
+    """Refuses every request and echoes back only the path it was called on (with `query`, the
+    query string too), as many frameworks' "no route" pages do: a webhook's token in its URL
+    comes back in the error body without the rest of the URL."""
+
+    def __init__(self, *, status: int = 404, query: bool = False) -> None:
+        super().__init__()
+        self.status = status
+        self.query = query
+
+    def answer(self, rec: Received) -> tuple[int, dict[str, str], str]:
+        shown = rec.path if self.query else rec.path.partition("?")[0]
+        return self.status, {}, f"no route for {rec.method} {shown}"

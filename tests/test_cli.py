@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.conftest import PLANTED_SECRET
 from watcher.cli import main
 from watcher.sim.fake_kubelet import FakeKubelet
 
@@ -310,3 +311,84 @@ def test_the_snapshot_table_escapes_names_that_would_forge_lines() -> None:
     assert "\x1b" not in plain
     assert "ml/evil\\x0apod\\x1b[2J" in plain
     assert not any(line.startswith("pod") for line in plain.splitlines())
+
+
+# --- check-config prints no secret ---
+
+CHECK_CONFIG_SECRETS = {
+    "userinfo": "AmPassw0rd-5e1f77",
+    "alertmanager query": "AmQueryToken-77aa0c",
+    "authorization header": "LiteralAuthHeader-4f0e19",
+    "header from env": "EnvHeaderValue-2b8d63",
+    "webhook path token": "WebhookPathToken-9c2d4e",
+    "webhook query": "HookQuerySig-31bbd0",
+    "slack path token": "SlackPathToken-88ab7e",
+    "pagerduty endpoint password": "PdEndpointPass-1234ab",
+    "planted": PLANTED_SECRET,
+}
+
+
+def test_check_config_prints_no_secret_in_any_form(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = CHECK_CONFIG_SECRETS
+    monkeypatch.setenv("HOOK_API_KEY", s["header from env"])
+    config = tmp_path / "w.toml"
+    config.write_text(
+        f"""node = "node-a"
+state_dir = "{tmp_path / "state"}"
+[sinks.am]
+type = "alertmanager"
+url = "http://amuser:{s["userinfo"]}@127.0.0.1:9093/?token={s["alertmanager query"]}"
+bearer_token = "{s["planted"]}"
+[sinks.hook]
+type = "webhook"
+url = "http://127.0.0.1:9/hooks/{s["webhook path token"]}?sig={s["webhook query"]}"
+headers = {{ Authorization = "Bearer {s["authorization header"]}", X-Api-Key = "${{HOOK_API_KEY}}" }}
+[sinks.slack]
+type = "slack"
+url = "http://127.0.0.1:9/services/T0/B0/{s["slack path token"]}"
+[sinks.pager]
+type = "pagerduty"
+routing_key = "0123456789abcdef0123456789abcdef"
+endpoint = "http://pd:{s["pagerduty endpoint password"]}@127.0.0.1:9/v2/enqueue"
+"""
+    )
+    assert main(["check-config", str(config)]) == 0
+    out, err = capfd.readouterr()
+    for what, secret in s.items():
+        assert secret not in out + err, what
+    assert err == ""
+    sinks = {sink["name"]: sink for sink in json.loads(out.split("\n", 1)[1])["sinks"]}
+    # Still useful: where each secret comes from, the URLs' hosts, the header names.
+    assert sinks["am"]["url"] == "http://***@127.0.0.1:9093/?***"
+    assert sinks["am"]["bearer_token"] == "Secret(inline value)"
+    assert sinks["hook"]["url"] == "Secret(inline value)"
+    assert sinks["hook"]["headers"] == {"Authorization": "***", "X-Api-Key": "***"}
+    assert sinks["pager"]["endpoint"] == "http://***@127.0.0.1:9/v2/enqueue"
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        (
+            '{ Authorization = ["Bearer LeakedHeader-0a1b2c"] }',
+            "sinks.hook.headers.Authorization: got a list",
+        ),
+        ('["Authorization: Bearer LeakedHeader-0a1b2c"]', "sinks.hook.headers: got a list"),
+        ('"Bearer LeakedHeader-0a1b2c"', "sinks.hook.headers: got a string; expected a table of strings"),
+        ("{ X = 5 }", "sinks.hook.headers.X: got a whole number; expected a string"),
+        ('{ X = { Y = "LeakedHeader-0a1b2c" } }', "sinks.hook.headers.X: got a table; expected a string"),
+    ],
+)
+def test_a_type_error_in_headers_names_the_key_never_the_value(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], headers: str, message: str
+) -> None:
+    config = tmp_path / "w.toml"
+    config.write_text(f'[sinks.hook]\ntype = "webhook"\nurl = "http://127.0.0.1:9/"\nheaders = {headers}\n')
+    assert main(["check-config", str(config)]) == 2
+    out, err = capfd.readouterr()
+    line = _one_error_line(err)
+    assert line.startswith(f"pod-resources-watcher: error: {message}")
+    assert out == ""
+    assert "LeakedHeader" not in err and "Bearer" not in err and "5" not in line.rpartition(":")[2]

@@ -95,7 +95,7 @@ def test_a_toy_type_is_gone_after_its_test() -> None:
     assert [t.name for t in registry.sink_types()] == BUILT_IN
     assert registry.find("toy") is None
     with pytest.raises(
-        ConfigError, match=r"^sinks\.t\.type: 'toy' is not allowed; expected one of 'stdout',"
+        ConfigError, match=r"^sinks\.t\.type: not a known sink type; expected one of 'stdout',"
     ):
         parse_settings({"sinks": {"t": {"type": "toy"}}})
 
@@ -149,9 +149,7 @@ def test_the_toy_loads_from_toml_and_is_checked(
 
     assert error({}) == "sinks.t.token: required for a toy sink (or token_file)"
     assert error({"token": "x", "loud": True}) == "sinks.t.volume: a loud toy needs a volume of at least 5"
-    assert (
-        error({"token": "x", "volume": 12}) == "sinks.t.volume: 12 is out of range; expected between 0 and 11"
-    )
+    assert error({"token": "x", "volume": 12}) == "sinks.t.volume: out of range; expected between 0 and 11"
     assert error({"token": "x", "volum": 3}).startswith("sinks.t.volum: unknown key (did you mean 'volume'?)")
     assert (
         error({"token": "x", "token_file": "y"})

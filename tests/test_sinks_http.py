@@ -30,11 +30,13 @@ import pytest
 import structlog
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from tests.receivers import PagerDutyReceiver, Receiver, SlackReceiver, WebhookReceiver
+from tests.receivers import PagerDutyReceiver, PathEchoReceiver, Receiver, SlackReceiver, WebhookReceiver
+from watcher.cli import main
 from watcher.delivery.dispatcher import Dispatcher, SinkWorker
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, event_schema
 from watcher.model.lifecycle import reachable, unreachable
+from watcher.secrets import redact
 from watcher.settings import parse_settings
 from watcher.sinks.base import BaseSinkSettings as SinkSettings
 from watcher.sinks.base import Outcome, Sink
@@ -963,6 +965,78 @@ async def test_an_error_body_cut_mid_secret_leaks_no_part_of_it(
     outcome = await make_sink(pd_config(pagerduty)).deliver([removed(1)])
     assert outcome.retry
     assert no_piece_of(PD_KEY, outcome.error), outcome.error
+
+
+def test_credentials_nobody_registered_are_scrubbed_from_any_text() -> None:
+    """A library's error may quote a URL or a header we never registered: credentials in it
+    are scrubbed by their shape. And a plain URL setting's password alone is a known secret."""
+    text = (
+        "redirected to https://bob:Hunter2-unknown@127.0.0.1:8443/cb?code=OneTimeCode-xyz#top; "
+        'sent {"Authorization": "Basic dXNlcjpwYXNzd29yZA=="}; Authorization: Token UnknownTok-123; '
+        "got Bearer UnknownBearer-0987 back"
+    )
+    scrubbed = redact(text)
+    for secret in (
+        "Hunter2-unknown",
+        "OneTimeCode-xyz",
+        "dXNlcjpwYXNzd29yZA",
+        "UnknownTok-123",
+        "UnknownBearer",
+    ):
+        assert secret not in scrubbed, scrubbed
+    assert "https://***@127.0.0.1:8443/cb?***#top" in scrubbed
+    assert "bearer tokens and basic checks" in redact("bearer tokens and basic checks")  # words stay
+
+    sink_config("am", type="alertmanager", url="http://am:AmOnlyPassword-42@127.0.0.1:9093")
+    assert (
+        redact("the receiver said: bad password AmOnlyPassword-42") == "the receiver said: bad password ***"
+    )
+
+    # A credential header's value written in the file is a secret; other headers' values are not
+    # (a node named after the cluster must stay readable in the logs).
+    headers = {"X-Api-Key": "LiteralApiKey-5a5b5c", "X-Cluster": "prod-eu-cluster-9"}
+    sink_config("hook", type="webhook", url="http://127.0.0.1:9/", headers=headers)
+    assert redact("key LiteralApiKey-5a5b5c refused") == "key *** refused"
+    assert redact("node gpu-prod-eu-cluster-9-17") == "node gpu-prod-eu-cluster-9-17"
+
+
+@pytest.mark.parametrize("query", [False, True], ids=["path", "path-and-query"])
+async def test_a_receiver_echoing_only_the_request_path_gets_no_token_into_errors_or_logs(
+    serve: Callable[[Receiver], Awaitable[Receiver]],
+    store: Store,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    query: bool,
+) -> None:
+    """The whole URL is a known secret, but a receiver that echoes only the path it was called
+    on (or path and query) sends back a piece of it: that piece must be redacted too."""
+    path_token = "PathToken-3f9a1c7e5b2d4680"
+    query_token = "QueryToken-8e6c4a2f0d1b3957"
+    rx = await serve(PathEchoReceiver(query=query))
+    url = rx.url(f"/hooks/{path_token}?key={query_token}")  # inline: no ${ENV} registers the parts
+    hook = sink_config("hook", type="webhook", url=url, rate=1000.0)
+    sink = build_sink(hook, node=NODE, state_dir=tmp_path, store=store)
+    try:
+        outcome = await sink.deliver([removed(1)])
+        assert rx.requests[-1].path == f"/hooks/{path_token}?key={query_token}"  # it was called there
+        expected = "HTTP 404: no route for POST ***" + ("?***" if query else "")
+        assert outcome.status == 404 and outcome.error == expected
+        with structlog.testing.capture_logs() as logs:
+            async with dispatching(store, [sink]) as run:
+                await run.enqueue([removed(2)])
+                await run.deliveries.wait_for(lambda d: d.seqs("dead_letter") == [2])
+    finally:
+        await sink.close()
+    (failure,) = logged(logs, "permanent failure")
+    assert failure["error"] == expected
+    (dead,) = await store.dead_letters("hook")
+    assert dead.error == expected
+    assert main(["outbox", "list", "--state-dir", str(tmp_path)]) == 0
+    listed = capfd.readouterr().out
+    assert expected.removeprefix("HTTP 404: ") in listed
+    for token in (path_token, query_token):
+        for text in (outcome.error, repr(logs), dead.error, listed):
+            assert no_piece_of(token, text), text
 
 
 # --- the receivers enforce their rules (so that the tests above mean something) ---

@@ -30,7 +30,7 @@ from watcher.model.settling import Settling
 from watcher.ops import notify
 from watcher.ops.http import HttpServer
 from watcher.ops.metrics import Metrics
-from watcher.settings import Settings, parse_listen
+from watcher.settings import Settings, parse_listen, secret_file_warnings
 from watcher.sinks.base import Sink
 from watcher.sinks.registry import build_sinks
 from watcher.status import AgentStatus
@@ -177,6 +177,7 @@ class Agent:
     async def run(self, on_started: Callable[[], None] | None = None) -> None:
         """Run until `stop` is set; `on_started` is called once every task is running."""
         structlog.contextvars.bind_contextvars(node=self.settings.node)
+        _warn_about_secret_files(self.settings)
         try:
             tasks: dict[str, Callable[[], Awaitable[None]]] = {
                 "query-loop": self.reactor.run,
@@ -299,6 +300,7 @@ class Agent:
         if settings.node != old.node:
             log.warning("the node name changes only on restart; keeping it", node=old.node)
             settings = dataclasses.replace(settings, node=old.node)
+        _warn_about_secret_files(settings)
         sinks = build_sinks(
             settings.sinks, node=settings.node, state_dir=settings.state_dir, store=self.outbox
         )
@@ -311,3 +313,9 @@ class Agent:
             if settings.kubelet != old.kubelet or settings.watch != old.watch:
                 await self.reactor.swap_client(settings)
         log.info("configuration reloaded", sinks_changed=changed, socket=str(settings.kubelet.socket))
+
+
+def _warn_about_secret_files(settings: Settings) -> None:
+    # A warning, not a refusal: the agent works, but the secret is readable by more than it.
+    for warning in secret_file_warnings(settings):
+        log.warning("secret file is not private", problem=warning)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import signal
 import sys
@@ -25,7 +24,7 @@ from watcher.kubelet.client import (
 )
 from watcher.ops.logs import configure_logging
 from watcher.secrets import redact
-from watcher.settings import Settings, load_settings
+from watcher.settings import Settings, load_settings, printable, secret_file_warnings
 from watcher.sim.demo import run_demo
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node, large_node
@@ -323,10 +322,12 @@ async def _send_test(settings: Settings, name: str) -> int:
 
 def _check_config(path: Path) -> int:
     settings = load_settings(path)
+    for warning in secret_file_warnings(settings):
+        print(f"{PROG}: WARNING: {warning}", file=sys.stderr)
     print(f"{path}: OK")
-    # Secrets print as where they come from; a secret that reached a plain value
-    # (a header from ${ENV}) is scrubbed too.
-    print(redact(json.dumps(dataclasses.asdict(settings), indent=2, default=str)))
+    # Secrets print as where they come from, header values and URL credentials as ***; the
+    # last redact() catches a known secret that reached any other value.
+    print(redact(json.dumps(printable(settings), indent=2)))
     return 0
 
 

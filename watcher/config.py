@@ -1,8 +1,9 @@
 """Settings from TOML: frozen dataclasses whose fields carry their doc and bounds, built from tables.
 
-Every bad input becomes one `ConfigError` line naming the key path, the bad
-value and what is allowed; unknown keys are rejected, so a typo never silently
-falls back to a default. Any layer can declare its settings here without
+Every bad input becomes one `ConfigError` line naming the key path, what KIND of
+value was given (never the value: it may be a secret pasted into the wrong key)
+and what is allowed; unknown keys are rejected, so a typo never silently falls
+back to a default. Any layer can declare its settings here without
 knowing the rest of the configuration.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from watcher.errors import WatcherError
-from watcher.secrets import Secret, SecretError, expand_env
+from watcher.secrets import Secret, SecretError, expand_env, remember_header
 
 __all__ = ["ConfigError", "field_meta", "describe", "convert", "build"]
 
@@ -37,9 +38,21 @@ def field_meta(
 
 
 def describe(value: Any) -> str:
-    """A bad value as an error message shows it: its repr, cut short."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A bad value as an error message shows it: what kind of value it is, never the value itself
+    (a token pasted into the wrong key must not end up in a log or a terminal)."""
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int):
+        return "a whole number"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string" if value else "an empty string"
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list):
+        return "a list" if value else "an empty list"
+    return "a date or time" if hasattr(value, "isoformat") else f"a {type(value).__name__}"
 
 
 def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], base: Path | None) -> Any:
@@ -52,30 +65,32 @@ def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], bas
     if origin is tuple:
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not items or not all(isinstance(i, str) and i for i in items):
-            raise ConfigError(
-                f"{path}: {describe(value)} is not allowed; expected a list of non-empty strings"
-            )
+            raise ConfigError(f"{path}: got {describe(value)}; expected a list of non-empty strings")
         return tuple(items)
     if origin in (Mapping, dict):
-        if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
-            raise ConfigError(f"{path}: {describe(value)} is not allowed; expected a table of strings")
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: got {describe(value)}; expected a table of strings")
+        for k, v in value.items():
+            if not isinstance(v, str):
+                raise ConfigError(f"{path}.{k}: got {describe(v)}; expected a string")
         try:
             for v in value.values():
                 expand_env(v)  # an unset variable is a config error now, not a failed send later
         except SecretError as err:
             raise ConfigError(f"{path}: {err}") from err
         # Kept as written: ${ENV} values are expanded on each send, never stored or printed.
-        return {str(k): v for k, v in value.items()}
+        # Credential headers' values written in the file are secrets from now on too.
+        return {str(k): remember_header(str(k), v) for k, v in value.items()}
     if origin is Literal:
         allowed = typing.get_args(annotation)
         if value not in allowed:
-            raise ConfigError(
-                f"{path}: {describe(value)} is not allowed; expected one of {', '.join(map(repr, allowed))}"
-            )
+            # The choices are ours to show; what was given is not.
+            given = "not one of the choices" if isinstance(value, str) else f"got {describe(value)}"
+            raise ConfigError(f"{path}: {given}; expected one of {', '.join(map(repr, allowed))}")
         return value
     if annotation is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}: {describe(value)} is not allowed; expected true or false")
+            raise ConfigError(f"{path}: got {describe(value)}; expected true or false")
         return value
     if annotation in (int, float):
         ok = isinstance(value, int | float) and not isinstance(value, bool)
@@ -83,20 +98,20 @@ def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], bas
             ok = ok and float(value).is_integer()
         if not ok:
             kind = "a whole number" if annotation is int else "a number"
-            raise ConfigError(f"{path}: {describe(value)} is not allowed; expected {kind}")
+            raise ConfigError(f"{path}: got {describe(value)}; expected {kind}")
         number = annotation(value)
         low, high = meta.get("min"), meta.get("max")
         if (low is not None and number < low) or (high is not None and number > high):
             bounds = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
-            raise ConfigError(f"{path}: {describe(value)} is out of range; expected {bounds}")
+            raise ConfigError(f"{path}: out of range; expected {bounds}")
         return number
     if annotation is str:
         if not isinstance(value, str) or not value:
-            raise ConfigError(f"{path}: {describe(value)} is not allowed; expected a non-empty string")
+            raise ConfigError(f"{path}: got {describe(value)}; expected a non-empty string")
         return value
     if annotation is Path:
         if not isinstance(value, str) or not value:
-            raise ConfigError(f"{path}: {describe(value)} is not allowed; expected a path")
+            raise ConfigError(f"{path}: got {describe(value)}; expected a path")
         return Path(value) if base is None or Path(value).is_absolute() else base / value
     raise AssertionError(f"unsupported settings type {annotation!r} at {path}")
 
@@ -104,9 +119,7 @@ def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], bas
 def _secret(key: str, value: Any, *, is_file: bool, base: Path | None) -> Secret:
     if not isinstance(value, str) or not value:
         expected = "a path" if is_file else "a non-empty string (a value or ${ENV_VAR})"
-        raise ConfigError(
-            f"{key}: {'<redacted>' if not is_file else describe(value)} is not allowed; expected {expected}"
-        )
+        raise ConfigError(f"{key}: got {describe(value)}; expected {expected}")
     try:
         if is_file:
             path = Path(value) if base is None or Path(value).is_absolute() else base / value
@@ -127,7 +140,7 @@ def build(
     sub-tables; relative paths resolve against `base`.
     """
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{path or 'config'}: expected a table, got {describe(data)}")
+        raise ConfigError(f"{path or 'config'}: got {describe(data)}; expected a table")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
     secret_files = {f"{name}_file": name for name, f in fields.items() if f.metadata.get("secret")}

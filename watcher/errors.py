@@ -20,6 +20,7 @@ __all__ = [
     "ResponseTooLargeError",
     "PodNotFoundError",
     "UnexpectedKubeletError",
+    "UnsafePathError",
 ]
 
 
@@ -78,3 +79,11 @@ class PodNotFoundError(KubeletError):
 
 class UnexpectedKubeletError(KubeletError):
     """Any other gRPC failure; the message carries the status code and details."""
+
+
+class UnsafePathError(WatcherError):
+    """A file the agent writes is a symbolic link or not a regular file: refused, untouched."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path

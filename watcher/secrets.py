@@ -2,44 +2,123 @@
 
 A Secret never prints its value (repr, str, logs, errors, `check-config`), and
 every value ever resolved is registered so `redact()` can scrub it out of any
-text that might reach a log line or an error message.
+text that might reach a log line or an error message. A secret that is a URL
+registers its parts too (credentials, path, query): a receiver that echoes only
+the path it was called on must not put a webhook's token into our logs.
+`redact()` also scrubs what looks like a credential whoever it belongs to: URL
+credentials (`user:pass@`), URL query strings, `Authorization:` values and
+`Bearer` tokens.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import threading
 from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
 
-__all__ = ["Secret", "SecretError", "redact", "expand_env"]
+__all__ = [
+    "Secret",
+    "SecretError",
+    "redact",
+    "redact_url",
+    "remember_header",
+    "remember_url_credentials",
+    "expand_env",
+]
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _known: set[str] = set()
 _known_lock = threading.Lock()
 REDACTED = "***"
+# Very short values would redact innocent text everywhere; real secrets are long.
+_MIN_SECRET = 6
+
+# Credentials in any text, known to us or not: an error from a library may quote a URL or a
+# header we never registered (a redirect target, a proxy's answer).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@\"'<>]+@")
+_QUERY = re.compile(r"(?i)\b(https?://[^\s?#\"'<>]+)\?[^\s#\"'<>]+")
+# A credential after "Authorization:" (any scheme), or after the word Bearer. Lower-case
+# "bearer" and "basic" are left alone: they are words in ordinary messages too.
+_AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:[a-z]+\s+)?[^\s\"',;}]+")
+_BEARER = re.compile(r"\b(Bearer\s+)[A-Za-z0-9._~+/=-]{6,}")
 
 
 class SecretError(ValueError):
     """A secret could not be resolved (unset variable, unreadable or empty file)."""
 
 
-def _remember(value: str) -> str:
-    # Very short values would redact innocent text everywhere; real secrets are long.
-    if len(value) >= 6:
+def _url_parts(value: str, *, path: bool) -> list[str]:
+    """The parts of URL `value` that are credentials: its userinfo (and password), its query (and
+    each query value), and with `path` its path; raw and percent-decoded. [] if not a URL."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return []
+    if not parts.scheme or not parts.netloc:
+        return []
+    found: list[str] = []
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if at:
+        found += [userinfo, userinfo.partition(":")[2]]
+    if parts.query:
+        found += [parts.query, *(v for _, v in parse_qsl(parts.query, keep_blank_values=True))]
+    if path and parts.path:
+        found.append(parts.path)
+    return [*found, *(unquote(f) for f in found)]
+
+
+def _add(values: list[str]) -> None:
+    values = [v for v in values if len(v) >= _MIN_SECRET]
+    if values:
         with _known_lock:
-            _known.add(value)
+            _known.update(values)
+
+
+def _remember(value: str) -> str:
+    # A secret URL is secret as a whole, so its path is too (a webhook's token lives there).
+    _add([value, *_url_parts(value, path=True)])
     return value
 
 
+# Header names that carry credentials. Other headers' values (X-Cluster = "prod-eu-1") are not
+# registered: they often repeat names that appear in ordinary log lines (a node called
+# gpu-prod-eu-1-17), which would be scrubbed too. `check-config` shows every header value as ***.
+_CREDENTIAL_HEADER = re.compile(r"(?i)auth|cookie|key|token|secret|passw|signature|session|credential")
+
+
+def remember_header(name: str, value: str) -> str:
+    """Treat a header's value as a secret when its name says it is a credential (Authorization,
+    Cookie, X-Api-Key, ...). A ${ENV} value in it is registered when it is expanded, whatever
+    the name."""
+    if _CREDENTIAL_HEADER.search(name):
+        _remember(value)
+    return value
+
+
+def remember_url_credentials(url: str) -> None:
+    """Treat the credentials in a URL that is not itself secret (its userinfo and query) as secrets."""
+    _add(_url_parts(url, path=False))
+
+
+def redact_url(url: str) -> str:
+    """`url` as it may be shown: credentials (`user:pass@`) and the query replaced by ***."""
+    return _QUERY.sub(rf"\1?{REDACTED}", _USERINFO.sub(rf"\1{REDACTED}@", url))
+
+
 def redact(text: str) -> str:
-    """`text` with every known secret value replaced by ***."""
+    """`text` with every known secret value, URL credentials and query strings, Authorization
+    values and Bearer tokens replaced by ***."""
     with _known_lock:
         known = sorted(_known, key=len, reverse=True)
     for value in known:
         if value in text:
             text = text.replace(value, REDACTED)
-    return text
+    text = redact_url(text)
+    text = _AUTHORIZATION.sub(rf"\1{REDACTED}", text)
+    return _BEARER.sub(rf"\1{REDACTED}", text)
 
 
 def expand_env(text: str) -> str:
@@ -74,6 +153,22 @@ class Secret:
         assert self._template is not None
         refs = _ENV_REF.findall(self._template)
         return f"env {', '.join(refs)}" if refs else "inline value"
+
+    def exposure(self) -> str | None:
+        """For a secret file that group or others may read or write: what is wrong and what to
+        do; None otherwise (an inline or ${ENV} secret, a private file, a file not readable now)."""
+        if self._file is None:
+            return None
+        try:
+            mode = stat.S_IMODE(os.stat(self._file).st_mode)
+        except OSError:
+            return None  # get() says why it cannot be read
+        if not mode & 0o077:
+            return None
+        return (
+            f"secret file {self._file} is open to group or others (mode {mode:04o}): "
+            f"chmod 600 {self._file} (the agent only reads it)"
+        )
 
     def get(self) -> str:
         if self._template is not None:

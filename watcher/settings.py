@@ -1,7 +1,7 @@
 """The agent's settings: frozen dataclasses with their defaults in one place, loaded from TOML.
 
-Every bad input becomes one `ConfigError` line naming the key path, the bad
-value and what is allowed (see `watcher.config`); each sink's table is read by
+Every bad input becomes one `ConfigError` line naming the key path, the kind of
+value given (never the value) and what is allowed (see `watcher.config`); each sink's table is read by
 its sink type (see `watcher.sinks.registry`).
 """
 
@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from watcher.config import ConfigError, build, describe, field_meta
 from watcher.kubelet.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT
+from watcher.secrets import REDACTED, Secret, redact
 from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.registry import parse_sink
 from watcher.sinks.stdout import StdoutSinkSettings
@@ -31,6 +32,8 @@ __all__ = [
     "load_settings",
     "parse_settings",
     "parse_listen",
+    "printable",
+    "secret_file_warnings",
 ]
 
 
@@ -194,12 +197,12 @@ class Settings:
 
 def _build_sinks(data: Any, base: Path | None) -> tuple[BaseSinkSettings, ...]:
     if not isinstance(data, Mapping):
-        raise ConfigError(f"sinks: expected a table of named sinks ([sinks.NAME]), got {describe(data)}")
+        raise ConfigError(f"sinks: got {describe(data)}; expected a table of named sinks ([sinks.NAME])")
     out: list[BaseSinkSettings] = []
     for name, table in data.items():
         path = f"sinks.{name}"
         if not isinstance(table, Mapping):
-            raise ConfigError(f"{path}: expected a table, got {describe(table)}")
+            raise ConfigError(f"{path}: got {describe(table)}; expected a table")
         out.append(dataclasses.replace(parse_sink(path, table, base=base), name=name))
     return tuple(out)
 
@@ -220,10 +223,7 @@ def parse_settings(data: Mapping[str, Any], *, base_dir: Path | None = None) -> 
     try:
         parse_listen(settings.http.listen)
     except ValueError:
-        listen = describe(settings.http.listen)
-        raise ConfigError(
-            f"http.listen: {listen} is not allowed; expected HOST:PORT, e.g. 0.0.0.0:9108"
-        ) from None
+        raise ConfigError("http.listen: not HOST:PORT; expected e.g. 0.0.0.0:9108 or [::1]:9108") from None
     if sinks is not None:
         settings = dataclasses.replace(settings, sinks=sinks)
     return settings
@@ -240,3 +240,52 @@ def load_settings(path: Path) -> Settings:
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from err
     return parse_settings(data, base_dir=path.resolve().parent)
+
+
+def _shown(obj: Any) -> Any:
+    """`obj` (a settings dataclass, or a value in one) as `printable` shows it."""
+    if isinstance(obj, Secret):
+        return str(obj)  # where it comes from, never what it is
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _shown(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):  # headers: credentials more often than not, whatever their source
+        return {str(k): REDACTED for k in obj}
+    if isinstance(obj, tuple | list):
+        return [_shown(v) for v in obj]
+    if isinstance(obj, str):
+        return redact(obj)  # a URL's credentials and query too, known or not
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def printable(settings: Settings) -> dict[str, Any]:
+    """The settings as `check-config` prints them (JSON-ready): secrets as where they come from,
+    header values as ***, URLs without credentials or query, any known secret scrubbed."""
+    out: dict[str, Any] = _shown(settings)
+    return out
+
+
+def _secret_fields(obj: Any, path: str) -> list[tuple[str, Secret]]:
+    found: list[tuple[str, Secret]] = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, Secret):
+            found.append((f"{path}{f.name}", value))
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            found += _secret_fields(value, f"{path}{f.name}.")
+    return found
+
+
+def secret_file_warnings(settings: Settings) -> list[str]:
+    """One line per secret file that group or others may read or write, naming its key: a
+    warning, not an error (the agent still works; the secret is just less secret than meant)."""
+    found = _secret_fields(settings, "")
+    for sink in settings.sinks:
+        found += _secret_fields(sink, f"sinks.{sink.name}.")
+    warnings = []
+    for key, secret in found:
+        problem = secret.exposure()
+        if problem is not None:
+            warnings.append(f"{key}_file: {problem}")
+    return warnings

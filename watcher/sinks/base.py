@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from watcher.config import ConfigError, describe, field_meta
+from watcher.config import ConfigError, field_meta
 from watcher.model.changes import Severity
 from watcher.model.events import Event
 from watcher.model.routing import Route
-from watcher.secrets import Secret
+from watcher.secrets import Secret, remember_url_credentials
 
 __all__ = [
     "Outcome",
@@ -163,13 +163,21 @@ class HttpSinkSettings:
 
 
 def check_http_sink(path: str, settings: HttpSinkSettings) -> None:
-    """The checks every HTTP sink needs: a whole client key pair, and http(s) URLs (`url`, `endpoint`)."""
+    """The checks every HTTP sink needs: a whole client key pair, and http(s) URLs (`url`, `endpoint`).
+
+    A URL that is not a secret field may still carry credentials (`https://user:pass@host`, a
+    token in its query): those parts are registered as secrets, so no log line or error shows them.
+    """
     if (settings.cert_file is None) != (settings.key_file is None):
         raise ConfigError(f"{path}.cert_file: cert_file and key_file go together")
     urls = {"endpoint": getattr(settings, "endpoint", None), "url": getattr(settings, "url", None)}
     for key, url in urls.items():
-        if isinstance(url, str) and not url.startswith(("http://", "https://")):
-            raise ConfigError(f"{path}.{key}: {describe(url)} is not allowed; expected an http(s) URL")
+        if isinstance(url, str):
+            remember_url_credentials(url)
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"{path}.{key}: not an http(s) URL; expected http://HOST[:PORT]/... or https://..."
+                )
         if isinstance(url, Secret):
             value = url.get()
             if not value.startswith(("http://", "https://")):

@@ -4,6 +4,10 @@ Each record carries the hash of the one before it and the chain continues
 across rotations and agent restarts (see `watcher.sinks.audit`). Delivery is in seq
 order, so an event the log already holds (re-sent after a crash) is skipped:
 the log itself holds each event once.
+
+The log and its rotated files are private (0600, whatever the umask) and never written through
+a symbolic link (see `watcher.files`): a link at `path` is refused with an error naming it, the
+event stays queued, and the link's target is left as it was.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Literal
 import structlog
 
 from watcher.config import field_meta
+from watcher.errors import UnsafePathError
+from watcher.files import check_private, open_private, private_dir
 from watcher.model.events import Event
 from watcher.sinks.audit import GENESIS, last_record, make_record
 from watcher.sinks.base import BaseSinkSettings, Outcome, SinkContext
@@ -69,48 +75,55 @@ class FileSink:
     def rotated(self, i: int) -> Path:
         return self.path.with_name(f"{self.path.name}.{i}")
 
+    def _open_log(self) -> int:
+        # O_APPEND: every write lands at the end, whatever else holds the file. Readable too: a
+        # torn tail is cut through this checked descriptor, never by opening the path again.
+        return open_private(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, "audit log")
+
     def _open(self) -> None:
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._cut_torn_tail()
-        newest_first = [self.path, *(self.rotated(i) for i in range(1, self.settings.keep + 1))]
-        last = last_record(newest_first)
+        # A missing directory is made private; an existing one is the operator's (it may be
+        # /var/log): the files in it are private anyway.
+        private_dir(self.path.parent, "audit log's directory", tighten=False)
+        fd = self._open_log()
+        try:
+            self._cut_torn_tail(fd)
+            rotated = [self.rotated(i) for i in range(1, self.settings.keep + 1)]
+            for path in rotated:
+                check_private(path, "rotated audit log")  # kept from before: 0600 too, no links
+            last = last_record([self.path, *rotated])
+        except BaseException:
+            os.close(fd)
+            raise
         # From the files, never from memory: they may have been cut back since.
         self._n, self._prev, self._last_seq = last if last is not None else (0, GENESIS, 0)
-        # O_APPEND: every write lands at the end, whatever else holds the file.
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        self._size = self._synced = os.fstat(self._fd).st_size
+        self._fd = fd
+        self._size = self._synced = os.fstat(fd).st_size
 
-    def _cut_torn_tail(self) -> None:
+    def _cut_torn_tail(self, fd: int) -> None:
         """Cut off a last line that has no newline: half a record, from a crash mid-write.
 
         It is never a valid record, and appending after it would spoil the next
         one too. The event it was writing was not acknowledged, so it is still
         queued and is written again, whole.
         """
-        try:
-            f = open(self.path, "r+b")  # noqa: SIM115 - closed below, in every path
-        except FileNotFoundError:
+        size = end = os.fstat(fd).st_size
+        if size == 0:
             return
-        with f:
-            size = end = f.seek(0, os.SEEK_END)
-            if size == 0:
+        keep = 0
+        while end > 0:
+            start = max(0, end - 65536)
+            block = os.pread(fd, end - start, start)
+            if end == size and block.endswith(b"\n"):
                 return
-            keep = 0
-            while end > 0:
-                start = max(0, end - 65536)
-                f.seek(start)
-                block = f.read(end - start)
-                if end == size and block.endswith(b"\n"):
-                    return
-                newline = block.rfind(b"\n")
-                if newline >= 0:
-                    keep = start + newline + 1
-                    break
-                end = start
-            f.truncate(keep)
-            os.fsync(f.fileno())
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            end = start
+        os.ftruncate(fd, keep)
+        os.fsync(fd)
         log.warning(
             "audit log ended in half a record (the agent stopped mid-write): cut it off; "
             "its event is written again",
@@ -128,9 +141,10 @@ class FileSink:
         for i in range(keep - 1, 0, -1):
             if self.rotated(i).exists():
                 os.replace(self.rotated(i), self.rotated(i + 1))
+        # Renames move the files themselves (0600), never what a link points to.
         os.replace(self.path, self.rotated(1))
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        self._size = self._synced = 0
+        self._fd = self._open_log()
+        self._size = self._synced = os.fstat(self._fd).st_size
 
     def _write(self, events: Sequence[Event]) -> None:
         self._open()
@@ -172,6 +186,11 @@ class FileSink:
         async with self._lock:
             try:
                 await asyncio.to_thread(self._write, events)
+            except UnsafePathError as err:
+                # Retried, not dead-lettered: once the operator has replaced the link, the
+                # queued events are written, none lost.
+                self._forget_fd()
+                return Outcome(retry=True, error=str(err))
             except OSError as err:
                 # Open the file afresh next time: after the disk was remounted or replaced,
                 # the old descriptor may point at a filesystem that is gone.

@@ -178,9 +178,9 @@ def parse_sink(path: str, table: Mapping[str, Any], *, base: Path | None) -> Bas
     kind = table.get("type")
     sink_type = find(kind)
     if sink_type is None:
+        given = "not a known sink type" if isinstance(kind, str) else f"got {describe(kind)}"
         raise ConfigError(
-            f"{path}.type: {describe(kind)} is not allowed; expected one of "
-            + ", ".join(repr(t.name) for t in sink_types())
+            f"{path}.type: {given}; expected one of " + ", ".join(repr(t.name) for t in sink_types())
         )
     rest = {k: v for k, v in table.items() if k != "type"}
     settings: BaseSinkSettings = build(

@@ -56,7 +56,8 @@ class WebhookSinkSettings(BaseSinkSettings, HttpSinkSettings):
         default=None, metadata=field_meta("Sent as Authorization: Bearer (secret).", secret=True)
     )
     headers: Mapping[str, str] = field(
-        default_factory=dict, metadata=field_meta("Extra headers; values may use ${ENV}.")
+        default_factory=dict,
+        metadata=field_meta("Extra headers; values may use ${ENV} and, like secrets, are never printed."),
     )
     type: Literal["webhook"] = "webhook"
 

@@ -12,6 +12,10 @@ first, and every drop is counted and logged.
 calls it (the `outbox` command calls it directly). The agent reaches it through
 `watcher.store.store.Store`, which runs all of its work on one dedicated thread:
 sqlite3 is blocking, and fsyncs must never stall the event loop.
+
+Every event's payload is in here, so the state directory is 0700 and the database (with its
+-wal and -shm) 0600, whatever the umask; none of them may be a symbolic link (refused before
+SQLite opens anything, so a link's target is never touched; see `watcher.files`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import structlog
 
+from watcher.files import check_private, private_dir
 from watcher.model.events import Event
 from watcher.store.hooks import installed_hooks
 
@@ -120,7 +125,7 @@ class OutboxDatabase:
     # -- opening --
 
     def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent, "state directory", tighten=True)
         try:
             self._db = self._connect()
         except sqlite3.DatabaseError as err:
@@ -140,7 +145,21 @@ class OutboxDatabase:
                     src.rename(str(aside) + suffix)
             self._db = self._connect()
 
+    def _make_private(self) -> None:
+        """Refuse links and loose modes before SQLite opens anything; create the database 0600.
+
+        SQLite gives the -wal and -shm it creates the database file's mode, so creating the
+        database first (O_NOFOLLOW, 0600) makes all three private; ones left from before are
+        checked as well. Python's sqlite3 cannot ask SQLite not to follow links, hence this.
+        """
+        for suffix in ("-wal", "-shm"):
+            check_private(Path(f"{self.path}{suffix}"), f"outbox database's {suffix[1:]} file")
+        # The state directory is ours alone (0700), so no link can appear between this and
+        # SQLite's own open.
+        check_private(self.path, "outbox database", create=True)
+
     def _connect(self) -> sqlite3.Connection:
+        self._make_private()
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
