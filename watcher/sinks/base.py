@@ -143,6 +143,15 @@ class BaseSinkSettings:
     retry_max_delay: float = field(
         default=300.0, metadata=field_meta("Cap of the retry backoff, seconds.", min=0.01, max=86400)
     )
+    retry_after_max: float = field(
+        default=300.0,
+        metadata=field_meta(
+            "Longest wait a receiver's Retry-After may impose, seconds; a longer one is cut to this "
+            "and logged.",
+            min=0,
+            max=86400,
+        ),
+    )
 
 
 @dataclass(frozen=True)
