@@ -28,10 +28,13 @@ import aiohttp
 import jsonschema
 import pytest
 import structlog
+from hypothesis import given
+from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from tests.receivers import PagerDutyReceiver, PathEchoReceiver, Receiver, SlackReceiver, WebhookReceiver
 from watcher.cli import main
+from watcher.config import ConfigError
 from watcher.delivery.dispatcher import Dispatcher, SinkWorker
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, event_schema
@@ -742,6 +745,47 @@ def test_parse_retry_after() -> None:
     assert parse_retry_after(None, now) is None
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "²",  # str.isdigit() says yes, float() says no: this raised once, and dead-lettered the event
+        "٣",  # an Arabic-Indic digit: not delta-seconds either
+        "1e20",
+        "-5",
+        "+5",
+        "1.5",
+        "5 s",
+        "garbage",
+        "",
+        "Fri, 31 Dec 99999 23:59:59 GMT",  # past datetime's range: ValueError inside the parser
+        "Mon, 01 Jan 99999999999999999999 00:00:00 GMT",  # OverflowError inside the parser
+    ],
+)
+def test_retry_after_that_is_not_delta_seconds_or_a_date_is_ignored(value: str) -> None:
+    assert parse_retry_after(value) is None
+    outcome = outcome_of(429, {"Retry-After": value}, "slow down")
+    assert outcome.retry and outcome.retry_after is None
+
+
+def test_retry_after_huge_values_come_back_whole_for_the_worker_to_cap() -> None:
+    now = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert parse_retry_after("99999999999999999999999", now) == 1e23
+    assert parse_retry_after("9" * 5000, now) == math.inf
+    far = parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now)
+    assert far is not None and far > 2.5e11
+
+
+@given(st.text(max_size=80))
+def test_parse_retry_after_never_raises(value: str) -> None:
+    seconds = parse_retry_after(value)
+    assert seconds is None or seconds >= 0
+
+
+@given(st.text(st.characters(categories=["Nd", "No"], exclude_characters="0123456789"), min_size=1))
+def test_only_ascii_digits_are_delta_seconds(value: str) -> None:
+    assert parse_retry_after(value) is None
+
+
 async def test_redirects_are_not_followed_and_are_permanent(hook: WebhookReceiver, make_sink: Any) -> None:
     hook.force(307, {"Location": hook.url("/elsewhere")})
     outcome = await make_sink(hook_config(hook)).deliver([removed(1)])
@@ -797,6 +841,59 @@ async def test_retry_after_http_date_is_honoured(
     assert first.status == 429 and retry.accepted
     assert retry.wall >= not_before - 0.1, (retry.wall, not_before)
     assert retry.at - first.at >= 1.9
+
+
+CAPPED_S = 0.5  # retry_after_max in the tests below; the normal backoff is at most 0.05 s
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "capped"),
+    [
+        ("99999999999999999999999", True),
+        ("9" * 5000, True),  # inf once parsed
+        ("Fri, 31 Dec 9999 23:59:59 GMT", True),
+        ("1e20", False),  # not delta-seconds (ASCII digits only): the normal backoff
+        ("²", False),
+        ("-5", False),
+        ("Fri, 31 Dec 99999 23:59:59 GMT", False),
+    ],
+)
+async def test_retry_after_is_capped_or_ignored_never_permanent(
+    hook: WebhookReceiver, make_sink: Any, store: Store, retry_after: str, capped: bool
+) -> None:
+    # Through the real worker, outbox and HTTP client: the receiver answers 429 with the header
+    # once, then 200. The event is retried, never dead-lettered, and never waits past the cap.
+    hook.force(429, {"Retry-After": retry_after}, "slow down")
+    cfg = hook_config(hook, rate=1000.0, retry_max_delay=0.05, retry_after_max=CAPPED_S)
+    with structlog.testing.capture_logs() as logs:
+        async with dispatching(store, [make_sink(cfg)]) as run:
+            await run.enqueue([removed(1)])
+            await run.deliveries.wait_for(lambda d: d.seqs("delivered") == [1])
+    first, retry = hook.requests
+    assert first.status == 429 and retry.accepted
+    assert run.deliveries.seqs("dead_letter") == [] and await store.dead_letters() == []
+    (warning,) = logged(logs, "delivery failed; will retry")
+    gap = retry.at - first.at
+    cut = logged(logs, "receiver asked to wait longer than retry_after_max")
+    if capped:
+        assert warning["retry_after"] == CAPPED_S and warning["delay_s"] == CAPPED_S
+        assert CAPPED_S - 0.05 <= gap < CAPPED_S + 2.0
+        (note,) = cut
+        assert note["retry_after_max"] == CAPPED_S and note["log_level"] == "warning"
+        assert float(note["retry_after_asked"]) > 1e10
+    else:
+        assert warning["retry_after"] is None and warning["delay_s"] <= 0.05
+        assert gap < CAPPED_S - 0.1
+        assert cut == []
+
+
+def test_retry_after_max_defaults_to_the_backoff_cap_and_is_bounded() -> None:
+    cfg = hook_config(WebhookReceiver())
+    assert cfg.retry_after_max == cfg.retry_max_delay == 300.0
+    with pytest.raises(
+        ConfigError, match=r"sinks.hook.retry_after_max: out of range; expected between 0 and 86400"
+    ):
+        hook_config(WebhookReceiver(), retry_after_max=86401)
 
 
 async def test_server_error_is_retried_in_seq_order_with_the_same_ids(

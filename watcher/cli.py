@@ -23,7 +23,7 @@ from watcher.kubelet.client import (
     PodResourcesClient,
 )
 from watcher.ops.logs import configure_logging
-from watcher.secrets import redact
+from watcher.secrets import Secret, SecretError, redact
 from watcher.settings import Settings, load_settings, printable, secret_file_warnings
 from watcher.sim.demo import run_demo
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -48,6 +48,43 @@ exit codes:
   2  bad command line or configuration
   130  interrupted
 """
+
+
+AUDIT_DESCRIPTION = """\
+`audit verify FILE...` checks an audit log written by a `file` sink (pass the current file and
+its rotated ones, in any order), names the first altered, missing or misplaced record, and
+compares the log's end with the head file the sink keeps beside it (.NAME.head).
+
+What it detects, and what it cannot:
+  any log     a changed byte in a record that was not re-chained; a deleted record in the
+              middle (the gap names the missing numbers); records out of order.
+  unkeyed     SHA-256 is public: whoever can write the log can edit a record, recompute every
+              later hash and the head file, and it passes.
+  --key-file  each hash is an HMAC under the sink's key: re-chaining without the key fails, and
+              so do keyed records followed by unkeyed ones (a downgrade). Without --key-file a
+              keyed log is reported NOT VERIFIED.
+  head file   a cut tail (the last records deleted), unless an older head file (a copy of an
+              earlier one, or, unkeyed, one rewritten by hand) was put back as well. A missing
+              head file fails with --key-file; without a key it is only noted.
+  --expect    any rewrite of the records up to one whose head a receiver was sent
+              (X-Audit-Head), key or no key.
+  never       the oldest records gone with rotated-out files (the count starts later).
+"""
+AUDIT_EXIT_CODES = """\
+exit codes:
+  0  intact
+  1  broken, or keyed records that could not be checked (no --key-file)
+  2  bad command line, or an unreadable key file
+"""
+
+
+def _expectation(text: str) -> tuple[int, str]:
+    """--expect: `N:HASH`, or an X-Audit-Head value `NAME;n=N;hash=HASH`."""
+    fields = dict(part.strip().partition("=")[::2] for part in text.split(";")[1:])
+    number, digest = (fields.get("n", ""), fields.get("hash", "")) if fields else text.partition(":")[::2]
+    if not number.isascii() or not number.isdigit() or int(number) < 1 or ":" not in digest:
+        raise argparse.ArgumentTypeError(f"{text!r} is not N:HASH (e.g. 41:sha256:...) or NAME;n=N;hash=HASH")
+    return int(number), digest.strip()
 
 
 def _positive(kind: type[float] | type[int], expected: str) -> Callable[[str], float]:
@@ -185,14 +222,41 @@ def build_parser() -> argparse.ArgumentParser:
     audit = sub.add_parser(
         "audit",
         help="verify a tamper-evident audit log",
-        description="`audit verify FILE...` checks the hash chain of an audit log written by a `file` "
-        "sink (pass the current file and its rotated ones, in any order) and names the first broken or "
-        "missing record. Exit 0 when intact, 1 when not.",
-        epilog=EXIT_CODES,
+        description=AUDIT_DESCRIPTION,
+        epilog=AUDIT_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     audit.add_argument("action", choices=("verify",))
-    audit.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    audit.add_argument(
+        "files",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="the current log file and its rotated ones (FILE.1 ...), in any order",
+    )
+    audit.add_argument(
+        "--key-file",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="K",
+        help="the file sink's key: check every record's MAC and the head's (repeat while replacing a key)",
+    )
+    audit.add_argument(
+        "--head",
+        type=Path,
+        metavar="FILE",
+        help="the head file to check the log's end against (default: .NAME.head beside the current log)",
+    )
+    audit.add_argument(
+        "--expect",
+        type=_expectation,
+        action="append",
+        default=[],
+        metavar="N:HASH",
+        help="a head reported earlier, as N:HASH or an X-Audit-Head value: the log must still hold "
+        "record N with that hash (repeatable)",
+    )
 
     demo = sub.add_parser(
         "demo",
@@ -302,7 +366,9 @@ async def _send_test(settings: Settings, name: str) -> int:
     if safe is not None:
         cfg = safe(cfg)
         print(f"{name}: writing to {getattr(cfg, 'path', 'a copy')}, not to the sink's own stream")
-    sink = build_sink(cfg, node=settings.node, state_dir=settings.state_dir, store=MemoryStore())
+    sink = build_sink(
+        cfg, node=settings.node, state_dir=settings.state_dir, store=MemoryStore(), peers=settings.sinks
+    )
     try:
         outcomes = []
         for event in synthetic_events(settings.node, paging=sink_type_of(chosen[0]).capabilities.pages):
@@ -370,16 +436,24 @@ def _outbox(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    missing = [f for f in args.files if not f.exists()]
+    missing = [f for f in [*args.files, *([args.head] if args.head else [])] if not f.exists()]
     if missing:
         return _fail(f"no such file: {missing[0]}")
-    result = verify_files(args.files)
+    keys = []
+    for path in args.key_file:
+        try:
+            keys.append(Secret(file=path).get().encode())
+        except SecretError as err:
+            return _fail(str(err), 2)
+    result = verify_files(args.files, keys=keys, head=args.head, expect=args.expect)
     if result.ok:
         span = f"records {result.first}..{result.last}" if result.records else "no records"
         print(f"OK: {result.records} records intact ({span})")
-        return 0
-    print(f"BROKEN: {result.problem}")
-    return 1
+    else:
+        print(f"{'NOT VERIFIED' if result.unverified else 'BROKEN'}: {result.problem}")
+    for note in result.notes:
+        print(f"  {note}")
+    return 0 if result.ok else 1
 
 
 def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int:

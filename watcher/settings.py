@@ -20,7 +20,7 @@ from watcher.config import ConfigError, build, describe, field_meta
 from watcher.kubelet.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT
 from watcher.secrets import REDACTED, Secret, redact
 from watcher.sinks.base import BaseSinkSettings
-from watcher.sinks.registry import parse_sink
+from watcher.sinks.registry import check_audit_heads, parse_sink
 from watcher.sinks.stdout import StdoutSinkSettings
 
 __all__ = [
@@ -204,6 +204,7 @@ def _build_sinks(data: Any, base: Path | None) -> tuple[BaseSinkSettings, ...]:
         if not isinstance(table, Mapping):
             raise ConfigError(f"{path}: got {describe(table)}; expected a table")
         out.append(dataclasses.replace(parse_sink(path, table, base=base), name=name))
+    check_audit_heads(out)
     return tuple(out)
 
 

@@ -1,7 +1,8 @@
 """One sink's delivery worker: drains that sink's outbox queue, in seq order.
 
 One retry policy for every sink: exponential backoff with full jitter and a
-cap, `Retry-After` honoured when the receiver sends it; permanent failures go
+cap, `Retry-After` honoured when the receiver sends it, up to the sink's
+`retry_after_max`; permanent failures go
 to the dead-letter table, 410 disables the sink loudly. Each sink has its own
 rate limit and its own task, so a slow or dead sink never delays another sink
 or the watch loop.
@@ -10,6 +11,7 @@ or the watch loop.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections import Counter
@@ -160,6 +162,23 @@ class SinkWorker:
         for observer in self.observers:
             observer(self.name, result, batch, time.monotonic() - started)
 
+    def _retry_after(self, outcome: Outcome) -> float | None:
+        """The receiver's Retry-After, cut to the sink's `retry_after_max`: one answer of
+        `Retry-After: 99999999999` must not stall the sink until the agent restarts."""
+        asked = outcome.retry_after
+        if asked is None or math.isnan(asked):
+            return None
+        cap = self.sink.settings.retry_after_max
+        if asked <= cap:
+            return max(0.0, asked)
+        self.log.warning(
+            "receiver asked to wait longer than retry_after_max; waiting that long instead",
+            retry_after_asked=f"{asked:g}",  # a string: inf is no JSON number
+            retry_after_max=cap,
+            status=outcome.status,
+        )
+        return cap
+
     async def _deliver(self, batch: list[Event], *, retry: bool = True) -> bool:
         """Deliver one batch, retrying while `retry` and not stopping; True when delivered."""
         seqs = [e.seq for e in batch]
@@ -210,15 +229,16 @@ class SinkWorker:
                 )
                 return False
             delay = self.backoff.delay(attempt)
-            if outcome.retry_after is not None:
-                delay = max(delay, outcome.retry_after)
+            retry_after = self._retry_after(outcome)
+            if retry_after is not None:
+                delay = max(delay, retry_after)
             attempt += 1
             self.counts["retry"] += 1
             self.log.warning(
                 "delivery failed; will retry",
                 attempt=attempt,
                 delay_s=round(delay, 3),
-                retry_after=outcome.retry_after,
+                retry_after=retry_after,
                 status=outcome.status,
                 error=outcome.error,
                 events=len(batch),

@@ -3,7 +3,7 @@ sinks) have with their generic checks, what a sink type can do, and its route.""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -74,11 +74,14 @@ class Sink(Protocol):
 
 @dataclass(frozen=True)
 class SinkContext:
-    """What a sink is built with besides its settings: the node, the state directory, durable state."""
+    """What a sink is built with besides its settings: the node, the state directory, durable state,
+    and where the other configured sinks keep audit logs (by sink name), for a sink that reports
+    one's head (`audit_head`)."""
 
     node: str
     state_dir: Path
     store: KeyValue
+    audit_logs: Mapping[str, Path] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,15 @@ class BaseSinkSettings:
     rate: float = field(default=10.0, metadata=field_meta("Most messages per second.", min=0.001, max=1000))
     retry_max_delay: float = field(
         default=300.0, metadata=field_meta("Cap of the retry backoff, seconds.", min=0.01, max=86400)
+    )
+    retry_after_max: float = field(
+        default=300.0,
+        metadata=field_meta(
+            "Longest wait a receiver's Retry-After may impose, seconds; a longer one is cut to this "
+            "and logged.",
+            min=0,
+            max=86400,
+        ),
     )
 
 

@@ -1,9 +1,12 @@
 """The audit log of device churn: append-only JSONL, tamper-evident, rotated by size.
 
 Each record carries the hash of the one before it and the chain continues
-across rotations and agent restarts (see `watcher.sinks.audit`). Delivery is in seq
-order, so an event the log already holds (re-sent after a crash) is skipped:
-the log itself holds each event once.
+across rotations and agent restarts (see `watcher.sinks.audit`); with a `key`
+each hash is an HMAC, so the chain cannot be recomputed without the key. After
+every batch is on disk, the head file beside the log is replaced with the last
+record's n and hash, which is what shows a cut tail. Delivery is in seq order,
+so an event the log already holds (re-sent after a crash) is skipped: the log
+itself holds each event once.
 
 The log and its rotated files are private (0600, whatever the umask) and never written through
 a symbolic link (see `watcher.files`): a link at `path` is refused with an error naming it, the
@@ -23,11 +26,12 @@ from typing import Literal
 
 import structlog
 
-from watcher.config import field_meta
+from watcher.config import ConfigError, field_meta
 from watcher.errors import UnsafePathError
 from watcher.files import check_private, open_private, private_dir
 from watcher.model.events import Event
-from watcher.sinks.audit import GENESIS, last_record, make_record
+from watcher.secrets import Secret, SecretError
+from watcher.sinks.audit import GENESIS, Head, HeadError, head_path, last_record, make_record
 from watcher.sinks.base import BaseSinkSettings, Outcome, SinkContext
 from watcher.sinks.registry import SinkType, register
 
@@ -55,7 +59,27 @@ class FileSinkSettings(BaseSinkSettings):
     rate: float = field(
         default=1000.0, metadata=field_meta("Most messages per second.", min=0.001, max=100000)
     )
+    key: Secret | None = field(
+        default=None,
+        metadata=field_meta(
+            "Key of a keyed chain: each record's hash is an HMAC-SHA256 with it, so the log cannot be "
+            "re-chained without it (secret, at least 16 characters; keep it from whoever can write "
+            "the log; `audit verify --key-file`).",
+            secret=True,
+        ),
+    )
     type: Literal["file"] = "file"
+
+
+MIN_KEY_CHARS = 16
+
+
+def _check(path: str, settings: FileSinkSettings) -> None:
+    if settings.key is not None and len(settings.key.get()) < MIN_KEY_CHARS:
+        raise ConfigError(
+            f"{path}.key: the key from {settings.key.describe()} is shorter than {MIN_KEY_CHARS} "
+            "characters (e.g. `openssl rand -base64 32`)"
+        )
 
 
 class FileSink:
@@ -71,6 +95,9 @@ class FileSink:
         self._last_seq = 0
         self._dirty = False
         self._lock = asyncio.Lock()
+        self.head_file = head_path(path)
+        self._saved: tuple[int, str] | None = None  # what the head file says: (n, hash)
+        self._key: bytes | None = None  # the key of the last batch: the head is MAC'd with it
 
     def rotated(self, i: int) -> Path:
         return self.path.with_name(f"{self.path.name}.{i}")
@@ -98,8 +125,62 @@ class FileSink:
             raise
         # From the files, never from memory: they may have been cut back since.
         self._n, self._prev, self._last_seq = last if last is not None else (0, GENESIS, 0)
+        head = self._read_head()
+        self._saved = None if head is None else (head.n, head.hash)
+        if head is not None and head.n >= self._n and (head.n, head.hash) != (self._n, self._prev):
+            # The head is only ever saved after the records it names were on disk, so a log that
+            # ends before it, or elsewhere, was cut or rewritten. Numbering on from the head keeps
+            # that visible to `audit verify` (a gap, or a broken link) after the head is replaced.
+            log.error(
+                "audit log does not end where its head file says: records were cut off or rewritten; "
+                "numbering continues after the head so `audit verify` still shows it",
+                path=str(self.path),
+                log_ends_at=self._n,
+                head_says=head.n,
+            )
+            self._n, self._prev = head.n, head.hash
         self._fd = fd
         self._size = self._synced = os.fstat(fd).st_size
+
+    def _read_head(self) -> Head | None:
+        try:
+            head = Head.read(self.head_file)
+        except (HeadError, OSError) as err:
+            log.error("audit head file is unreadable; ignored", path=str(self.head_file), error=str(err))
+            return None
+        key = self._key_now()
+        if head is not None and key is not None and head.mac is not None and not head.mac_ok(key):
+            log.error(
+                "audit head file does not match its MAC under the key: forged, or written with another key",
+                path=str(self.head_file),
+            )
+        return head
+
+    def _key_now(self) -> bytes | None:
+        """The key as its secret says now (a replaced key file is used from the next batch)."""
+        return None if self.settings.key is None else self.settings.key.get().encode()
+
+    def _save_head(self) -> None:
+        """Replace the head file with the last record, once the records are on disk.
+
+        Never before: after a crash, a head naming records the disk lost would read as a cut
+        log. The new head is fsynced before the rename, so a crash leaves the old head or the
+        new one, never an empty file. The rename itself may be lost in a crash (the directory
+        is not fsynced): the older head it leaves is one `audit verify` accepts, with the
+        records after it named as not covered.
+        """
+        if self._dirty or self._n == 0 or self._saved == (self._n, self._prev):
+            return
+        head = Head.keyed(self._n, self._prev, self._key)
+        tmp = self.head_file.with_name(self.head_file.name + ".tmp")
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "audit head file")
+        try:
+            _write_all(fd, head.to_line().encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.head_file)
+        self._saved = (self._n, self._prev)
 
     def _cut_torn_tail(self, fd: int) -> None:
         """Cut off a last line that has no newline: half a record, from a crash mid-write.
@@ -147,12 +228,14 @@ class FileSink:
         self._size = self._synced = os.fstat(self._fd).st_size
 
     def _write(self, events: Sequence[Event]) -> None:
+        # Before anything is written: a key that cannot be read must never give unkeyed records.
+        self._key = self._key_now()
         self._open()
         assert self._fd is not None
         for event in events:
             if event.seq <= self._last_seq:
                 continue  # already in the log: a re-send after a crash
-            line, digest = make_record(self._n + 1, self._prev, event.to_dict())
+            line, digest = make_record(self._n + 1, self._prev, event.to_dict(), self._key)
             data = (line + "\n").encode()
             if self._size > 0 and self._size + len(data) > self.settings.max_bytes:
                 self._rotate()
@@ -181,6 +264,7 @@ class FileSink:
                 raise
             self._dirty = False
             self._synced = self._size
+        self._save_head()
 
     async def deliver(self, events: Sequence[Event]) -> Outcome:
         async with self._lock:
@@ -195,7 +279,10 @@ class FileSink:
                 # Open the file afresh next time: after the disk was remounted or replaced,
                 # the old descriptor may point at a filesystem that is gone.
                 self._forget_fd()
-                return Outcome(retry=True, error=f"cannot write {self.path}: {err.strerror or err}")
+                where = err.filename or self.path
+                return Outcome(retry=True, error=f"cannot write {where}: {err.strerror or err}")
+            except SecretError as err:
+                return Outcome(retry=True, error=f"the audit log's key is unreadable: {err}")
         return Outcome.ok()
 
     def _forget_fd(self) -> None:
@@ -209,6 +296,7 @@ class FileSink:
             os.fsync(self._fd)
             self._dirty = False
             self._synced = self._size
+        self._save_head()
 
     def background(self) -> Callable[[], Awaitable[None]] | None:
         if self.settings.fsync != "interval":
@@ -240,10 +328,13 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _file_sink(settings: FileSinkSettings, context: SinkContext) -> FileSink:
+def _log_path(settings: FileSinkSettings, state_dir: Path) -> Path:
     # A relative default path lives in the state directory.
-    path = settings.path if settings.path.is_absolute() else context.state_dir / settings.path
-    return FileSink(settings, path)
+    return settings.path if settings.path.is_absolute() else state_dir / settings.path
+
+
+def _file_sink(settings: FileSinkSettings, context: SinkContext) -> FileSink:
+    return FileSink(settings, _log_path(settings, context.state_dir))
 
 
 def _send_test_copy(settings: FileSinkSettings) -> FileSinkSettings:
@@ -255,6 +346,12 @@ def _send_test_copy(settings: FileSinkSettings) -> FileSinkSettings:
 
 register(
     SinkType(
-        name="file", settings=FileSinkSettings, factory=_file_sink, order=20, for_send_test=_send_test_copy
+        name="file",
+        settings=FileSinkSettings,
+        factory=_file_sink,
+        validate=_check,
+        order=20,
+        for_send_test=_send_test_copy,
+        audit_log=_log_path,
     )
 )

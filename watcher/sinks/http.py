@@ -2,13 +2,16 @@
 
 The answer becomes an Outcome the retry policy acts on: 2xx delivered; 408,
 429 and 5xx retried, `Retry-After` (seconds or HTTP date) honoured on 429 and
-503; 410 disables the sink; any other 4xx (and 3xx: redirects are not
-followed) is permanent. Error text never carries a secret (`redact`).
+503 (the delivery worker caps it at the sink's `retry_after_max`; a value that
+is neither is ignored, so the normal backoff applies); 410 disables the sink;
+any other 4xx (and 3xx: redirects are not followed) is permanent. Error text
+never carries a secret (`redact`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -25,18 +28,26 @@ __all__ = ["HttpClient", "HttpSink", "parse_retry_after", "outcome_of", "USER_AG
 
 USER_AGENT = f"pod-resources-watcher/{__version__}"
 MAX_BODY_BYTES = 64 * 1024
+# RFC 9110 delta-seconds: ASCII digits only. str.isdigit() also takes "²" or "٣", which float()
+# then refuses: that raised here once, and the event was dead-lettered as if refused for good.
+_DELTA_SECONDS = re.compile(r"[0-9]+")
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date."""
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date; never raises.
+
+    None when the value is neither (`1e20`, `-5`, `²`, a date past year 9999): the caller's own
+    backoff applies. A huge but valid value comes back as it is (possibly inf); capping it is
+    the delivery worker's job, with the sink's `retry_after_max`.
+    """
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if _DELTA_SECONDS.fullmatch(value):
+        return float(value)  # thousands of digits give inf, not an error
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)

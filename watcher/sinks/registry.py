@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,8 @@ __all__ = [
     "parse_sink",
     "build_sink",
     "build_sinks",
+    "check_audit_heads",
+    "audit_logs_of",
 ]
 
 S = TypeVar("S", bound=BaseSinkSettings)
@@ -58,7 +61,9 @@ class SinkType(Generic[S]):
     settings)` raises ConfigError for what needs more than one key; `order`
     places the type in listings such as the unknown-type error; `for_send_test`
     turns the settings into ones that `send-test` may deliver to without touching
-    the real stream (e.g. another file), where the type keeps one.
+    the real stream (e.g. another file), where the type keeps one; `audit_log(settings,
+    state_dir)` says where a sink of the type keeps a hash-chained audit log, so that
+    other sinks can report its head (`audit_head`).
     """
 
     name: str
@@ -69,6 +74,7 @@ class SinkType(Generic[S]):
     capabilities: Capabilities = field(default_factory=Capabilities)
     order: int = 1000
     for_send_test: Callable[[S], S] | None = None
+    audit_log: Callable[[S, Path], Path] | None = None
 
 
 _types: dict[str, SinkType[Any]] = {}
@@ -195,12 +201,56 @@ def parse_sink(path: str, table: Mapping[str, Any], *, base: Path | None) -> Bas
     return settings
 
 
-def build_sink(cfg: BaseSinkSettings, *, node: str, state_dir: Path, store: KeyValue) -> Sink:
-    """Instantiate one configured sink."""
-    return sink_type_of(cfg).factory(cfg, SinkContext(node=node, state_dir=state_dir, store=store))
+# A sink's name goes into the X-Audit-Head header of the sinks reporting its head.
+_HEADER_SAFE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def check_audit_heads(configs: Sequence[BaseSinkSettings]) -> None:
+    """Each sink's `audit_head` (where its settings have one) names a configured sink that keeps an
+    audit log, by a name that can travel in a header; ConfigError naming the key otherwise."""
+    logs = {cfg.name for cfg in configs if sink_type_of(cfg).audit_log is not None}
+    for cfg in configs:
+        wanted = getattr(cfg, "audit_head", None)
+        if wanted is None:
+            continue
+        key = f"sinks.{cfg.name}.audit_head"
+        if wanted not in logs:
+            kept = ", ".join(repr(n) for n in sorted(logs)) or "none configured"
+            raise ConfigError(f"{key}: names no file sink; expected the name of a file sink ({kept})")
+        if not _HEADER_SAFE.fullmatch(wanted):
+            raise ConfigError(
+                f"{key}: that sink name cannot travel in a header; name the file sink with "
+                "letters, digits, '_', '.' and '-' only"
+            )
+
+
+def audit_logs_of(configs: Sequence[BaseSinkSettings], state_dir: Path) -> dict[str, Path]:
+    """Sink name -> the audit log it keeps, for every sink among `configs` that keeps one."""
+    out = {}
+    for cfg in configs:
+        where = sink_type_of(cfg).audit_log
+        if where is not None:
+            out[cfg.name] = where(cfg, state_dir)
+    return out
+
+
+def build_sink(
+    cfg: BaseSinkSettings,
+    *,
+    node: str,
+    state_dir: Path,
+    store: KeyValue,
+    peers: Sequence[BaseSinkSettings] = (),
+) -> Sink:
+    """Instantiate one configured sink; `peers` are the other configured sinks (whose audit logs
+    it may report)."""
+    context = SinkContext(
+        node=node, state_dir=state_dir, store=store, audit_logs=audit_logs_of(peers, state_dir)
+    )
+    return sink_type_of(cfg).factory(cfg, context)
 
 
 def build_sinks(
     configs: Sequence[BaseSinkSettings], *, node: str, state_dir: Path, store: KeyValue
 ) -> list[Sink]:
-    return [build_sink(cfg, node=node, state_dir=state_dir, store=store) for cfg in configs]
+    return [build_sink(cfg, node=node, state_dir=state_dir, store=store, peers=configs) for cfg in configs]

@@ -1,8 +1,11 @@
 """Generic webhooks: the event JSON (one, or a batch array), or CloudEvents 1.0, optionally
-signed per Standard Webhooks (webhook-id = event id, so receivers can de-duplicate retries)."""
+signed per Standard Webhooks (webhook-id = event id, so receivers can de-duplicate retries), and
+optionally carrying an audit log's head (X-Audit-Head), so the node's log can be checked later
+against what reached this receiver."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -11,11 +14,15 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+import structlog
 
 from watcher.config import ConfigError, field_meta
 from watcher.model.events import Event
 from watcher.secrets import Secret, expand_env
+from watcher.sinks.audit import Head, HeadError, head_path
 from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Outcome, SinkContext
 from watcher.sinks.http import HttpClient, HttpSink
 from watcher.sinks.registry import SinkType, register
@@ -27,7 +34,10 @@ __all__ = [
     "cloudevent",
     "sign",
     "message_id",
+    "audit_head_header",
 ]
+
+log = structlog.get_logger("watcher.sinks.webhook")
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,14 @@ class WebhookSinkSettings(BaseSinkSettings, HttpSinkSettings):
     headers: Mapping[str, str] = field(
         default_factory=dict,
         metadata=field_meta("Extra headers; values may use ${ENV} and, like secrets, are never printed."),
+    )
+    audit_head: str | None = field(
+        default=None,
+        metadata=field_meta(
+            "Name of a file sink: every request carries its audit log's head as X-Audit-Head "
+            "(NAME;n=N;hash=HASH), so a rewrite of the node's log shows from here "
+            "(`audit verify --expect`)."
+        ),
     )
     type: Literal["webhook"] = "webhook"
 
@@ -153,17 +171,46 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode()
 
 
+def audit_head_header(sink: str, head: Head) -> str:
+    """The X-Audit-Head value: which log, its last record's number and hash."""
+    return f"{sink};n={head.n};hash={head.hash}"
+
+
 class WebhookSink(HttpSink):
-    def __init__(self, settings: WebhookSinkSettings, *, node: str) -> None:
+    def __init__(self, settings: WebhookSinkSettings, *, node: str, audit_log: Path | None = None) -> None:
         assert settings.url is not None
         self.name = settings.name
         self.settings = settings
         self.node = node
         self.http = HttpClient.for_sink(settings)
+        self.audit_head_file = None if audit_log is None else head_path(audit_log)
 
-    def _request(self, events: Sequence[Event]) -> tuple[bytes, dict[str, str]]:
+    def _audit_head(self) -> str | None:
+        """The X-Audit-Head value from the head file as it is on disk now (what the file sink
+        saved after its records were written), or None when there is none yet."""
+        if self.audit_head_file is None:
+            return None
+        try:
+            head = Head.read(self.audit_head_file)
+        except (HeadError, OSError) as err:
+            # The file sink always leaves a whole head; say so, and send the event without one.
+            log.warning(
+                "cannot read the audit log's head; sending without X-Audit-Head",
+                sink=self.name,
+                path=str(self.audit_head_file),
+                error=str(err),
+            )
+            return None
+        assert self.settings.audit_head is not None
+        return None if head is None else audit_head_header(self.settings.audit_head, head)
+
+    def _request(
+        self, events: Sequence[Event], audit_head: str | None = None
+    ) -> tuple[bytes, dict[str, str]]:
         s = self.settings
         headers: dict[str, str] = {}
+        if audit_head is not None:
+            headers["X-Audit-Head"] = audit_head
         if s.format == "cloudevents-binary":
             (event,) = events
             ce = cloudevent(event, type_prefix=s.type_prefix)
@@ -202,8 +249,9 @@ class WebhookSink(HttpSink):
         one_per_request = not self.settings.batch or self.settings.format == "cloudevents-binary"
         groups = [[e] for e in events] if one_per_request else [list(events)]
         outcome = Outcome.ok()
+        audit_head = None if self.audit_head_file is None else await asyncio.to_thread(self._audit_head)
         for group in groups:
-            body, headers = self._request(group)
+            body, headers = self._request(group, audit_head)
             outcome = await self.send(self.settings.url.get(), body, headers)
             if not outcome.delivered:
                 return outcome
@@ -211,7 +259,14 @@ class WebhookSink(HttpSink):
 
 
 def _webhook_sink(settings: WebhookSinkSettings, context: SinkContext) -> WebhookSink:
-    return WebhookSink(settings, node=context.node)
+    audit_log = None
+    if settings.audit_head is not None:
+        audit_log = context.audit_logs.get(settings.audit_head)
+        if audit_log is None:
+            raise ConfigError(
+                f"sinks.{settings.name}.audit_head: {settings.audit_head!r} is no file sink of this config"
+            )
+    return WebhookSink(settings, node=context.node, audit_log=audit_log)
 
 
 register(
