@@ -82,6 +82,7 @@ async def test_state_dir_outbox_and_audit_log_are_private_after_the_agent_wrote_
     assert mode(state) == 0o700
     logs = sorted(state.glob("audit.jsonl*"))
     assert len(logs) >= 2 and {mode(p) for p in logs} == {0o600}, logs
+    assert mode(state / ".audit.jsonl.head") == 0o600  # the head file beside it too
     # Under the same umask, what the agent did not make private comes out 0644: the test's
     # umask really was the loose one.
     (state / "probe").write_text("")
