@@ -67,7 +67,9 @@ async def test_state_dir_outbox_and_audit_log_are_private_after_the_agent_wrote_
     rotated = audit.with_name("audit.jsonl.1")
 
     def written() -> bool:
-        return rotated.exists() and verify_files(list(state.glob("audit.jsonl*"))).records == 3
+        # The head file is replaced after the records it names are on disk: wait for it too.
+        logs = list(state.glob("audit.jsonl*"))
+        return rotated.exists() and (state / ".audit.jsonl.head").exists() and verify_files(logs).records == 3
 
     async with fake, running_agent(settings, fake) as run:
         await run.recorder.kinds_after(0, 1)
