@@ -18,6 +18,7 @@ from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
 from watcher.secrets import Secret
+from watcher.settings import Settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.audit import verify_files
@@ -54,16 +55,21 @@ def logged(logs: list[dict[str, object]], start: str) -> list[dict[str, object]]
 # --- modes ---
 
 
+def _with_audit_log(short_tmp: Path) -> tuple[FakeKubelet, Settings]:
+    """A fake kubelet, and settings whose only sink is an audit log in the state dir that
+    rotates after a few records."""
+    audit = make_settings(short_tmp).state_dir / "audit.jsonl"
+    sink = FileSinkSettings(name="audit", path=audit, max_bytes=1024)
+    return FakeKubelet(short_tmp / "kubelet", seed=3), dataclasses.replace(make_settings(short_tmp), sinks=(sink,))
+
+
 @pytest.mark.usefixtures("umask_022")
 async def test_state_dir_outbox_and_audit_log_are_private_after_the_agent_wrote_them(
     short_tmp: Path,
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=3)
-    state = short_tmp / "state"
+    fake, settings = _with_audit_log(short_tmp)
+    state = settings.state_dir
     audit = state / "audit.jsonl"
-    settings = dataclasses.replace(
-        make_settings(short_tmp), sinks=(FileSinkSettings(name="audit", path=audit, max_bytes=1024),)
-    )
     rotated = audit.with_name("audit.jsonl.1")
 
     def written() -> bool:
@@ -95,12 +101,9 @@ async def test_state_dir_outbox_and_audit_log_are_private_after_the_agent_wrote_
 async def test_an_open_state_dir_and_loose_files_from_before_are_tightened_and_logged(
     short_tmp: Path,
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=3)
-    state = short_tmp / "state"
+    fake, settings = _with_audit_log(short_tmp)
+    state = settings.state_dir
     audit = state / "audit.jsonl"
-    settings = dataclasses.replace(
-        make_settings(short_tmp), sinks=(FileSinkSettings(name="audit", path=audit, max_bytes=1024),)
-    )
     async with fake:
         async with running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)

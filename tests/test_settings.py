@@ -210,16 +210,8 @@ _SECTIONS = ["", "kubelet", "watch", "log", "http", "sinks.a", "sinks"]
 _KEYS = sorted({name for _, name in _all_fields()} | {"typo", "intervall", "socket_file", "url_file"})
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    edits=st.lists(
-        st.tuples(st.sampled_from(_SECTIONS), st.sampled_from(_KEYS), _VALUES), min_size=1, max_size=4
-    ),
-    sink_type=st.sampled_from([*SINK_TYPES, "carrier-pigeon"]),
-)
-def test_any_config_gives_ok_or_one_clear_error_line_and_exit_2(
-    edits: list[tuple[str, str, object]], sink_type: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
+def _fuzz_config(edits: list[tuple[str, str, object]], sink_type: str, tmp_path: Path) -> Path:
+    """A config file with one sink of `sink_type` and each (section, key, value) of `edits` set."""
     doc: dict[str, object] = {"sinks": {"a": {"type": sink_type}}}
     for section, key, value in edits:
         target: dict[str, object] = doc
@@ -232,6 +224,20 @@ def test_any_config_gives_ok_or_one_clear_error_line_and_exit_2(
             target[key] = value
     path = tmp_path / "fuzz.toml"
     path.write_text(_to_toml(doc))
+    return path
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    edits=st.lists(
+        st.tuples(st.sampled_from(_SECTIONS), st.sampled_from(_KEYS), _VALUES), min_size=1, max_size=4
+    ),
+    sink_type=st.sampled_from([*SINK_TYPES, "carrier-pigeon"]),
+)
+def test_any_config_gives_ok_or_one_clear_error_line_and_exit_2(
+    edits: list[tuple[str, str, object]], sink_type: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    path = _fuzz_config(edits, sink_type, tmp_path)
     code = main(["check-config", str(path)])
     err = capfd.readouterr().err
     assert code in (0, 2)
@@ -269,18 +275,7 @@ def test_a_config_error_never_shows_a_value_it_was_given(
 ) -> None:
     """Whatever key a value lands in, wrongly typed or out of place, the error names the key and
     says what kind of value it got: a token pasted into the wrong key never reaches the terminal."""
-    doc: dict[str, object] = {"sinks": {"a": {"type": sink_type}}}
-    for section, key, value in edits:
-        target: dict[str, object] = doc
-        for part in filter(None, section.split(".")):
-            nxt = target.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                break
-            target = nxt
-        else:
-            target[key] = value
-    path = tmp_path / "fuzz.toml"
-    path.write_text(_to_toml(doc))
+    path = _fuzz_config(edits, sink_type, tmp_path)
     if main(["check-config", str(path)]) == 2:
         out, err = capfd.readouterr()
         assert out == "" and _MARK not in err, err
