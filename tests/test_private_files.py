@@ -58,9 +58,9 @@ def logged(logs: list[dict[str, object]], start: str) -> list[dict[str, object]]
 def _with_audit_log(short_tmp: Path) -> tuple[FakeKubelet, Settings]:
     """A fake kubelet, and settings whose only sink is an audit log in the state dir that
     rotates after a few records."""
-    audit = make_settings(short_tmp).state_dir / "audit.jsonl"
-    sink = FileSinkSettings(name="audit", path=audit, max_bytes=1024)
-    return FakeKubelet(short_tmp / "kubelet", seed=3), dataclasses.replace(make_settings(short_tmp), sinks=(sink,))
+    settings = make_settings(short_tmp)
+    sink = FileSinkSettings(name="audit", path=settings.state_dir / "audit.jsonl", max_bytes=1024)
+    return FakeKubelet(short_tmp / "kubelet", seed=3), dataclasses.replace(settings, sinks=(sink,))
 
 
 @pytest.mark.usefixtures("umask_022")
