@@ -17,7 +17,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "watcher"
 
 # (units, peers?): a unit is a top-level module or sub-package of `watcher`.
 LAYERS: list[tuple[set[str], bool]] = [
-    ({"__init__", "errors", "config", "secrets", "backoff", "ratelimit", "supervision", "kubeletapi"}, False),
+    (
+        {"__init__", "errors", "config", "secrets", "tls", "backoff", "ratelimit"}
+        | {"supervision", "kubeletapi"},
+        False,
+    ),
     ({"model"}, True),
     ({"kubelet", "store", "sinks"}, True),
     ({"delivery", "ops", "settings"}, True),
