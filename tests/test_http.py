@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from structlog.testing import capture_logs
 
 from tests.agent_harness import make_settings, running_agent, write_agent_config
 from watcher.config import ConfigError
@@ -369,6 +370,23 @@ async def test_an_ipv6_pod_ip_is_served(short_tmp: Path, monkeypatch: pytest.Mon
         assert run.agent.http is not None
         status, _, _ = await _fetch(f"http://[::1]:{run.agent.http.bound_port}/healthz")
     assert status == 200
+
+
+async def test_a_cap_that_does_not_fit_the_open_files_limit_is_said_at_start() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if len(os.listdir("/proc/self/fd")) > 900:
+        pytest.skip("this process already has too many files open to lower its limit to 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        with capture_logs() as logs:
+            async with _serving(_options(max_connections=900)):
+                pass
+            async with _serving(_options(max_connections=100)):
+                pass
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    warned = [e for e in logs if e["event"].startswith("http.max_connections leaves too few")]
+    assert [(e["max_connections"], e["open_files_limit"]) for e in warned] == [(900, 1024)]
 
 
 # --- TLS client certificates ------------------------------------------------------------------------

@@ -40,7 +40,8 @@ WRITE_CHUNK = 64 * 1024
 # is being accepted up to 3 x BACKLOG descriptors come on top of max_connections, for a few
 # milliseconds (the README's fd budget).
 BACKLOG = 64
-# Descriptors the agent needs besides HTTP connections (measured, see the README's fd budget).
+# Descriptors the agent needs besides HTTP connections: about 30 measured with three sinks, and
+# room for more sinks (the README's fd budget).
 FD_RESERVE = 64
 # How long shutting down waits for a request in flight before cutting it off, seconds.
 SHUTDOWN_S = 2.0
@@ -275,7 +276,7 @@ class HttpServer:
 
     def _check_descriptors(self) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        needed = self.options.limits.max_connections + FD_RESERVE
+        needed = self.options.limits.max_connections + 3 * BACKLOG + FD_RESERVE
         if soft != resource.RLIM_INFINITY and needed > soft:
             log.warning(
                 "http.max_connections leaves too few file descriptors for the kubelet and the sinks",
