@@ -506,9 +506,9 @@ async def test_kept_alive_connections_serve_requests_then_close_when_idle() -> N
     async with _serving(_options(idle_timeout=0.5, header_timeout=5)) as (server, figures):
         assert server.bound_port is not None
         reader, writer = await _connect(server.bound_port)
-        for _ in range(3):  # a client that keeps asking keeps its connection
-            writer.write(_request("/healthz"))
-            assert (await _response(reader))[0] == 200
+        for path, status in (("/healthz", 200), ("/no-such-path", 404), ("/healthz", 200)):
+            writer.write(_request(path))  # a client that keeps asking keeps its connection
+            assert (await _response(reader))[0] == status
             assert not await _closed_by_server(reader, 0.25)
         answered = time.monotonic()
         assert await _closed_by_server(reader, 3)

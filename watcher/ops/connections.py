@@ -243,8 +243,12 @@ class ConnectionGuard:
             self.on_count(len(self.connections))
 
     def close_all(self) -> None:
+        """At shutdown, after aiohttp has finished what it could: whatever is left (a TLS handshake,
+        say) is cut off, and not counted as closed for a reason."""
         for conn in list(self.connections):
-            conn.close("evicted")
+            self.closed(conn, None)
+            if conn.raw is not None:
+                conn.raw.abort()
 
     # -- requests --
 
