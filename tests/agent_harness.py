@@ -148,11 +148,20 @@ async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterat
 
 
 def write_agent_config(
-    path: Path, root: Path, kubelet: FakeKubelet, sinks: str, *, log_level: str = "warning", http: str = ""
+    path: Path,
+    root: Path,
+    kubelet: FakeKubelet,
+    sinks: str,
+    *,
+    log_level: str = "warning",
+    http: str = "",
+    http_extra: str = "",
+    watch_extra: str = "",
 ) -> Path:
     """A TOML config for the agent run as a process: state under `root`, the fake kubelet, an audit log
-    at root/state/audit.jsonl, and `sinks` (more [sinks.NAME] tables). `http`: a listen address, or off."""
-    http_table = f'listen = "{http}"' if http else "enabled = false"
+    at root/state/audit.jsonl, and `sinks` (more [sinks.NAME] tables). `http`: a listen address, or off;
+    `http_extra` and `watch_extra`: more lines for those tables."""
+    http_table = f'listen = "{http}"\n{http_extra}' if http else "enabled = false"
     path.write_text(
         f"""node = "node-a"
 state_dir = "{root / "state"}"
@@ -161,6 +170,7 @@ socket = "{kubelet.socket_path}"
 root_dir = "{kubelet.root}"
 [watch]
 max_rpc_rate = 50
+{watch_extra}
 [log]
 level = "{log_level}"
 [http]

@@ -8,7 +8,9 @@
   of kustomize these files use, which runs everywhere, fails on any field it does not implement and on
   any referenced file that is missing. Where both run they must produce the same objects.
 - The DaemonSet mounts the socket's DIRECTORY (never a `.sock` path), device-plugins read-only,
-  `NODE_NAME` from the downward API, probes on /healthz and /readyz, the tight securityContext.
+  `NODE_NAME` and `POD_IP` from the downward API, probes on /healthz and /readyz, the tight
+  securityContext; the agent listens on the pod IP, and a NetworkPolicy admits only the monitoring
+  namespace to that port.
 - The config shipped in the ConfigMap passes `check-config`: as shipped without any secret (the Secret
   is optional), and with its secret-using sinks uncommented and the example Secret's variables set.
 - The systemd unit is hardened; the Dockerfile is multi-stage on a pinned slim base.
@@ -39,6 +41,8 @@ except ImportError as err:  # pragma: no cover - a missing test dependency
     ) from err
 
 from watcher.cli import main
+from watcher.ops.http import BACKLOG, FD_RESERVE
+from watcher.settings import HttpSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -51,7 +55,15 @@ DOCKERFILE = DEPLOY / "Dockerfile"
 
 NAMESPACE = "pod-resources-watcher"
 APP_LABEL = {"app.kubernetes.io/name": "pod-resources-watcher"}
-BASE_KINDS = ["ConfigMap", "DaemonSet", "Namespace", "ResourceQuota", "Secret", "ServiceAccount"]
+BASE_KINDS = [
+    "ConfigMap",
+    "DaemonSet",
+    "Namespace",
+    "NetworkPolicy",
+    "ResourceQuota",
+    "Secret",
+    "ServiceAccount",
+]
 MONITORING_KINDS = sorted([*BASE_KINDS, "PodMonitor", "Service"])
 CONFIG_MAP = "pod-resources-watcher-config"
 SECRET = "pod-resources-watcher-secrets"
@@ -60,6 +72,9 @@ DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 STATE_DIR = "/var/lib/pod-resources-watcher"
 CONFIG_DIR = "/etc/pod-resources-watcher"
 HTTP_PORT = 9108
+# Variables the config reads that the DaemonSet sets from the downward API, not from the Secret.
+DOWNWARD_API = {"POD_IP": "status.podIP"}
+MONITORING_NAMESPACE = "monitoring"
 # Kinds that are not namespaced (the namespace transformer leaves them alone).
 CLUSTER_SCOPED = {
     "Namespace",
@@ -685,15 +700,19 @@ def test_shipped_config_passes_check_config_without_any_secret(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The Secret is optional: the config as shipped must need none of its variables."""
+    """The Secret is optional: the config as shipped must need none of its variables (only what
+    the DaemonSet sets from the downward API)."""
     for name in _secret_env():
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NODE_NAME", "gpu-node-17")
+    monkeypatch.setenv("POD_IP", "10.244.3.17")
     path = tmp_path / "config.toml"
     path.write_text(_shipped_config(built))
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     settings = json.loads(out.split("\n", 1)[1])
+    assert settings["http"]["listen"] == f"10.244.3.17:{HTTP_PORT}"  # from POD_IP, the downward API
+    assert settings["http"]["inventory"] is False
     assert settings["node"] == "gpu-node-17"  # from NODE_NAME, i.e. the downward API
     assert settings["state_dir"] == STATE_DIR
     assert settings["kubelet"]["socket"] == f"{SOCKET_DIR}/kubelet.sock"
@@ -712,6 +731,7 @@ def test_config_with_secret_sinks_passes_check_config_with_the_secrets_variables
     secrets = _secret_env()
     path = tmp_path / "config.toml"
     path.write_text(_with_secret_sinks(_shipped_config(built)))
+    monkeypatch.setenv("POD_IP", "10.244.3.17")
     for name in secrets:
         monkeypatch.delenv(name, raising=False)
     assert main(["check-config", str(path)]) == 2  # an unset ${NAME}: one line, exit 2
@@ -730,7 +750,7 @@ def test_config_with_secret_sinks_passes_check_config_with_the_secrets_variables
 
 def test_secret_keys_and_config_references_agree(built: dict[str, list[dict[str, Any]]]) -> None:
     config = _shipped_config(built)
-    referenced = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", config))
+    referenced = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", config)) - set(DOWNWARD_API)
     assert referenced == set(_secret_env())
     # ...and the generated Secret carries exactly those keys, base64 of the placeholders.
     secret = the(built["base"], "Secret")
@@ -742,15 +762,80 @@ def test_example_secret_holds_placeholders_only() -> None:
         assert re.search(r"REPLACE|example\.invalid", value), f"{name} does not look like a placeholder"
 
 
-def test_http_listen_matches_the_container_port(built: dict[str, list[dict[str, Any]]]) -> None:
-    from watcher import settings as settings_module
+def test_the_agent_listens_on_the_pod_ip_where_the_probes_reach_it(
+    built: dict[str, list[dict[str, Any]]], container: dict[str, Any]
+) -> None:
+    """The default listen address is loopback, which neither the kubelet's probes nor Prometheus
+    can reach: the shipped config listens on the pod IP, which the DaemonSet passes in POD_IP."""
+    for name, field_path in DOWNWARD_API.items():
+        assert {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}} in container["env"]
+    listen = tomllib.loads(_shipped_config(built))["http"]["listen"]
+    assert listen == f"${{POD_IP}}:{HTTP_PORT}"
+    # The probes dial the pod IP (an httpGet without `host`) on the port the agent listens on.
+    (port,) = [p for p in container["ports"] if p["name"] == "http-metrics"]
+    assert port["containerPort"] == HTTP_PORT
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        get = container[probe]["httpGet"]
+        assert "host" not in get and get.get("scheme", "HTTP") == "HTTP", probe
+        assert get["port"] == "http-metrics", probe
 
-    if "http" not in settings_module.Settings.__dataclass_fields__:
-        pytest.skip("watcher.settings has no [http] section yet")
-    listen = tomllib.loads(_shipped_config(built)).get("http", {}).get("listen")
-    if listen is None:
-        listen = settings_module.HttpSettings().listen
-    assert listen.rpartition(":")[2] == str(HTTP_PORT)
+
+@pytest.mark.parametrize(
+    ("pod_ip", "listen"),
+    [("10.244.3.17", "10.244.3.17:9108"), ("fd00:10:244:3::17", "[fd00:10:244:3::17]:9108")],
+)
+def test_the_shipped_listen_address_takes_either_family_and_needs_pod_ip(
+    pod_ip: str,
+    listen: str,
+    built: dict[str, list[dict[str, Any]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(_shipped_config(built))
+    monkeypatch.delenv("POD_IP", raising=False)
+    assert main(["check-config", str(path)]) == 2
+    assert capsys.readouterr().err.strip().endswith("http.listen: environment variable POD_IP is not set")
+    monkeypatch.setenv("POD_IP", pod_ip)
+    assert main(["check-config", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out.split("\n", 1)[1])["http"]["listen"] == listen
+
+
+def test_network_policy_admits_only_the_monitoring_namespace_to_the_http_port(
+    built: dict[str, list[dict[str, Any]]], daemonset: dict[str, Any]
+) -> None:
+    for variant, objs in built.items():
+        assert the(objs, "NetworkPolicy")["metadata"]["namespace"] == NAMESPACE, variant
+    policy = the(built["base"], "NetworkPolicy")
+    spec = policy["spec"]
+    # It selects the agent's pods...
+    assert spec["podSelector"] == {"matchLabels": APP_LABEL}
+    assert APP_LABEL.items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    # ...restricts what comes in, not what goes out (the sinks)...
+    assert spec["policyTypes"] == ["Ingress"]
+    # ...and lets in the monitoring namespace only, on the agent's port only.
+    (rule,) = spec["ingress"]
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": MONITORING_NAMESPACE}}}
+    ]
+    assert rule["ports"] == [{"protocol": "TCP", "port": HTTP_PORT}]
+
+
+def test_the_documented_way_to_admit_another_namespace_works(tmp_path: Path) -> None:
+    """networkpolicy.yaml's comment shows an overlay patch; it must apply (here and in kustomize)."""
+    text = (BASE / "networkpolicy.yaml").read_text()
+    match = re.search(r"^#   patches:\n((?:#  .*\n)+)", text, re.M)
+    assert match, "networkpolicy.yaml no longer shows how to change the namespace"
+    patches = "patches:\n" + "".join(line[3:] + "\n" for line in match[1].splitlines())
+    shutil.copytree(BASE, tmp_path / "base")
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [base]\n" + patches
+    )
+    builds = [build(tmp_path)] + ([kubectl_kustomize(tmp_path)] if KUBECTL is not None else [])
+    for objs in builds:
+        selector = the(objs, "NetworkPolicy")["spec"]["ingress"][0]["from"][0]["namespaceSelector"]
+        assert selector == {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}
 
 
 # --- systemd --------------------------------------------------------------------------------------
@@ -804,6 +889,11 @@ def test_systemd_unit_is_hardened() -> None:
     assert one("NotifyAccess") == "main"
     assert one("CapabilityBoundingSet") == ""
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+    # The fd budget: the HTTP cap plus a flood being accepted plus the agent's own, with room.
+    budget = HttpSettings().max_connections + 3 * BACKLOG + FD_RESERVE
+    assert budget < int(one("LimitNOFILE")) <= 4 * budget
+    # The DaemonSet's config, used here too, listens on ${POD_IP}: loopback unless overridden.
+    assert "POD_IP=127.0.0.1" in service["Environment"]
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")

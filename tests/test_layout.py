@@ -18,17 +18,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "watcher"
 # (units, peers?): a unit is a top-level module or sub-package of `watcher`.
 LAYERS: list[tuple[set[str], bool]] = [
     (
-        {
-            "__init__",
-            "errors",
-            "config",
-            "secrets",
-            "files",
-            "backoff",
-            "ratelimit",
-            "supervision",
-            "kubeletapi",
-        },
+        {"__init__", "errors", "config", "secrets", "files", "tls", "backoff", "ratelimit"}
+        | {"supervision", "kubeletapi"},
         False,
     ),
     ({"model"}, True),

@@ -34,9 +34,9 @@ def _url(run: Running, path: str) -> str:
     return f"http://127.0.0.1:{run.agent.http.bound_port}{path}"
 
 
-async def _get(run: Running, path: str) -> tuple[int, str]:
+async def _get(run: Running, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
     await run.recorder.until(lambda: run.agent.http is not None and run.agent.http.bound_port is not None)
-    async with aiohttp.ClientSession() as session, session.get(_url(run, path)) as response:
+    async with aiohttp.ClientSession() as session, session.get(_url(run, path), headers=headers) as response:
         return response.status, await response.text()
 
 
@@ -129,12 +129,19 @@ async def test_readyz_fails_while_the_kubelet_is_down_and_recovers(short_tmp: Pa
 
 
 async def test_inventory_endpoint_serves_the_canonical_inventory(short_tmp: Path) -> None:
+    # /inventory is off by default and needs a token when on (tests/test_http.py): turned on here.
+    token = short_tmp / "inventory-token"
+    token.write_text("token-for-the-inventory-test\n")
+    settings = make_settings(short_tmp)
+    http = dataclasses.replace(settings.http, inventory=True, inventory_token=Secret(file=token))
     fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+    async with fake, running_agent(dataclasses.replace(settings, http=http), fake) as run:
         await run.recorder.kinds_after(0, 1)
-        status, body = await _get(run, "/inventory")
+        auth = {"Authorization": "Bearer token-for-the-inventory-test"}
+        status, body = await _get(run, "/inventory", auth)
     doc = json.loads(body)
     assert status == 200
+    assert doc["inventory"] == run.agent.inventory.canonical  # type: ignore[union-attr]
     assert doc["hash"] == run.agent.inventory.content_hash  # type: ignore[union-attr]
     assert doc["seq"] == run.agent.seq
     assert doc["node"] == "node-a"

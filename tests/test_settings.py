@@ -120,7 +120,7 @@ def test_example_config_loads_and_documents_every_key() -> None:
         ),
         ({"kubelet": 3}, "kubelet: got a whole number; expected a table"),
         ({"node": ""}, "node: got an empty string; expected a non-empty string"),
-        ({"http": {"listen": "nowhere"}}, "http.listen: not HOST:PORT; expected e.g. 0.0.0.0:9108"),
+        ({"http": {"listen": "nowhere"}}, "http.listen: not HOST:PORT; expected e.g. 127.0.0.1:9108"),
         (
             {"sinks": {"x": {"type": "webhook", "url": "http://a", "headers": {"X-Key": 5}}}},
             "sinks.x.headers.X-Key: got a whole number; expected a string",

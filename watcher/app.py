@@ -28,17 +28,19 @@ from watcher.kubelet.health import KubeletHealth
 from watcher.model.inventory import Inventory
 from watcher.model.settling import Settling
 from watcher.ops import notify
-from watcher.ops.http import HttpServer
+from watcher.ops.connections import ConnectionLimits
+from watcher.ops.http import HttpOptions, HttpServer
 from watcher.ops.metrics import Metrics
-from watcher.settings import Settings, parse_listen, secret_file_warnings
+from watcher.settings import HttpSettings, Settings, parse_listen, secret_file_warnings
 from watcher.sinks.base import Sink
 from watcher.sinks.registry import build_sinks
 from watcher.status import AgentStatus
 from watcher.store.outbox import OUTBOX_FILE
 from watcher.store.store import Store
 from watcher.supervision import Supervisor, sleep_or_stop, wait_any
+from watcher.tls import ServerTls
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "http_options"]
 
 log = structlog.get_logger("watcher.app")
 
@@ -48,6 +50,27 @@ SHUTDOWN_GRACE_S = 5.0
 RELOAD_QUIET_S = 0.2
 # ... but never longer than this after the first one, so a steady stream cannot starve it.
 RELOAD_MAX_WAIT_S = 2.0
+
+
+def http_options(http: HttpSettings) -> HttpOptions:
+    """The HTTP server's options from the validated [http] settings."""
+    host, port = parse_listen(http.listen)
+    tls = None
+    if http.tls_cert_file is not None and http.tls_key_file is not None:
+        tls = ServerTls(http.tls_cert_file, http.tls_key_file, http.tls_client_ca_file)
+    return HttpOptions(
+        host=host,
+        port=port,
+        limits=ConnectionLimits(
+            max_connections=http.max_connections,
+            header_timeout=http.header_timeout,
+            idle_timeout=http.idle_timeout,
+            request_timeout=http.request_timeout,
+        ),
+        inventory=http.inventory,
+        inventory_token=http.inventory_token,
+        tls=tls,
+    )
 
 
 class Agent:
@@ -188,8 +211,7 @@ class Agent:
             if not self.storage.ready.is_set() and not await self.open():
                 tasks["outbox-open"] = self._open_later
             if self.settings.http.enabled:
-                host, port = parse_listen(self.settings.http.listen)
-                self.http = HttpServer(self.status, host, port)
+                self.http = HttpServer(self.status, http_options(self.settings.http), self.metrics)
                 tasks["http"] = self.http.serve(self.stop)
             if self.load_settings is not None:
                 tasks["reloader"] = self._reloader
@@ -301,6 +323,12 @@ class Agent:
             log.warning("the node name changes only on restart; keeping it", node=old.node)
             settings = dataclasses.replace(settings, node=old.node)
         _warn_about_secret_files(settings)
+        if dataclasses.replace(settings.http, ready_stale_after=0) != dataclasses.replace(
+            old.http, ready_stale_after=0
+        ):
+            # ready_stale_after is read on every /readyz and a token file is re-read when it
+            # changes; the rest is the running server's shape.
+            log.warning("[http] changes other than ready_stale_after apply on restart")
         sinks = build_sinks(
             settings.sinks, node=settings.node, state_dir=settings.state_dir, store=self.outbox
         )

@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 __all__ = [
+    "ENV_REF",
     "Secret",
     "SecretError",
     "redact",
@@ -29,7 +30,7 @@ __all__ = [
     "expand_env",
 ]
 
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _known: set[str] = set()
 _known_lock = threading.Lock()
 REDACTED = "***"
@@ -131,7 +132,7 @@ def expand_env(text: str) -> str:
             raise SecretError(f"environment variable {name} is not set")
         return _remember(value)
 
-    return _ENV_REF.sub(sub, text)
+    return ENV_REF.sub(sub, text)
 
 
 class Secret:
@@ -151,7 +152,7 @@ class Secret:
         if self._file is not None:
             return f"file {self._file}"
         assert self._template is not None
-        refs = _ENV_REF.findall(self._template)
+        refs = ENV_REF.findall(self._template)
         return f"env {', '.join(refs)}" if refs else "inline value"
 
     def exposure(self) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 import tomllib
 from collections.abc import Mapping
@@ -18,10 +19,11 @@ from typing import Any, Literal
 
 from watcher.config import ConfigError, build, describe, field_meta
 from watcher.kubelet.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT
-from watcher.secrets import REDACTED, Secret, redact
+from watcher.secrets import ENV_REF, REDACTED, Secret, SecretError, redact
 from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.registry import check_audit_heads, parse_sink
 from watcher.sinks.stdout import StdoutSinkSettings
+from watcher.tls import ServerTls, TlsError
 
 __all__ = [
     "KubeletSettings",
@@ -34,6 +36,7 @@ __all__ = [
     "parse_listen",
     "printable",
     "secret_file_warnings",
+    "expand_listen",
 ]
 
 
@@ -158,15 +161,81 @@ class LogSettings:
 @dataclass(frozen=True)
 class HttpSettings:
     enabled: bool = field(
-        default=True, metadata=field_meta("Serve /metrics, /healthz, /readyz and /inventory.")
+        default=True, metadata=field_meta("Serve /metrics, /healthz, /readyz (and /inventory if enabled).")
     )
     listen: str = field(
-        default="0.0.0.0:9108", metadata=field_meta("HOST:PORT to listen on (port 0: any free port).")
+        default="127.0.0.1:9108",
+        metadata=field_meta(
+            "HOST:PORT to listen on; loopback by default. ${NAME} is replaced by that environment "
+            "variable (an address with ':' gets its [brackets]), e.g. ${POD_IP}:9108; port 0: any free port."
+        ),
     )
     ready_stale_after: float = field(
         default=120.0,
         metadata=field_meta(
             "/readyz fails when the last successful re-query is older than this, seconds.", min=1
+        ),
+    )
+    inventory: bool = field(
+        default=False,
+        metadata=field_meta(
+            "Serve /inventory (every pod's devices): needs inventory_token(_file) or tls_client_ca_file."
+        ),
+    )
+    inventory_token: Secret | None = field(
+        default=None,
+        metadata=field_meta(
+            "Bearer token /inventory requires (Authorization: Bearer ...); the file is re-read when it "
+            "changes.",
+            secret=True,
+        ),
+    )
+    tls_cert_file: Path | None = field(
+        default=None,
+        metadata=field_meta("Server certificate (PEM): with tls_key_file, the server speaks HTTPS only."),
+    )
+    tls_key_file: Path | None = field(
+        default=None, metadata=field_meta("The server certificate's private key (PEM).")
+    )
+    tls_client_ca_file: Path | None = field(
+        default=None,
+        metadata=field_meta(
+            "CA (PEM) client certificates must chain to; a verified client certificate admits to /inventory."
+        ),
+    )
+    header_timeout: float = field(
+        default=10.0,
+        metadata=field_meta(
+            "A connection whose request headers (TLS handshake included) are not complete this long "
+            "after it opened, or after their first byte, is closed, seconds.",
+            min=0.1,
+            max=300,
+        ),
+    )
+    idle_timeout: float = field(
+        default=60.0,
+        metadata=field_meta(
+            "A kept-alive connection with no new request this long after its last answer is closed, seconds.",
+            min=0.1,
+            max=3600,
+        ),
+    )
+    request_timeout: float = field(
+        default=60.0,
+        metadata=field_meta(
+            "A request not answered to its last byte this long after its headers (a client that reads "
+            "slowly) is cut off, seconds.",
+            min=0.1,
+            max=3600,
+        ),
+    )
+    max_connections: int = field(
+        default=100,
+        metadata=field_meta(
+            "Most HTTP connections open at once; the next one closes the connection that has waited "
+            "longest without a request in flight. Each costs a file descriptor.",
+            min=2,
+            max=10000,
         ),
     )
 
@@ -213,7 +282,62 @@ def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{value!r} is not HOST:PORT")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        # fd00::1:9108 could be an address without a port: only [fd00::1]:9108 says which.
+        raise ValueError(f"{value!r} is not HOST:PORT: write an IPv6 address in brackets, [ADDRESS]:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def expand_listen(value: str) -> str:
+    """`value` with each ${NAME} replaced by the environment variable; an address with a ':' (IPv6)
+    is bracketed unless the reference already is, so ${POD_IP}:9108 serves either family.
+    SecretError if a variable is not set."""
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        found = os.environ.get(name)
+        if found is None:
+            raise SecretError(f"environment variable {name} is not set")
+        found = found.strip()
+        bracketed = value[: match.start()].endswith("[") and value[match.end() :].startswith("]")
+        return f"[{found}]" if ":" in found and not bracketed else found
+
+    return ENV_REF.sub(sub, value)
+
+
+def _check_http(http: HttpSettings) -> HttpSettings:
+    """The [http] rules that span keys; returns it with `listen` expanded."""
+    try:
+        listen = expand_listen(http.listen)
+    except SecretError as err:
+        raise ConfigError(f"http.listen: {err}") from None
+    try:
+        parse_listen(listen)
+    except ValueError as err:
+        # The value itself is not shown (no config error shows one); what went wrong is.
+        expanded = " once its ${VAR}s are expanded" if listen != http.listen else ""
+        brackets = "; write an IPv6 address in brackets" if "brackets" in str(err) else ""
+        raise ConfigError(
+            f"http.listen: not HOST:PORT{expanded}; expected e.g. 127.0.0.1:9108, [::1]:9108 or "
+            f"${{POD_IP}}:9108{brackets}"
+        ) from None
+    if (http.tls_cert_file is None) != (http.tls_key_file is None):
+        raise ConfigError("http.tls_cert_file: set both tls_cert_file and tls_key_file, or neither")
+    if http.tls_client_ca_file is not None and http.tls_cert_file is None:
+        raise ConfigError(
+            "http.tls_client_ca_file: client certificates need HTTPS: set tls_cert_file and tls_key_file too"
+        )
+    if http.tls_cert_file is not None and http.tls_key_file is not None:
+        try:
+            ServerTls(http.tls_cert_file, http.tls_key_file, http.tls_client_ca_file).context()
+        except TlsError as err:
+            raise ConfigError(f"http.tls_cert_file: {err}") from None
+    if http.inventory and http.inventory_token is None and http.tls_client_ca_file is None:
+        raise ConfigError(
+            "http.inventory: /inventory shows every pod's devices, so it needs inventory_token_file "
+            "(a bearer token) or tls_client_ca_file (client certificates); set one, or leave it off"
+        )
+    return dataclasses.replace(http, listen=listen)
 
 
 def parse_settings(data: Mapping[str, Any], *, base_dir: Path | None = None) -> Settings:
@@ -221,10 +345,7 @@ def parse_settings(data: Mapping[str, Any], *, base_dir: Path | None = None) -> 
     data = dict(data)
     sinks = _build_sinks(data.pop("sinks"), base_dir) if "sinks" in data else None
     settings: Settings = build(Settings, data, "", skip=frozenset({"sinks"}), base=base_dir)
-    try:
-        parse_listen(settings.http.listen)
-    except ValueError:
-        raise ConfigError("http.listen: not HOST:PORT; expected e.g. 0.0.0.0:9108 or [::1]:9108") from None
+    settings = dataclasses.replace(settings, http=_check_http(settings.http))
     if sinks is not None:
         settings = dataclasses.replace(settings, sinks=sinks)
     return settings

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -12,14 +14,53 @@ import structlog
 from watcher.cycle.committer import Committer
 from watcher.cycle.reactor import Reactor
 from watcher.delivery.dispatcher import Dispatcher
+from watcher.model.inventory import Inventory
 from watcher.ops.http import Health
 from watcher.ops.metrics import Metrics
 from watcher.settings import Settings
 from watcher.store.store import Store
 
-__all__ = ["AgentStatus"]
+__all__ = ["AgentStatus", "InventoryDocument"]
 
 log = structlog.get_logger("watcher.status")
+
+
+@dataclass(frozen=True)
+class InventoryDocument:
+    """/inventory's answer for one committed state: `{"derived", "hash", "inventory", "node", "seq"}`.
+
+    `render()` runs in a thread: it reads only this frozen state. The inventory itself is not
+    serialised again: its canonical bytes (the ones its hash is computed over) are spliced in.
+    """
+
+    node: str
+    seq: int
+    inventory: Inventory
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (self.node, self.seq, self.inventory.content_hash)
+
+    def render(self) -> bytes:
+        def value(v: Any) -> bytes:
+            return json.dumps(v, separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode()
+
+        inv = self.inventory
+        return b"".join(
+            (
+                b'{"derived":',
+                value(inv.derived()),
+                b',"hash":',
+                value(inv.content_hash),
+                b',"inventory":',
+                inv.canonical_bytes,
+                b',"node":',
+                value(self.node),
+                b',"seq":',
+                value(self.seq),
+                b"}",
+            )
+        )
 
 
 class AgentStatus:
@@ -79,18 +120,11 @@ class AgentStatus:
             return Health(False, f"the last successful re-query is {age:.0f} s old", details)
         return Health(True, "kubelet reachable, inventory fresh", details)
 
-    def inventory_document(self) -> dict[str, Any] | None:
+    def inventory_document(self) -> InventoryDocument | None:
         state = self.committer.state
-        inv = state.inventory
-        if inv is None:
+        if state.inventory is None:
             return None
-        return {
-            "node": self._settings().node,
-            "seq": state.seq,
-            "hash": inv.content_hash,
-            "inventory": inv.canonical,
-            "derived": inv.derived(),
-        }
+        return InventoryDocument(self._settings().node, state.seq, state.inventory)
 
     async def metrics_text(self) -> bytes:
         names = list(self.dispatcher.workers)  # a reload may change the dict while we await

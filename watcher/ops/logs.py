@@ -1,7 +1,7 @@
 """Logging with structlog: JSON when not on a TTY, readable console output on one.
 
 Standard-library loggers (watchfiles, asyncio, aiohttp) go through the same
-renderer, so every line has one shape. gRPC's C-core is silenced in
+renderer, so every line has one shape. gRPC's C-core is kept to its errors in
 `watcher/__init__.py`, before grpc is imported.
 """
 

@@ -17,6 +17,7 @@ __all__ = ["Metrics", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 P = "pod_resources_watcher"
+HTTP_CLOSE_REASONS = ("header_timeout", "request_timeout", "idle_timeout", "evicted", "tls_handshake")
 
 
 def _numa(node: int | None) -> str:
@@ -108,6 +109,21 @@ class Metrics:
         self.memory = _per_state(r, "memory_{}_bytes", "Memory {} per type and NUMA node(s).", "type")
         self.outbox = _OutboxCollector()
         r.register(self.outbox)
+        self.http_connections = Gauge(f"{P}_http_connections", "HTTP connections open now.", registry=r)
+        self.http_closed = Counter(
+            f"{P}_http_connections_closed",
+            "HTTP connections the agent closed, by reason: header_timeout, request_timeout, "
+            "idle_timeout, evicted (the connection cap), tls_handshake (a failed handshake).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in HTTP_CLOSE_REASONS:
+            self.http_closed.labels(reason)
+        self.inventory_renders = Counter(
+            f"{P}_inventory_renders",
+            "Times /inventory's answer was serialised: once per inventory version, however many ask.",
+            registry=r,
+        )
 
     def set_inventory(self, inv: Inventory) -> None:
         for g in (*self.resource.values(), *self.memory.values()):
@@ -146,6 +162,17 @@ class Metrics:
             for event in events:
                 created = datetime.fromisoformat(event.time.replace("Z", "+00:00"))
                 self.delivery_latency.labels(sink).observe(max(0.0, (now - created).total_seconds()))
+
+    # -- the HTTP server's figures (watcher.ops.http.HttpFigures) --
+
+    def http_connection_closed(self, reason: str) -> None:
+        self.http_closed.labels(reason).inc()
+
+    def http_connections_open(self, count: int) -> None:
+        self.http_connections.set(count)
+
+    def inventory_rendered(self) -> None:
+        self.inventory_renders.inc()
 
     def value(self, name: str, **labels: str) -> float:
         """The sum of the samples named `name` (without the prefix) whose labels include `labels`,
