@@ -9,6 +9,7 @@ core (model/, and the kubelet's health machine) imports no I/O library at all.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,23 @@ def test_the_readme_walk_names_code_that_exists() -> None:
         path = PACKAGE / file
         assert path.is_file(), f"README names {file}, which does not exist"
         assert name.rstrip(".") in _defined(path), f"README names {file}:{name}, which does not exist"
+
+
+def test_every_test_security_md_cites_exists() -> None:
+    """SECURITY.md backs each claim with a test; a renamed or deleted test must not leave a claim
+    that points at nothing. `tests/FILE::NAME` names a file; `::NAME` after it, the same file."""
+    text = (PACKAGE.parent / "SECURITY.md").read_text()
+    cited: list[tuple[str, str]] = []
+    current = None
+    for match in re.finditer(r"`(tests/[\w/]+\.py)?(?:::(\w+))?`", text):
+        current = match.group(1) or current
+        if match.group(2) is not None:
+            assert current is not None, f"{match.group(0)} names no file before it"
+            cited.append((current, match.group(2)))
+    assert len(cited) > 30
+    missing = []
+    for path, name in cited:
+        source = (PACKAGE.parent / path).read_text()
+        if not re.search(rf"^(async )?def {name}\(", source, re.M):
+            missing.append(f"{path}::{name}")
+    assert missing == [], "SECURITY.md cites tests that do not exist"
