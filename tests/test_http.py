@@ -323,12 +323,24 @@ async def test_inventory_needs_the_bearer_token_and_rereads_its_file(short_tmp: 
             {"inventory_token_file": "/nonexistent/token"},
             "http.inventory_token_file: cannot read secret file",
         ),
+        # An empty pod IP (a blank Environment= line) must not mean every interface.
+        (
+            {"listen": "${PRW_TEST_EMPTY_VAR}:9108"},
+            "http.listen: environment variable PRW_TEST_EMPTY_VAR is empty",
+        ),
+        (
+            {"listen": "[${PRW_TEST_EMPTY_VAR}]:9108"},
+            "http.listen: environment variable PRW_TEST_EMPTY_VAR is empty",
+        ),
+        ({"listen": ":9108"}, "http.listen: not HOST:PORT; expected e.g. 127.0.0.1:9108"),
+        ({"listen": "[]:9108"}, "http.listen: not HOST:PORT; expected e.g. 127.0.0.1:9108"),
     ],
 )
 def test_http_config_errors_name_the_key(
     http: dict[str, object], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PRW_TEST_UNSET_VAR", raising=False)
+    monkeypatch.setenv("PRW_TEST_EMPTY_VAR", " ")
     with pytest.raises(ConfigError) as info:
         parse_settings({"http": http})
     assert str(info.value).startswith(message), str(info.value)

@@ -262,3 +262,54 @@ async def test_the_agent_warns_at_start_about_a_secret_file_others_may_read(shor
         f"chmod 600 {token} (the agent only reads it)"
     )
     assert logs.index(warning) < logs.index(logged(logs, "watcher starting")[0])
+
+
+def test_check_config_warns_about_a_private_key_others_may_read(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # A TLS private key is a secret in itself, though its setting is a plain path.
+    cert, key = tmp_path / "client.crt", tmp_path / "client.key"
+    cert.write_text("certificate\n")
+    key.write_text("private key\n")
+    os.chmod(cert, 0o644)  # a certificate is public: no warning
+    os.chmod(key, 0o644)
+    config = tmp_path / "w.toml"
+    config.write_text(
+        '[sinks.hook]\ntype = "webhook"\nurl = "https://127.0.0.1:9/"\n'
+        f'cert_file = "{cert}"\nkey_file = "{key}"\n'
+    )
+    assert main(["check-config", str(config)]) == 0
+    assert capfd.readouterr().err.splitlines() == [
+        f"pod-resources-watcher: WARNING: sinks.hook.key_file: secret file {key} is open to group "
+        f"or others (mode 0644): chmod 600 {key} (the agent only reads it)"
+    ]
+    os.chmod(key, 0o600)
+    assert main(["check-config", str(config)]) == 0
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("name", ["audit.jsonl", ".audit.jsonl.head.tmp"])
+async def test_a_hard_linked_audit_file_is_refused_and_its_target_is_untouched(
+    short_tmp: Path, name: str
+) -> None:
+    # O_NOFOLLOW stops symbolic links only; a hard link to a file elsewhere would have the agent
+    # cut, chmod, truncate or append to that file just the same.
+    target = short_tmp / "precious.txt"
+    original = b"root:x:0:0:root:/root:/bin/bash\nthe last line, without a newline"
+    target.write_bytes(original)
+    os.chmod(target, 0o644)
+    state = short_tmp / "state"
+    state.mkdir()
+    os.link(target, state / name)
+    audit = state / "audit.jsonl"
+    sink = build_sink(
+        FileSinkSettings(name="audit", path=audit), node="n", state_dir=state, store=MemoryStore()
+    )
+    try:
+        outcome = await sink.deliver([event(1)])
+    finally:
+        await sink.close()
+    assert outcome.retry and not outcome.delivered
+    assert f"{state / name}: it has 2 names (hard links)" in outcome.error
+    assert target.read_bytes() == original
+    assert mode(target) == 0o644

@@ -28,13 +28,20 @@ class ConfigError(WatcherError):
 
 
 def field_meta(
-    doc: str, *, min: float | None = None, max: float | None = None, secret: bool = False
+    doc: str,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    secret: bool = False,
+    private: bool = False,
 ) -> dict[str, Any]:
     """A settings field's metadata: its doc line, numeric bounds, and whether it is a secret.
 
-    A secret field `x` is also settable as `x_file`, and never prints its value.
+    A secret field `x` is also settable as `x_file`, and never prints its value. A `private`
+    field is the path of a file that is a secret in itself (a TLS private key): it is warned
+    about, like a secret file, when group or others may read it.
     """
-    return {"doc": doc, "min": min, "max": max, "secret": secret}
+    return {"doc": doc, "min": min, "max": max, "secret": secret, "private": private}
 
 
 def describe(value: Any) -> str:

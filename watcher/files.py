@@ -1,4 +1,4 @@
-"""Files the agent writes: private (0600, directories 0700) and never through a symbolic link.
+"""Files the agent writes: private (0600, directories 0700), never through a link of either kind.
 
 The outbox holds every event's payload and the audit log every device and pod name, so they
 are for the agent alone whatever the umask. A symbolic link where the agent writes would let
@@ -83,10 +83,22 @@ def private_dir(path: Path, what: str, *, tighten: bool) -> None:
     log.warning(f"the {what} was open to group or others: set to 0700", path=str(path), was=f"{mode:04o}")
 
 
+def _hard_linked(path: Path, what: str, links: int) -> UnsafePathError:
+    return UnsafePathError(
+        f"refusing to write the {what} {path}: it has {links} names (hard links), so writing it "
+        "would change a file elsewhere too; replace it with a file of its own",
+        path=str(path),
+    )
+
+
 def _tighten(fd: int, path: Path, what: str) -> None:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise _not_regular(path, what)
+    if st.st_nlink > 1:
+        # O_NOFOLLOW stops symbolic links only: a hard link to another file would have the
+        # agent cut, chmod and append to that file just the same.
+        raise _hard_linked(path, what, st.st_nlink)
     mode = stat.S_IMODE(st.st_mode)
     if not mode & 0o077:
         return
@@ -106,7 +118,12 @@ def _tighten(fd: int, path: Path, what: str) -> None:
 def open_private(path: Path, flags: int, what: str) -> int:
     """`os.open(path, flags)` for a file the agent writes: created 0600 whatever the umask,
     never through a symbolic link (UnsafePathError), only a regular file, and an existing one
-    that group or others may access set to 0600 (logged). `what` names it in messages."""
+    that group or others may access set to 0600 (logged). `what` names it in messages.
+
+    O_TRUNC is applied only once the file has passed those checks: truncating at open would
+    empty a hard-linked file before it could be refused."""
+    truncate = bool(flags & os.O_TRUNC)
+    flags &= ~os.O_TRUNC
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, PRIVATE_FILE)
     except OSError as err:
@@ -115,6 +132,8 @@ def open_private(path: Path, flags: int, what: str) -> int:
         raise
     try:
         _tighten(fd, path, what)
+        if truncate:
+            os.ftruncate(fd, 0)
         if flags & os.O_NONBLOCK == 0:
             # Only a FIFO would block on open, and it was refused above; a regular file
             # ignores O_NONBLOCK, but the descriptor should say what the caller asked for.
@@ -141,6 +160,8 @@ def check_private(path: Path, what: str, *, create: bool = False) -> None:
         return
     if stat.S_ISLNK(st.st_mode):
         raise _link_error(path, what)
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        raise _hard_linked(path, what, st.st_nlink)
     if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o077:
         return
     try:

@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 __all__ = [
+    "file_exposure",
     "ENV_REF",
     "Secret",
     "SecretError",
@@ -135,6 +136,21 @@ def expand_env(text: str) -> str:
     return ENV_REF.sub(sub, text)
 
 
+def file_exposure(path: Path) -> str | None:
+    """What is wrong with a secret file that group or others may read or write, and what to do;
+    None for a private one, or one that cannot be read now (reading it says why)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+    if not mode & 0o077:
+        return None
+    return (
+        f"secret file {path} is open to group or others (mode {mode:04o}): "
+        f"chmod 600 {path} (the agent only reads it)"
+    )
+
+
 class Secret:
     """A value resolved on use. `describe()` says where it comes from, never what it is."""
 
@@ -158,18 +174,7 @@ class Secret:
     def exposure(self) -> str | None:
         """For a secret file that group or others may read or write: what is wrong and what to
         do; None otherwise (an inline or ${ENV} secret, a private file, a file not readable now)."""
-        if self._file is None:
-            return None
-        try:
-            mode = stat.S_IMODE(os.stat(self._file).st_mode)
-        except OSError:
-            return None  # get() says why it cannot be read
-        if not mode & 0o077:
-            return None
-        return (
-            f"secret file {self._file} is open to group or others (mode {mode:04o}): "
-            f"chmod 600 {self._file} (the agent only reads it)"
-        )
+        return None if self._file is None else file_exposure(self._file)
 
     def get(self) -> str:
         if self._template is not None:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from watcher.config import ConfigError, build, describe, field_meta
 from watcher.kubelet.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT
-from watcher.secrets import ENV_REF, REDACTED, Secret, SecretError, redact
+from watcher.secrets import ENV_REF, REDACTED, Secret, SecretError, file_exposure, redact
 from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.registry import check_audit_heads, parse_sink
 from watcher.sinks.stdout import StdoutSinkSettings
@@ -195,7 +195,7 @@ class HttpSettings:
         metadata=field_meta("Server certificate (PEM): with tls_key_file, the server speaks HTTPS only."),
     )
     tls_key_file: Path | None = field(
-        default=None, metadata=field_meta("The server certificate's private key (PEM).")
+        default=None, metadata=field_meta("The server certificate's private key (PEM).", private=True)
     )
     tls_client_ca_file: Path | None = field(
         default=None,
@@ -285,7 +285,10 @@ def parse_listen(value: str) -> tuple[str, int]:
     if ":" in host and not (host.startswith("[") and host.endswith("]")):
         # fd00::1:9108 could be an address without a port: only [fd00::1]:9108 says which.
         raise ValueError(f"{value!r} is not HOST:PORT: write an IPv6 address in brackets, [ADDRESS]:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    if not host.strip("[]"):
+        # No host is no default: an empty ${POD_IP} must not quietly mean every interface.
+        raise ValueError(f"{value!r} is not HOST:PORT: the host is missing (0.0.0.0 for every interface)")
+    return host.strip("[]"), int(port)
 
 
 def expand_listen(value: str) -> str:
@@ -299,6 +302,8 @@ def expand_listen(value: str) -> str:
         if found is None:
             raise SecretError(f"environment variable {name} is not set")
         found = found.strip()
+        if not found:
+            raise SecretError(f"environment variable {name} is empty")
         bracketed = value[: match.start()].endswith("[") and value[match.end() :].startswith("]")
         return f"[{found}]" if ":" in found and not bracketed else found
 
@@ -317,6 +322,7 @@ def _check_http(http: HttpSettings) -> HttpSettings:
         # The value itself is not shown (no config error shows one); what went wrong is.
         expanded = " once its ${VAR}s are expanded" if listen != http.listen else ""
         brackets = "; write an IPv6 address in brackets" if "brackets" in str(err) else ""
+        brackets += "; the host is missing (0.0.0.0 for every interface)" if "missing" in str(err) else ""
         raise ConfigError(
             f"http.listen: not HOST:PORT{expanded}; expected e.g. 127.0.0.1:9108, [::1]:9108 or "
             f"${{POD_IP}}:9108{brackets}"
@@ -388,26 +394,29 @@ def printable(settings: Settings) -> dict[str, Any]:
     return out
 
 
-def _secret_fields(obj: Any, path: str) -> list[tuple[str, Secret]]:
-    found: list[tuple[str, Secret]] = []
+def _secret_files(obj: Any, path: str) -> list[str]:
+    """`KEY: problem` for each secret file (a secret's `_file`, a private key's path) under `obj`
+    that group or others may read or write."""
+    found: list[str] = []
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if isinstance(value, Secret):
-            found.append((f"{path}{f.name}", value))
+            problem = value.exposure()
+            if problem is not None:
+                found.append(f"{path}{f.name}_file: {problem}")
+        elif isinstance(value, Path) and f.metadata.get("private"):
+            problem = file_exposure(value)
+            if problem is not None:
+                found.append(f"{path}{f.name}: {problem}")
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            found += _secret_fields(value, f"{path}{f.name}.")
+            found += _secret_files(value, f"{path}{f.name}.")
     return found
 
 
 def secret_file_warnings(settings: Settings) -> list[str]:
     """One line per secret file that group or others may read or write, naming its key: a
     warning, not an error (the agent still works; the secret is just less secret than meant)."""
-    found = _secret_fields(settings, "")
+    warnings = _secret_files(settings, "")
     for sink in settings.sinks:
-        found += _secret_fields(sink, f"sinks.{sink.name}.")
-    warnings = []
-    for key, secret in found:
-        problem = secret.exposure()
-        if problem is not None:
-            warnings.append(f"{key}_file: {problem}")
+        warnings += _secret_files(sink, f"sinks.{sink.name}.")
     return warnings

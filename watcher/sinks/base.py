@@ -168,7 +168,9 @@ class HttpSinkSettings:
     cert_file: Path | None = field(
         default=None, metadata=field_meta("Client certificate (PEM) for mutual TLS.")
     )
-    key_file: Path | None = field(default=None, metadata=field_meta("Client key (PEM) for mutual TLS."))
+    key_file: Path | None = field(
+        default=None, metadata=field_meta("Client key (PEM) for mutual TLS.", private=True)
+    )
     tls_verify: bool = field(
         default=True, metadata=field_meta("Verify the server's certificate. Turn off only for tests.")
     )
