@@ -1096,6 +1096,19 @@ def test_credentials_nobody_registered_are_scrubbed_from_any_text() -> None:
     assert redact("key LiteralApiKey-5a5b5c refused") == "key *** refused"
     assert redact("node gpu-prod-eu-cluster-9-17") == "node gpu-prod-eu-cluster-9-17"
 
+    # The same for a plain URL's query: a credential parameter's value is a secret, others not.
+    sink_config(
+        "am2", type="alertmanager", url="http://127.0.0.1:9093/?tenant=production-eu&token=QueryTok-77aa"
+    )
+    assert redact("token QueryTok-77aa refused") == "token *** refused"
+    assert redact("node gpu-production-eu-7") == "node gpu-production-eu-7"
+
+    # A secret URL's token may be quoted without the rest of its path, or without the slash.
+    sink_config("slack", type="slack", url="https://127.0.0.1:9/services/T0/B0/PathTokenOnly-0123456789")
+    assert redact("no route for services/T0/B0/PathTokenOnly-0123456789") == "no route for ***"
+    assert redact("token PathTokenOnly-0123456789 revoked") == "token *** revoked"
+    assert redact("the services are up") == "the services are up"
+
 
 @pytest.mark.parametrize("query", [False, True], ids=["path", "path-and-query"])
 async def test_a_receiver_echoing_only_the_request_path_gets_no_token_into_errors_or_logs(

@@ -52,9 +52,27 @@ class SecretError(ValueError):
     """A secret could not be resolved (unset variable, unreadable or empty file)."""
 
 
+# Header (and query parameter) names that carry credentials. Other values (X-Cluster =
+# "prod-eu-1", ?tenant=production) are not registered: they often repeat names that appear in
+# ordinary log lines (a node called gpu-prod-eu-1-17), which would be scrubbed too.
+# `check-config` shows every header value as ***.
+_CREDENTIAL_HEADER = re.compile(r"(?i)auth|cookie|key|token|secret|passw|signature|session|credential")
+
+
+# A path segment this long in a secret URL is taken for a token on its own (Slack's
+# /services/T0/B0/TOKEN): a receiver may quote it without the rest of the path. Shorter ones
+# (`services`, `hooks`) are ordinary words that would be scrubbed from every log line.
+_TOKEN_SEGMENT = 16
+
+
 def _url_parts(value: str, *, path: bool) -> list[str]:
-    """The parts of URL `value` that are credentials: its userinfo (and password), its query (and
-    each query value), and with `path` its path; raw and percent-decoded. [] if not a URL."""
+    """The parts of URL `value` that are credentials, raw and percent-decoded; [] if not a URL.
+
+    Its userinfo (and password) and its query string always. Query values: with `path` (the
+    URL is a secret as a whole) every one; otherwise only those whose name says credential
+    (`?token=...`), not `?tenant=production`, whose value may be any word. With `path`, the
+    path too: with and without its leading slash, and each segment long enough to be a token.
+    """
     try:
         parts = urlsplit(value)
     except ValueError:
@@ -66,9 +84,11 @@ def _url_parts(value: str, *, path: bool) -> list[str]:
     if at:
         found += [userinfo, userinfo.partition(":")[2]]
     if parts.query:
-        found += [parts.query, *(v for _, v in parse_qsl(parts.query, keep_blank_values=True))]
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        found += [parts.query, *(v for k, v in pairs if path or _CREDENTIAL_HEADER.search(k))]
     if path and parts.path:
-        found.append(parts.path)
+        segments = [seg for seg in parts.path.split("/") if len(seg) >= _TOKEN_SEGMENT]
+        found += [parts.path, parts.path.lstrip("/"), *segments]
     return [*found, *(unquote(f) for f in found)]
 
 
@@ -83,12 +103,6 @@ def _remember(value: str) -> str:
     # A secret URL is secret as a whole, so its path is too (a webhook's token lives there).
     _add([value, *_url_parts(value, path=True)])
     return value
-
-
-# Header names that carry credentials. Other headers' values (X-Cluster = "prod-eu-1") are not
-# registered: they often repeat names that appear in ordinary log lines (a node called
-# gpu-prod-eu-1-17), which would be scrubbed too. `check-config` shows every header value as ***.
-_CREDENTIAL_HEADER = re.compile(r"(?i)auth|cookie|key|token|secret|passw|signature|session|credential")
 
 
 def remember_header(name: str, value: str) -> str:
