@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
 from watcher.secrets import Secret
-from watcher.settings import Settings
+from watcher.settings import Settings, config_warnings, parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.audit import verify_files
@@ -255,7 +256,7 @@ async def test_the_agent_warns_at_start_about_a_secret_file_others_may_read(shor
     with capture_logs() as logs:
         async with fake, running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
-    (warning,) = logged(logs, "secret file is not private")
+    (warning,) = logged(logs, "a secret is less private than it should be")
     assert warning["log_level"] == "warning"
     assert warning["problem"] == (
         f"sinks.hook.bearer_token_file: secret file {token} is open to group or others (mode 0640): "
@@ -313,3 +314,43 @@ async def test_a_hard_linked_audit_file_is_refused_and_its_target_is_untouched(
     assert f"{state / name}: it has 2 names (hard links)" in outcome.error
     assert target.read_bytes() == original
     assert mode(target) == 0o644
+
+
+@pytest.mark.parametrize(
+    ("listen", "tls", "warned"),
+    [("10.1.2.3:9108", False, True), ("127.0.0.1:9108", False, False), ("10.1.2.3:9108", True, False)],
+)
+def test_check_config_warns_about_an_inventory_token_sent_in_clear_text(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], listen: str, tls: bool, warned: bool
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("inventory-token-0123456789\n")
+    os.chmod(token, 0o600)
+    config = tmp_path / "w.toml"
+    # A certificate that does not load is a config error, so the TLS case sets the files and
+    # is checked through the warnings alone (config_warnings), not through check-config.
+    text = f'[http]\nlisten = "{listen}"\ninventory = true\ninventory_token_file = "{token}"\n'
+    if not tls:
+        config.write_text(text)
+        assert main(["check-config", str(config)]) == 0
+        err = capfd.readouterr().err
+        assert ("the token travels in clear text to 10.1.2.3" in err) is warned, err
+        return
+    settings = parse_settings(tomllib.loads(text))
+    https = dataclasses.replace(
+        settings.http, tls_cert_file=tmp_path / "c.pem", tls_key_file=tmp_path / "k.pem"
+    )
+    assert config_warnings(dataclasses.replace(settings, http=https)) == []
+
+
+def test_a_short_inventory_token_is_a_config_error(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    token = tmp_path / "token"
+    token.write_text("short\n")
+    os.chmod(token, 0o600)
+    config = tmp_path / "w.toml"
+    config.write_text(f'[http]\ninventory = true\ninventory_token_file = "{token}"\n')
+    assert main(["check-config", str(config)]) == 2
+    err = capfd.readouterr().err
+    assert "http.inventory_token: shorter than 16 characters" in err and "short" not in err.replace(
+        "shorter", ""
+    )

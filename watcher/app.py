@@ -31,7 +31,7 @@ from watcher.ops import notify
 from watcher.ops.connections import ConnectionLimits
 from watcher.ops.http import HttpOptions, HttpServer
 from watcher.ops.metrics import Metrics
-from watcher.settings import HttpSettings, Settings, parse_listen, secret_file_warnings
+from watcher.settings import HttpSettings, Settings, config_warnings, parse_listen
 from watcher.sinks.base import Sink
 from watcher.sinks.registry import build_sinks
 from watcher.status import AgentStatus
@@ -200,7 +200,7 @@ class Agent:
     async def run(self, on_started: Callable[[], None] | None = None) -> None:
         """Run until `stop` is set; `on_started` is called once every task is running."""
         structlog.contextvars.bind_contextvars(node=self.settings.node)
-        _warn_about_secret_files(self.settings)
+        _warn_about_config(self.settings)
         try:
             tasks: dict[str, Callable[[], Awaitable[None]]] = {
                 "query-loop": self.reactor.run,
@@ -322,7 +322,7 @@ class Agent:
         if settings.node != old.node:
             log.warning("the node name changes only on restart; keeping it", node=old.node)
             settings = dataclasses.replace(settings, node=old.node)
-        _warn_about_secret_files(settings)
+        _warn_about_config(settings)
         if dataclasses.replace(settings.http, ready_stale_after=0) != dataclasses.replace(
             old.http, ready_stale_after=0
         ):
@@ -343,7 +343,7 @@ class Agent:
         log.info("configuration reloaded", sinks_changed=changed, socket=str(settings.kubelet.socket))
 
 
-def _warn_about_secret_files(settings: Settings) -> None:
-    # A warning, not a refusal: the agent works, but the secret is readable by more than it.
-    for warning in secret_file_warnings(settings):
-        log.warning("secret file is not private", problem=warning)
+def _warn_about_config(settings: Settings) -> None:
+    # A warning, not a refusal: the agent works, but a secret is exposed to more than it.
+    for warning in config_warnings(settings):
+        log.warning("a secret is less private than it should be", problem=warning)

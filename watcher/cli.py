@@ -24,7 +24,7 @@ from watcher.kubelet.client import (
 )
 from watcher.ops.logs import configure_logging
 from watcher.secrets import Secret, SecretError, redact
-from watcher.settings import Settings, load_settings, printable, secret_file_warnings
+from watcher.settings import Settings, config_warnings, load_settings, printable
 from watcher.sim.demo import run_demo
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node, large_node
@@ -388,7 +388,7 @@ async def _send_test(settings: Settings, name: str) -> int:
 
 def _check_config(path: Path) -> int:
     settings = load_settings(path)
-    for warning in secret_file_warnings(settings):
+    for warning in config_warnings(settings):
         print(f"{PROG}: WARNING: {warning}", file=sys.stderr)
     print(f"{path}: OK")
     # Secrets print as where they come from, header values and URL credentials as ***; the

@@ -8,6 +8,7 @@ its sink type (see `watcher.sinks.registry`).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import socket
@@ -35,7 +36,7 @@ __all__ = [
     "parse_settings",
     "parse_listen",
     "printable",
-    "secret_file_warnings",
+    "config_warnings",
     "expand_listen",
 ]
 
@@ -310,6 +311,10 @@ def expand_listen(value: str) -> str:
     return ENV_REF.sub(sub, value)
 
 
+# As for the audit log's key: long enough that trying tokens over the network is hopeless.
+MIN_TOKEN_CHARS = 16
+
+
 def _check_http(http: HttpSettings) -> HttpSettings:
     """The [http] rules that span keys; returns it with `listen` expanded."""
     try:
@@ -338,6 +343,11 @@ def _check_http(http: HttpSettings) -> HttpSettings:
             ServerTls(http.tls_cert_file, http.tls_key_file, http.tls_client_ca_file).context()
         except TlsError as err:
             raise ConfigError(f"http.tls_cert_file: {err}") from None
+    if http.inventory_token is not None and len(http.inventory_token.get()) < MIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"http.inventory_token: shorter than {MIN_TOKEN_CHARS} characters, which can be guessed; "
+            "make one with e.g. `openssl rand -base64 32`"
+        )
     if http.inventory and http.inventory_token is None and http.tls_client_ca_file is None:
         raise ConfigError(
             "http.inventory: /inventory shows every pod's devices, so it needs inventory_token_file "
@@ -413,10 +423,26 @@ def _secret_files(obj: Any, path: str) -> list[str]:
     return found
 
 
-def secret_file_warnings(settings: Settings) -> list[str]:
-    """One line per secret file that group or others may read or write, naming its key: a
-    warning, not an error (the agent still works; the secret is just less secret than meant)."""
+def config_warnings(settings: Settings) -> list[str]:
+    """One line per thing in the settings that works but is less safe than meant, naming its
+    key: secret files that group or others may read or write, and an /inventory token sent in
+    clear text over the network. Warnings, not errors: the agent works either way."""
     warnings = _secret_files(settings, "")
     for sink in settings.sinks:
         warnings += _secret_files(sink, f"sinks.{sink.name}.")
+    http = settings.http
+    if http.inventory and http.inventory_token is not None and http.tls_cert_file is None:
+        host = parse_listen(http.listen)[0]
+        if not _is_loopback(host):
+            warnings.append(
+                f"http.inventory_token: the token travels in clear text to {host}: anyone who can "
+                "watch that network can read it; set tls_cert_file and tls_key_file for HTTPS"
+            )
     return warnings
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
