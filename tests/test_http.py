@@ -520,6 +520,22 @@ async def test_the_header_deadline_is_not_extended_by_trickling_bytes() -> None:
     assert figures.closed == Counter({"header_timeout": 1})
 
 
+async def test_an_unfinished_request_pipelined_behind_a_whole_one_gets_the_header_deadline() -> None:
+    # Its first bytes arrive while the first request is answered: once that answer is out, the
+    # connection waits for the rest of a request's headers, not for an idle one to begin.
+    async with _serving(_options(header_timeout=0.5, idle_timeout=5)) as (server, figures):
+        assert server.bound_port is not None
+        reader, writer = await _connect(server.bound_port)
+        started = time.monotonic()
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\nGET /healthz HTTP/1.1\r\nHost: slow\r\n")
+        assert b"200" in await reader.readline()
+        assert await _closed_by_server(reader, 3.0)
+        closed_after = time.monotonic() - started
+        writer.close()
+    assert closed_after < 2.0  # header_timeout (0.5 s), not idle_timeout (5 s)
+    assert figures.closed == Counter({"header_timeout": 1})
+
+
 async def test_kept_alive_connections_serve_requests_then_close_when_idle() -> None:
     async with _serving(_options(idle_timeout=0.5, header_timeout=5)) as (server, figures):
         assert server.bound_port is not None

@@ -82,6 +82,11 @@ class GuardedProtocol(asyncio.Protocol):
         # Decrypted bytes that arrive with the end of the handshake, before start_tls returns.
         self._early: list[bytes] = []
         self._early_eof = False
+        # Bytes received since the last end of a header block (CRLF CRLF), and the last three
+        # bytes seen (an end may straddle two reads): non-zero after an answer means a next
+        # request has begun, pipelined behind it, perhaps in the very same read.
+        self._after_headers = 0
+        self._tail = b""
 
     # -- state --
 
@@ -150,9 +155,23 @@ class GuardedProtocol(asyncio.Protocol):
         if self._early_eof:
             self.inner.eof_received()
 
+    def answered(self) -> None:
+        """The answer is written: wait for the next request, or for the rest of its headers if
+        it has begun (else a pipelined, never-finished request would get idle_timeout instead
+        of header_timeout). Our endpoints take no request body, so bytes after a header block
+        are a next request; a body would only make the wait the shorter of the two."""
+        self.enter("headers" if self._after_headers else "idle")
+
+    def _scan(self, data: bytes) -> None:
+        joined = self._tail + data
+        end = joined.rfind(b"\r\n\r\n")
+        self._after_headers = len(joined) - end - 4 if end >= 0 else self._after_headers + len(data)
+        self._tail = joined[-3:]
+
     def data_received(self, data: bytes) -> None:
         if self.state == "idle" and data:
             self.enter("headers")  # the next request has begun: its headers have header_timeout
+        self._scan(data)
         if self.connected:
             self.inner.data_received(data)
         else:
@@ -273,7 +292,7 @@ class ConnectionGuard:
             return response
         finally:
             if conn is not None:
-                conn.enter("idle")
+                conn.answered()
 
 
 async def _send(request: web.Request, response: web.StreamResponse) -> None:
