@@ -41,8 +41,9 @@ except ImportError as err:  # pragma: no cover - a missing test dependency
     ) from err
 
 from watcher.cli import main
-from watcher.ops.http import BACKLOG, FD_RESERVE
+from watcher.ops.http import BACKLOG, FD_OWN
 from watcher.settings import HttpSettings
+from watcher.sinks.http import HTTP_SINK_CONNECTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -888,9 +889,12 @@ def test_systemd_unit_is_hardened() -> None:
     assert one("Type") == "notify"
     assert one("NotifyAccess") == "main"
     assert one("CapabilityBoundingSet") == ""
+    assert one("UMask") == "0077"  # what it creates is private even before the agent's own modes
+    assert one("SystemCallFilter") == "@system-service"
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
-    # The fd budget: the HTTP cap plus a flood being accepted plus the agent's own, with room.
-    budget = HttpSettings().max_connections + 3 * BACKLOG + FD_RESERVE
+    # The fd budget: the HTTP cap plus a flood being accepted plus the agent's own, and eight
+    # HTTP sinks' pools (the README's budget).
+    budget = HttpSettings().max_connections + 3 * BACKLOG + FD_OWN + 8 * HTTP_SINK_CONNECTIONS
     assert budget < int(one("LimitNOFILE")) <= 4 * budget
     # The DaemonSet's config, used here too, listens on ${POD_IP}: loopback unless overridden.
     assert "POD_IP=127.0.0.1" in service["Environment"]

@@ -160,17 +160,24 @@ def test_a_burst_of_sighups_from_the_first_instant_is_one_or_two_reloads(short_t
         reloaded = logs.wait_for("configuration reloaded")
         # The built-in stdout sink goes (the file names its own) and only the last version's arrives.
         assert reloaded["sinks_changed"] == ["second", "stdout"]
-        # Shutdown, with HUPs raining on it: neither a reload nor death by signal.
+        # One more, alone, so that no reload is pending or running when the shutdown begins.
+        config.write_text(_config(short_tmp, "third"))
+        proc.send_signal(signal.SIGHUP)
+        while "third" not in logs.wait_for("configuration reloaded")["sinks_changed"]:
+            pass
+        burst = [e for e in logs.seen if e.get("event") == "configuration reloaded"][:-1]
+        # Shutdown, with HUPs raining on it from its first instant, through the handing over of
+        # queued events, to the end: neither a reload nor death by signal.
         proc.send_signal(signal.SIGTERM)
-        notify.wait_for("STOPPING=1")
-        for _ in range(50):
-            if proc.poll() is not None:
-                break
+        while proc.poll() is None:
             proc.send_signal(signal.SIGHUP)
+            time.sleep(0.002)  # pacing the sender, not waiting for the agent
         assert proc.wait(timeout=20) == 0
+        notify.wait_for("STOPPING=1")
         logs.drain()
     reloads = [e for e in logs.seen if e.get("event") == "configuration reloaded"]
-    assert 1 <= len(reloads) <= 2, reloads
+    assert 1 <= len(burst) <= 2, burst
+    assert "third" in reloads[-1]["sinks_changed"], "a reload ran during the shutdown"
     assert not any("cannot schedule new futures" in line for line in logs.raw)
 
 
@@ -219,3 +226,25 @@ def test_notify_reaches_the_service_manager(
         assert got[0] == "RELOADING=1" and got[1].startswith("MONOTONIC_USEC=")
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert not notify.ready("outside systemd")  # nothing to tell, and no error
+
+
+def test_grpc_fatal_messages_are_not_silenced() -> None:
+    # gRPC reads its verbosity once, at import: ERROR keeps the message of a fatal check (an
+    # abort that would otherwise leave no word), and nothing chattier. An operator's own setting wins.
+    code = "import os, watcher; print(os.environ['GRPC_VERBOSITY'])"
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "ERROR"
+    mine = {**env, "PYTHONPATH": str(ROOT), "GRPC_VERBOSITY": "DEBUG"}
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], env=mine, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "DEBUG"
+    )

@@ -29,10 +29,11 @@ from watcher.model.inventory import Inventory
 from watcher.model.settling import Settling
 from watcher.ops import notify
 from watcher.ops.connections import ConnectionLimits
-from watcher.ops.http import HttpOptions, HttpServer
+from watcher.ops.http import FD_OWN, HttpOptions, HttpServer
 from watcher.ops.metrics import Metrics
 from watcher.settings import HttpSettings, Settings, config_warnings, parse_listen
-from watcher.sinks.base import Sink
+from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Sink
+from watcher.sinks.http import HTTP_SINK_CONNECTIONS
 from watcher.sinks.registry import build_sinks
 from watcher.status import AgentStatus
 from watcher.store.outbox import OUTBOX_FILE
@@ -52,8 +53,9 @@ RELOAD_QUIET_S = 0.2
 RELOAD_MAX_WAIT_S = 2.0
 
 
-def http_options(http: HttpSettings) -> HttpOptions:
-    """The HTTP server's options from the validated [http] settings."""
+def http_options(http: HttpSettings, sinks: Sequence[BaseSinkSettings] = ()) -> HttpOptions:
+    """The HTTP server's options from the validated [http] settings; `sinks` for the descriptors
+    they hold beside the server's (an HTTP sink's pool up to its connection limit, a file one)."""
     host, port = parse_listen(http.listen)
     tls = None
     if http.tls_cert_file is not None and http.tls_key_file is not None:
@@ -70,6 +72,8 @@ def http_options(http: HttpSettings) -> HttpOptions:
         inventory=http.inventory,
         inventory_token=http.inventory_token,
         tls=tls,
+        other_descriptors=FD_OWN
+        + sum(HTTP_SINK_CONNECTIONS if isinstance(s, HttpSinkSettings) else 1 for s in sinks),
     )
 
 
@@ -211,7 +215,9 @@ class Agent:
             if not self.storage.ready.is_set() and not await self.open():
                 tasks["outbox-open"] = self._open_later
             if self.settings.http.enabled:
-                self.http = HttpServer(self.status, http_options(self.settings.http), self.metrics)
+                self.http = HttpServer(
+                    self.status, http_options(self.settings.http, self.settings.sinks), self.metrics
+                )
                 tasks["http"] = self.http.serve(self.stop)
             if self.load_settings is not None:
                 tasks["reloader"] = self._reloader

@@ -346,10 +346,16 @@ async def _run(settings: Settings, config: Path | None) -> int:
         with stop_on_signals(stop):
             await agent.run(on_started=on_started)
     finally:
-        loop.remove_signal_handler(signal.SIGHUP)
         # Shutting down: a SIGHUP now must neither reload nor, at its default action, kill
         # the process before the queued events are handed over and the outbox is closed.
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        # remove_signal_handler() restores the default action before the next line ignores
+        # it: blocked meanwhile, a SIGHUP waits and then meets SIG_IGN.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+        try:
+            loop.remove_signal_handler(signal.SIGHUP)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
         if before is not None and before is not signal.SIG_IGN:
             signal.signal(signal.SIGHUP, before)  # in-process callers (tests) get theirs back
     return 0

@@ -12,8 +12,10 @@ Every connection is in one of three states, each with its own deadline:
 At most `max_connections` are open. The next one is always accepted, and makes room by closing the
 connection that has waited longest in `headers` or `idle` (no request in flight); only if every
 connection has a request in flight is the longest-running request cut off. So a fresh /healthz always
-gets in, and the file descriptors the server holds never exceed the cap (plus its listening socket),
-whatever clients do, which keeps descriptors for the kubelet's socket and the sinks.
+gets in, and the file descriptors the server holds stay at the cap (plus its listening socket, and
+for a few milliseconds while a flood is accepted, what asyncio accepts before the guard sees it:
+see BACKLOG in `watcher.ops.http`), whatever clients do, which keeps descriptors for the kubelet's
+socket and the sinks.
 
 aiohttp is left to parse HTTP. `ConnectionGuard.protocol_factory` wraps its protocol in
 `GuardedProtocol`, which sees each connection from the moment it is accepted (before any TLS

@@ -40,9 +40,9 @@ WRITE_CHUNK = 64 * 1024
 # is being accepted up to 3 x BACKLOG descriptors come on top of max_connections, for a few
 # milliseconds (the README's fd budget).
 BACKLOG = 64
-# Descriptors the agent needs besides HTTP connections: about 30 measured with three sinks, and
-# room for more sinks (the README's fd budget).
-FD_RESERVE = 64
+# Descriptors the agent needs for itself besides HTTP connections and sinks: about 30 measured
+# (outbox, inotify, the kubelet's channel, logs), with a little room (the README's fd budget).
+FD_OWN = 32
 # How long shutting down waits for a request in flight before cutting it off, seconds.
 SHUTDOWN_S = 2.0
 REALM = 'Bearer realm="pod-resources-watcher"'
@@ -80,6 +80,8 @@ class HttpOptions:
     inventory: bool = False
     inventory_token: Secret | None = None
     tls: ServerTls | None = None
+    # What the rest of the agent needs: FD_OWN plus its sinks' (see `Agent`).
+    other_descriptors: int = FD_OWN
 
     @property
     def client_certificates(self) -> bool:
@@ -276,7 +278,7 @@ class HttpServer:
 
     def _check_descriptors(self) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        needed = self.options.limits.max_connections + 3 * BACKLOG + FD_RESERVE
+        needed = self.options.limits.max_connections + 3 * BACKLOG + self.options.other_descriptors
         if soft != resource.RLIM_INFINITY and needed > soft:
             log.warning(
                 "http.max_connections leaves too few file descriptors for the kubelet and the sinks",

@@ -24,10 +24,12 @@ from watcher import __version__
 from watcher.secrets import redact
 from watcher.sinks.base import HttpSinkSettings, Outcome
 
-__all__ = ["HttpClient", "HttpSink", "parse_retry_after", "outcome_of", "USER_AGENT"]
+__all__ = ["HttpClient", "HttpSink", "parse_retry_after", "outcome_of", "USER_AGENT", "HTTP_SINK_CONNECTIONS"]
 
 USER_AGENT = f"pod-resources-watcher/{__version__}"
 MAX_BODY_BYTES = 64 * 1024
+# Connections one HTTP sink keeps open at most (and so file descriptors: the agent's fd budget).
+HTTP_SINK_CONNECTIONS = 4
 # RFC 9110 delta-seconds: ASCII digits only. str.isdigit() also takes "²" or "٣", which float()
 # then refuses: that raised here once, and the event was dead-lettered as if refused for good.
 _DELTA_SECONDS = re.compile(r"[0-9]+")
@@ -112,7 +114,7 @@ class HttpClient:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
-                connector=aiohttp.TCPConnector(ssl=self._ssl(), limit=4),
+                connector=aiohttp.TCPConnector(ssl=self._ssl(), limit=HTTP_SINK_CONNECTIONS),
                 headers={"User-Agent": USER_AGENT},
             )
         return self._session
