@@ -257,8 +257,9 @@ _MARKED_VALUES = st.one_of(
     st.integers(),
     st.booleans(),
 )
-# `*_file` secrets are paths, and an unreadable one is named in its error: a path, not a secret.
-_NO_SECRET_FILES = [k for k in _KEYS if k != "url_file"]
+# `*_file` keys (secret files, TLS files) are paths, and one that cannot be read or used is
+# named in its error: a path, not a secret.
+_NO_SECRET_FILES = [k for k in _KEYS if not k.endswith("_file")]
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
