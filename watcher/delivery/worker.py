@@ -134,6 +134,7 @@ class SinkWorker:
                 now = time.monotonic()
                 first_seen = first_seen or now
                 if now - first_seen < s.group_window:
+                    await self._release()  # gathering is not delivering: the caps need not wait
                     await sleep_or_stop(self.stop, s.group_window - (now - first_seen))
                     continue
             return batch
