@@ -455,6 +455,39 @@ def test_the_caps_wait_for_the_batch_in_flight_then_drop_the_oldest(tmp_path: Pa
 # --- 3. nothing dropped silently: the audit log records a gap ---
 
 
+def test_drops_while_blocked_are_one_gap_and_one_extended_while_written_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    db = OutboxDatabase(tmp_path / "outbox.db")
+    db.open()
+    caps = Caps(max_queue=2, max_age=WEEK, max_dead_letters=100, max_dead_letter_age=WEEK)
+
+    def commit(first: int, last: int) -> None:
+        db.commit(_events(first, last), {"audit": list(range(first, last + 1))}, None)
+        db.enforce_caps("audit", caps, gaps=True)
+
+    commit(1, 5)
+    commit(6, 7)  # nothing queued lies between the two drops: one gap, 1..5
+    gap = db.take("audit", 500, gaps=True)
+    assert isinstance(gap, Gap) and (gap.first, gap.last, gap.count, gap.reasons) == (1, 5, 5, ("max_queue",))
+    commit(8, 9)  # dropped while the gap is being written: it grows
+    db.gap_recorded("audit", gap)  # what was written goes; what was added stays, as its own gap
+    rest = db.take("audit", 500, gaps=True)
+    assert isinstance(rest, Gap) and (rest.first, rest.last, rest.count) == (6, 7, 2)
+    db.gap_recorded("audit", rest)
+    events = db.take("audit", 500, gaps=True)
+    assert isinstance(events, list) and [e.seq for e in events] == [8, 9]
+    db.ack("audit", [8, 9])
+    assert db.first_gap("audit") is None
+    stats = db.stats("audit")
+    assert (stats.dropped, stats.delivered, stats.depth) == (7, 2, 0)
+    # A sink that keeps no stream of its own gets no gap rows: its drops are counted and logged.
+    db.commit(_events(10, 14), {"hook": [10, 11, 12, 13, 14]}, None)
+    assert [d.count for d in db.enforce_caps("hook", caps).dropped] == [3]
+    assert db.first_gap("hook") is None and db.stats("hook").dropped == 3
+    db.close()
+
+
 async def test_a_blocked_audit_log_over_its_cap_records_a_gap_that_verify_names(
     short_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

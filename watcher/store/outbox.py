@@ -357,10 +357,6 @@ class OutboxDatabase:
     def _tx(self) -> _Transaction:
         return _Transaction(self.db)
 
-    def age(self) -> float:
-        """The age clock now: seconds that only move forward (see `watcher.store.ages`)."""
-        return self._ages.now()
-
     def _save_clock(self, db: sqlite3.Connection) -> None:
         """Save the age clock; in every transaction that stamps rows with it, so that after a
         reboot it carries on from at least the newest stamp."""
@@ -593,11 +589,22 @@ class OutboxDatabase:
                     (drop.last, drop.count, _reasons(prev[2], drop.reason), wall, sink, prev[0]),
                 )
                 return
+        self._put_gap(db, sink, drop.first, drop.last, drop.count, drop.reason, wall)
+
+    @staticmethod
+    def _put_gap(
+        db: sqlite3.Connection, sink: str, first: int, last: int, count: int, reasons: str, when: float
+    ) -> None:
+        """A gap row from `first`, added to one that starts there already (seqs put back on the
+        queue by `outbox retry` and dropped again)."""
+        same = db.execute(
+            "SELECT last, count, reasons FROM gaps WHERE sink = ? AND first = ?", (sink, first)
+        ).fetchone()
+        if same is not None:
+            last, count, reasons = max(last, same[0]), count + same[1], _reasons(same[2], reasons)
         db.execute(
-            "INSERT INTO gaps (sink, first, last, count, reasons, time) VALUES (?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (sink, first) DO UPDATE SET last = max(last, excluded.last), "
-            "count = count + excluded.count, reasons = excluded.reasons, time = excluded.time",
-            (sink, drop.first, drop.last, drop.count, drop.reason, wall),
+            "INSERT OR REPLACE INTO gaps (sink, first, last, count, reasons, time) VALUES (?, ?, ?, ?, ?, ?)",
+            (sink, first, last, count, reasons, when),
         )
 
     def first_gap(self, sink: str) -> Gap | None:
@@ -624,11 +631,7 @@ class OutboxDatabase:
             db.execute("DELETE FROM gaps WHERE sink = ? AND first = ?", (sink, gap.first))
             last, count, reasons, when = row
             if last > gap.last and count > gap.count:
-                db.execute(
-                    "INSERT OR REPLACE INTO gaps (sink, first, last, count, reasons, time) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    (sink, gap.last + 1, last, count - gap.count, reasons, when),
-                )
+                self._put_gap(db, sink, gap.last + 1, last, count - gap.count, reasons, when)
 
     def set_disabled(self, sink: str, reason: str | None) -> None:
         with self._tx() as db:
