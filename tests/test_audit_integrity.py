@@ -20,10 +20,11 @@ from watcher.cli import main
 from watcher.config import ConfigError
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
+from watcher.model.gaps import Gap
 from watcher.settings import parse_settings
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.audit import Head, head_path, make_record, record_hash
-from watcher.sinks.base import Sink
+from watcher.sinks.base import GapRecorder, Sink
 from watcher.sinks.registry import build_sinks
 
 NODE = "node-a"
@@ -281,6 +282,55 @@ async def test_the_head_is_saved_only_once_the_records_are_on_disk(tmp_path: Pat
     await sink.close()  # fsyncs, then saves the head
     head = Head.read(head_path(log))
     assert head is not None and head.n == 2
+
+
+# --- gap records: events the queue's caps dropped ---
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+async def test_a_gap_record_is_chained_like_any_record_and_verify_reports_gaps_not_ok(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key_file: Path, keyed: bool
+) -> None:
+    log = tmp_path / "audit.jsonl"
+    table = {"audit": _audit_table(log, key_file if keyed else None)}
+    (sink,) = _sinks(tmp_path, table)
+    assert isinstance(sink, GapRecorder)
+    gap = Gap(4, 9, 5, ("max_queue", "max_age"), "2027-01-01T00:00:00.000Z")
+    assert (await sink.deliver([_event(1), _event(2), _event(3)])).delivered
+    assert (await sink.record_gap(gap)).delivered
+    await sink.close()
+    # Restarted with the gap record last: the log covers seq 9, so a re-sent 9 is not written again.
+    (sink,) = _sinks(tmp_path, table)
+    assert (await sink.deliver([_event(9), _event(10)])).delivered
+    await sink.close()
+    records = _records(log)
+    assert [r["n"] for r in records] == [1, 2, 3, 4, 5]
+    assert records[3]["gap"] == gap.to_dict()
+    assert records[4]["prev"] == records[3]["hash"] and records[4]["event"]["seq"] == 10
+    keys = ["--key-file", key_file] if keyed else []
+    code, out = _verify(capsys, log, *keys)
+    assert code == 3, out
+    assert out.startswith(
+        "GAPS: 5 records intact (records 1..5), but 1 gap record(s): 5 event(s) were dropped"
+    )
+    assert (
+        f"gap: record 4 at {log}:4: seq 4..9: 5 events dropped by the queue's caps (max_queue, max_age)"
+        in out
+    )
+    # The gap record is part of the chain: editing it or deleting it is caught like any record.
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join([*lines[:3], lines[3].replace(b'"dropped":5', b'"dropped":1'), *lines[4:]]))
+    code, out = _verify(capsys, log, *keys)
+    assert code == 1 and f"BROKEN: record 4 at {log}:4 " in out, out
+    log.write_bytes(b"".join([*lines[:3], *lines[4:]]))
+    code, out = _verify(capsys, log, *keys)
+    assert code == 1 and f"BROKEN: record 4 missing before {log}:4" in out, out
+    # A record that is neither an event's nor a gap's is no record.
+    both = json.loads(lines[3])
+    both["event"] = records[0]["event"]
+    log.write_bytes(b"".join([*lines[:3], json.dumps(both).encode() + b"\n", *lines[4:]]))
+    code, out = _verify(capsys, log, *keys)
+    assert code == 1 and f"record 4 is broken at {log}:4: not a valid record" in out, out
 
 
 # --- the keyed chain: re-chaining ---

@@ -368,7 +368,11 @@ async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(short_tmp:
                 mark = len(run.recorder.events)
                 fake.add_device(GPU, f"GPU-cap-{i}", (0,))
                 await run.recorder.kinds_after(mark, 2)
-            stats = await run.agent.outbox.stats("dead")
+            # While an attempt is in flight the caps wait for it (its batch is the oldest) and the
+            # worker applies them when it ends: nothing to await but the outcome.
+            async with asyncio.timeout(5):
+                while (stats := await run.agent.outbox.stats("dead")).depth > 3:
+                    await asyncio.sleep(0.01)
             queued = await run.agent.outbox.pending("dead", 100)
     total = len(run.recorder.events)
     assert stats.depth == 3
@@ -377,6 +381,10 @@ async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(short_tmp:
     assert [e.seq for e in queued] == [e.seq for e in run.recorder.events[-3:]]
     drops = [e for e in logs if e["event"].startswith("sink queue over its cap")]
     assert sum(e["dropped"] for e in drops) == total - 3
+    # Each drop is logged with its seq range: together, exactly the events that went.
+    dropped = sorted(s for e in drops for s in range(e["first_seq"], e["last_seq"] + 1))
+    assert dropped == [e.seq for e in run.recorder.events[:-3]]
+    assert {e["reason"] for e in drops} == {"max_queue"}
 
 
 async def test_a_hung_sink_delays_neither_other_sinks_nor_the_watch_loop(short_tmp: Path) -> None:

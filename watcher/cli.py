@@ -69,12 +69,17 @@ What it detects, and what it cannot:
   --expect    any rewrite of the records up to one whose head a receiver was sent
               (X-Audit-Head), key or no key.
   never       the oldest records gone with rotated-out files (the count starts later).
+
+Gaps: when the sink's queue caps (max_queue, max_age) dropped events before they were
+written, the sink wrote a gap record in their place (chained like any record) naming the
+seq range and how many. An intact log with gap records is reported GAPS, each one named.
 """
 AUDIT_EXIT_CODES = """\
 exit codes:
-  0  intact
+  0  intact and complete
   1  broken, or keyed records that could not be checked (no --key-file)
   2  bad command line, or an unreadable key file
+  3  intact, but with gaps: events dropped by the sink's queue caps before they were written
 """
 
 
@@ -207,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
         "outbox",
         help="inspect the outbox: queues per sink and dead letters; retry or drop dead letters",
         description="The durable outbox in the state directory. `list` shows each sink's queue "
-        "(depth, oldest, delivered, dropped, dead-lettered, disabled) and the dead letters; `retry` "
+        "(depth, oldest, delivered, dropped by its caps, dead-lettered, dead letters kept now and "
+        "dropped by their caps, disabled) and the dead letters; `retry` "
         "puts dead letters back on their sink's queue (same event ids; a running agent picks them up "
         "within seconds); `drop` deletes them.",
         epilog=EXIT_CODES,
@@ -421,14 +427,15 @@ def _outbox(args: argparse.Namespace) -> int:
             return 0
         names = [args.sink] if args.sink else box.sink_names()
         print(
-            f"{'SINK':<20} {'QUEUED':>7} {'OLDEST':>9} {'DELIVERED':>10} {'DROPPED':>8} {'DEAD':>6}  DISABLED"
+            f"{'SINK':<20} {'QUEUED':>7} {'OLDEST':>9} {'DELIVERED':>10} {'DROPPED':>8} {'DEAD':>6} "
+            f"{'DEAD-KEPT':>9} {'DEAD-DROPPED':>12}  DISABLED"
         )
         for name in names:
             st = box.stats(name)
             oldest = "-" if st.oldest_age is None else f"{st.oldest_age:.0f}s"
             print(
-                f"{name:<20} {st.depth:>7} {oldest:>9} {st.delivered:>10} {st.dropped:>8} {st.dead:>6}  "
-                f"{st.disabled or '-'}"
+                f"{name:<20} {st.depth:>7} {oldest:>9} {st.delivered:>10} {st.dropped:>8} {st.dead:>6} "
+                f"{st.dead_letters:>9} {st.dead_dropped:>12}  {st.disabled or '-'}"
             )
         dead = box.dead_letters(args.sink)
         if dead:
@@ -452,14 +459,22 @@ def _audit(args: argparse.Namespace) -> int:
         except SecretError as err:
             return _fail(str(err), 2)
     result = verify_files(args.files, keys=keys, head=args.head, expect=args.expect)
-    if result.ok:
-        span = f"records {result.first}..{result.last}" if result.records else "no records"
+    span = f"records {result.first}..{result.last}" if result.records else "no records"
+    if result.complete:
         print(f"OK: {result.records} records intact ({span})")
+    elif result.ok:
+        dropped = sum(g.gap.count for g in result.gaps)
+        print(
+            f"GAPS: {result.records} records intact ({span}), but {len(result.gaps)} gap record(s): "
+            f"{dropped} event(s) were dropped by the sink's queue caps before they were written"
+        )
     else:
         print(f"{'NOT VERIFIED' if result.unverified else 'BROKEN'}: {result.problem}")
+    for gap in result.gaps:
+        print(f"  gap: {gap.describe()}")
     for note in result.notes:
         print(f"  {note}")
-    return 0 if result.ok else 1
+    return 0 if result.complete else 3 if result.ok else 1
 
 
 def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int:

@@ -89,22 +89,12 @@ class Dispatcher:
             worker.wake.set()
 
     async def enforce_caps(self) -> None:
+        """Apply every sink's caps; each worker counts and logs what its caps dropped."""
         for name, worker in list(self.workers.items()):  # a reload may change the dict meanwhile
-            s = worker.sink.settings
             try:
-                dropped = await self.outbox.enforce_caps(name, s.max_queue, s.max_age)
+                await worker.enforce_caps()
             except Exception as err:  # a failing disk must not stop the agent: next time
                 log.error("could not enforce a sink's queue caps; will retry", sink=name, error=repr(err))
-                continue
-            if dropped:
-                worker.counts["dropped"] += dropped
-                log.warning(
-                    "sink queue over its cap: dropped the oldest events",
-                    sink=name,
-                    dropped=dropped,
-                    max_queue=s.max_queue,
-                    max_age_s=s.max_age,
-                )
 
     def _start(self, worker: SinkWorker) -> None:
         self._started.add(worker.name)

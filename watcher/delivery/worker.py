@@ -6,6 +6,15 @@ cap, `Retry-After` honoured when the receiver sends it, up to the sink's
 to the dead-letter table, 410 disables the sink loudly. Each sink has its own
 rate limit and its own task, so a slow or dead sink never delays another sink
 or the watch loop.
+
+The worker also applies its sink's caps (`enforce_caps`): every drop is counted
+and logged with its seq range, and a sink that records gaps (the audit log) is
+handed each gap, in seq order, before the events after it. While a batch is
+being delivered the queue's caps wait (it is the oldest; whether it goes is
+known once the attempt ends) and are applied when it is done with. After a
+failed attempt the batch is released and taken afresh after the backoff, so a
+blocked sink's queue still loses its oldest events first, and what was dropped
+meanwhile is never sent.
 """
 
 from __future__ import annotations
@@ -21,11 +30,13 @@ import structlog
 
 from watcher.backoff import Backoff
 from watcher.model.events import Event
+from watcher.model.gaps import Gap
 from watcher.ratelimit import RateLimiter
 from watcher.secrets import redact
-from watcher.sinks.base import Outcome, Sink, route_of
+from watcher.sinks.base import GapRecorder, Outcome, Sink, route_of
 from watcher.sinks.http import HttpSink
 from watcher.sinks.registry import capabilities_of
+from watcher.store.outbox import Caps, Dropped
 from watcher.store.store import Store
 from watcher.supervision import Scope, sleep_or_stop, wait_any
 
@@ -35,6 +46,8 @@ log = structlog.get_logger("watcher.delivery.worker")
 
 # (sink name, result, events, seconds from event creation to delivery or failure)
 DeliveryObserver = Callable[[str, str, Sequence[Event], float], None]
+# What a worker hands its sink at once: events, or a gap its stream must record.
+Batch = list[Event] | Gap
 IDLE_RECHECK_S = 5.0
 OUTBOX_RETRY_CAP_S = 2.0  # the longest a worker waits to try a failing outbox again
 
@@ -59,6 +72,11 @@ class SinkWorker:
         self.route = route_of(
             s, resolutions=caps.pages, skip_flapping=caps.notifies, skip_incident_devices=caps.pages
         )
+        self._batches = caps.batches
+        # A sink that records gaps in its own stream is handed them; others only count and log.
+        self.gaps: GapRecorder | None = sink if isinstance(sink, GapRecorder) else None
+        self.caps = Caps(s.max_queue, s.max_age, s.max_dead_letters, s.max_dead_letter_age)
+        self._caps_deferred = False  # the caps waited for a batch in flight: apply them after it
         self.limiter = RateLimiter(s.rate)
         # A sink that sends its own requests spends the rate on those, not on every event routed
         # to it (an end of condition it never opened costs nothing and must not delay a page).
@@ -78,20 +96,27 @@ class SinkWorker:
     @property
     def batch_size(self) -> int:
         s = self.sink.settings
-        batches = s.group != "none" or bool(getattr(s, "batch", False))
+        batches = self._batches or s.group != "none" or bool(getattr(s, "batch", False))
         return s.max_batch if batches else 1
 
     async def _wait_for_work(self) -> None:
         self.wake.clear()
         await wait_any(self.stop, self.wake, within=IDLE_RECHECK_S)
 
-    async def _next_batch(self) -> list[Event] | None:
+    async def _take(self) -> Batch:
+        """The next gap, or the oldest queued events (one re-query's, with group = "cycle")."""
+        got = await self.outbox.take(self.name, self.batch_size, gaps=self.gaps is not None)
+        if isinstance(got, list) and got and self.sink.settings.group == "cycle":
+            return [e for e in got if e.cycle == got[0].cycle]
+        return got
+
+    async def _next_batch(self) -> Batch | None:
         s = self.sink.settings
         first_seen: float | None = None
         failures = 0
         while not self.stop.is_set():
             try:
-                events = await self.outbox.pending(self.name, self.batch_size)
+                batch = await self._take()
                 failures = 0
             except Exception as err:  # the outbox is being reopened, or its disk failed
                 self.log.error("could not read the sink's queue; will retry", error=repr(err))
@@ -99,20 +124,69 @@ class SinkWorker:
                 await sleep_or_stop(self.stop, self.outbox_backoff.delay(failures))
                 failures += 1
                 continue
-            if not events:
+            if isinstance(batch, Gap):
+                return batch
+            if not batch:
                 first_seen = None
                 await self._wait_for_work()
                 continue
-            if s.group == "cycle":
-                return [e for e in events if e.cycle == events[0].cycle]
-            if s.group == "window" and len(events) < self.batch_size:
+            if s.group == "window" and len(batch) < self.batch_size:
                 now = time.monotonic()
                 first_seen = first_seen or now
                 if now - first_seen < s.group_window:
+                    await self._release()  # gathering is not delivering: the caps need not wait
                     await sleep_or_stop(self.stop, s.group_window - (now - first_seen))
                     continue
-            return events
+            return batch
         return None
+
+    async def enforce_caps(self) -> list[Dropped]:
+        """Apply the sink's caps to what the outbox holds for it; count and log every drop with
+        its seq range (a gap-recording sink's stream gets a gap too). Raises if the outbox does."""
+        enforced = await self.outbox.enforce_caps(self.name, self.caps, gaps=self.gaps is not None)
+        self._caps_deferred = enforced.deferred
+        drops = enforced.dropped
+        for drop in drops:
+            if drop.dead_letters:
+                self.counts["dead_letters_dropped"] += drop.count
+                self.log.warning(
+                    "dead letters over their cap: dropped the oldest",
+                    reason=drop.reason,
+                    dropped=drop.count,
+                    first_seq=drop.first,
+                    last_seq=drop.last,
+                    max_dead_letters=self.caps.max_dead_letters,
+                    max_dead_letter_age_s=self.caps.max_dead_letter_age,
+                )
+            else:
+                self.counts["dropped"] += drop.count
+                self.log.warning(
+                    "sink queue over its cap: dropped the oldest events",
+                    reason=drop.reason,
+                    dropped=drop.count,
+                    first_seq=drop.first,
+                    last_seq=drop.last,
+                    max_queue=self.caps.max_queue,
+                    max_age_s=self.caps.max_age,
+                    gap_recorded=self.gaps is not None,
+                )
+        return drops
+
+    async def _deferred_caps(self) -> None:
+        """The caps that waited for the batch just done with (logs, never raises: the next
+        commit applies them anyway)."""
+        if not self._caps_deferred:
+            return
+        try:
+            await self.enforce_caps()
+        except Exception as err:
+            self.log.error("could not enforce the sink's queue caps; will retry", error=repr(err))
+
+    async def _release(self) -> None:
+        """The batch in hand goes back to being the queue's (a failed attempt); the caps that
+        waited for it apply now."""
+        await self.outbox.release(self.name)
+        await self._deferred_caps()
 
     async def _record(self, what: str, fn: Callable[..., Awaitable[None]], *args: object) -> bool:
         """Write a delivery's outcome to the outbox, retrying while the disk refuses (full,
@@ -153,7 +227,7 @@ class SinkWorker:
         """On shutdown, hand over what is queued while the receiver takes it, without retrying:
         what is left stays in the outbox for the next run."""
         while self.disabled is None:
-            batch = await self.outbox.pending(self.name, self.batch_size)
+            batch = await self._take()
             if not batch or not await self._deliver(batch, retry=False):
                 return
 
@@ -179,39 +253,80 @@ class SinkWorker:
         )
         return cap
 
-    async def _deliver(self, batch: list[Event], *, retry: bool = True) -> bool:
-        """Deliver one batch, retrying while `retry` and not stopping; True when delivered."""
-        seqs = [e.seq for e in batch]
+    async def _send(self, batch: Batch) -> Outcome:
+        try:
+            if isinstance(batch, Gap):
+                assert self.gaps is not None
+                return await self.gaps.record_gap(batch)
+            return await self.sink.deliver(batch)
+        except Exception as err:  # a sink bug must not stop delivery to it, let alone the agent
+            self.log.exception("sink raised; treating as a transient failure")
+            return Outcome(retry=True, error=redact(f"{type(err).__name__}: {err}"))
+
+    async def _retake(self, batch: Batch) -> Batch:
+        """After a backoff: what is next now (the caps may have dropped some of `batch`, and a gap
+        come first); `batch` itself if the outbox cannot say."""
+        try:
+            return await self._take()
+        except Exception as err:
+            self.log.error("could not read the sink's queue; retrying the same batch", error=repr(err))
+            self.on_outbox_error(err)
+            return batch
+
+    async def _deliver(self, batch: Batch, *, retry: bool = True) -> bool:
+        """Deliver one batch (or record one gap), retrying while `retry` and not stopping; True
+        when it is done with (delivered, dead-lettered, or all of it dropped meanwhile)."""
         attempt = 0
         started = time.monotonic()
         while True:
             if not self._paced_by_sink:
                 await self.limiter.acquire()
-            try:
-                outcome = await self.sink.deliver(batch)
-            except Exception as err:  # a sink bug must not stop delivery to it, let alone the agent
-                self.log.exception("sink raised; treating as a transient failure")
-                outcome = Outcome(retry=True, error=redact(f"{type(err).__name__}: {err}"))
+            outcome = await self._send(batch)
             if outcome.delivered:
                 # Not recorded (stopping on a bad disk): it is sent again next time, same ids.
-                await self._record("ack", self.outbox.ack, self.name, seqs)
+                if isinstance(batch, Gap):
+                    await self._record("gap", self.outbox.gap_recorded, self.name, batch)
+                    self.log.warning(
+                        "recorded a gap in the sink's stream: events its caps dropped",
+                        first_seq=batch.first,
+                        last_seq=batch.last,
+                        dropped=batch.count,
+                        reasons=list(batch.reasons),
+                    )
+                    return True
+                await self._record("ack", self.outbox.ack, self.name, [e.seq for e in batch])
+                await self._deferred_caps()
                 if attempt:
                     self.log.info("delivered after retrying", attempts=attempt + 1, events=len(batch))
                 self._notify("delivered", batch, started)
                 return True
+            events = [] if isinstance(batch, Gap) else batch
             if outcome.gone:
                 self.disabled = outcome.error
+                await self._release()  # bounded by the caps like the rest of its queue
                 await self._record("disable", self.outbox.set_disabled, self.name, outcome.error)
                 self.log.error(
                     "receiver answered 410 Gone: sink DISABLED until the agent restarts or reloads; "
                     "its events stay queued (bounded). Fix the sink's URL.",
                     status=outcome.status,
                     error=outcome.error,
-                    queued_from_seq=seqs[0],
+                    queued_from_seq=batch.first if isinstance(batch, Gap) else batch[0].seq,
                 )
-                self._notify("gone", batch, started)
+                self._notify("gone", events, started)
                 return False
             if not outcome.retry:
+                if isinstance(batch, Gap):
+                    # Nothing to dead-letter: the drop itself was counted and logged.
+                    await self._record("gap", self.outbox.gap_recorded, self.name, batch)
+                    self.log.error(
+                        "the sink refused to record a gap for good; its drop stays counted and logged",
+                        first_seq=batch.first,
+                        last_seq=batch.last,
+                        status=outcome.status,
+                        error=outcome.error,
+                    )
+                    return True
+                seqs = [e.seq for e in batch]
                 await self._record(
                     "dead letter", self.outbox.dead_letter, self.name, seqs, outcome.status, outcome.error
                 )
@@ -222,8 +337,13 @@ class SinkWorker:
                     seqs=seqs,
                 )
                 self._notify("dead_letter", batch, started)
+                try:
+                    await self.enforce_caps()  # the dead letters' cap, at once
+                except Exception as err:  # the next commit enforces it again
+                    self.log.error("could not enforce the dead letters' cap; will retry", error=repr(err))
                 return True
             if not retry or self.stop.is_set():
+                await self._release()
                 self.log.warning(
                     "delivery failed while stopping; left queued", status=outcome.status, error=outcome.error
                 )
@@ -241,6 +361,11 @@ class SinkWorker:
                 retry_after=retry_after,
                 status=outcome.status,
                 error=outcome.error,
-                events=len(batch),
+                events=len(events),
             )
+            # While it waits, the batch is the queue's like any other event: the caps may drop it.
+            await self._release()
             await sleep_or_stop(self.stop, delay)
+            batch = await self._retake(batch)
+            if not batch:
+                return True  # all of it was dropped meanwhile (counted, logged)

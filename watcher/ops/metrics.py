@@ -39,7 +39,14 @@ class _OutboxCollector(Collector):
             f"{P}_dead_letters", "Events in the dead-letter table per sink.", labels=["sink"]
         )
         dropped = CounterMetricFamily(
-            f"{P}_outbox_dropped_events", "Events dropped by a sink's queue caps.", labels=["sink"]
+            f"{P}_outbox_dropped_events",
+            "Queued events dropped by a sink's caps (max_queue, max_age).",
+            labels=["sink"],
+        )
+        dead_dropped = CounterMetricFamily(
+            f"{P}_dead_letters_dropped",
+            "Dead letters dropped by a sink's caps (max_dead_letters, max_dead_letter_age).",
+            labels=["sink"],
         )
         disabled = GaugeMetricFamily(
             f"{P}_sink_disabled", "1 if the sink was disabled (410 Gone).", labels=["sink"]
@@ -47,10 +54,11 @@ class _OutboxCollector(Collector):
         for name, st in sorted(self.stats.items()):
             depth.add_metric([name], st.depth)
             oldest.add_metric([name], st.oldest_age or 0.0)
-            dead.add_metric([name], st.dead)
+            dead.add_metric([name], st.dead_letters)
             dropped.add_metric([name], st.dropped)
+            dead_dropped.add_metric([name], st.dead_dropped)
             disabled.add_metric([name], 1.0 if st.disabled else 0.0)
-        yield from (depth, oldest, dead, dropped, disabled)
+        yield from (depth, oldest, dead, dropped, dead_dropped, disabled)
 
 
 def _per_state(registry: CollectorRegistry, name: str, doc: str, label: str) -> dict[str, Gauge]:

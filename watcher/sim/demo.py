@@ -271,6 +271,7 @@ def _summary(
     files = sorted(audit.parent.glob(audit.name + "*"))
     result = verify_files(files) if files else None
     if result is not None:
-        verdict = "intact" if result.ok else f"BROKEN: {result.problem}"
+        gaps = f", {len(result.gaps)} gap record(s)" if result.gaps else ""
+        verdict = f"intact{gaps}" if result.ok else f"BROKEN: {result.problem}"
         print(f"audit log: {verdict}, {result.records} records chained", file=out)
     print(f"demo finished in {elapsed:.1f} s", file=out)

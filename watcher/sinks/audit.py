@@ -5,7 +5,10 @@ from 1 and never restarts, across rotations and agent restarts; `prev` is the
 `hash` of record n-1 (GENESIS for the first); `hash` is, over the record's
 canonical JSON without the `hash` key, either its SHA-256 (`sha256:...`, an
 unkeyed log) or its HMAC-SHA256 under the sink's key (`hmac-sha256:...`, a
-keyed log). Changing any byte of a record breaks its own hash; deleting one
+keyed log). A gap record, {"n", "prev", "gap", "hash"}, takes the place of
+events the sink's queue caps dropped before they were written (see
+`watcher.model.gaps`): it is chained like any record, and `audit verify`
+reports it (GAPS, not OK). Changing any byte of a record breaks its own hash; deleting one
 breaks the count and the chain. Anyone can recompute SHA-256, so an unkeyed
 chain only shows edits that were not re-chained; a keyed one cannot be
 re-chained without the key.
@@ -25,9 +28,11 @@ import hmac
 import json
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from watcher.model.gaps import Gap
 
 __all__ = [
     "GENESIS",
@@ -38,7 +43,9 @@ __all__ = [
     "head_path",
     "is_head_file",
     "make_record",
+    "make_gap_record",
     "record_hash",
+    "RecordedGap",
     "VerifyResult",
     "verify_files",
     "last_record",
@@ -51,6 +58,7 @@ GENESIS = UNKEYED + "0" * 64
 _HEAD_LABEL = "pod-resources-watcher.audit-head/v1"
 _ROTATED = re.compile(r"\.[0-9]+\Z")
 _FIELDS = {"n", "prev", "event", "hash"}
+_GAP_FIELDS = {"n", "prev", "gap", "hash"}
 
 
 def _canonical(obj: Any) -> bytes:
@@ -61,17 +69,30 @@ def _mac(key: bytes, data: bytes) -> str:
     return KEYED + hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
+def _hash(body: dict[str, Any], key: bytes | None) -> str:
+    data = _canonical(body)
+    return _mac(key, data) if key is not None else UNKEYED + hashlib.sha256(data).hexdigest()
+
+
 def record_hash(n: int, prev: str, event: Any, key: bytes | None = None) -> str:
     """The record's hash: SHA-256 without a key, HMAC-SHA256 with one."""
-    data = _canonical({"n": n, "prev": prev, "event": event})
-    return _mac(key, data) if key is not None else UNKEYED + hashlib.sha256(data).hexdigest()
+    return _hash({"n": n, "prev": prev, "event": event}, key)
+
+
+def _make(body: dict[str, Any], key: bytes | None) -> tuple[str, str]:
+    digest = _hash(body, key)
+    return _canonical({**body, "hash": digest}).decode(), digest
 
 
 def make_record(n: int, prev: str, event: dict[str, Any], key: bytes | None = None) -> tuple[str, str]:
     """(the line without newline, its hash)."""
-    digest = record_hash(n, prev, event, key)
-    line = _canonical({"n": n, "prev": prev, "event": event, "hash": digest}).decode()
-    return line, digest
+    return _make({"n": n, "prev": prev, "event": event}, key)
+
+
+def make_gap_record(n: int, prev: str, gap: Gap, key: bytes | None = None) -> tuple[str, str]:
+    """A gap record (the line without newline, its hash): hashed like an event's record, over
+    {"n", "prev", "gap"}."""
+    return _make({"n": n, "prev": prev, "gap": gap.to_dict()}, key)
 
 
 def head_path(log: Path) -> Path:
@@ -137,7 +158,8 @@ def _head_mac(key: bytes, n: int, digest: str) -> str:
 
 
 def last_record(paths: Sequence[Path]) -> tuple[int, str, int] | None:
-    """(n, hash, event seq) of the newest record in the first of `paths` that has one (newest first)."""
+    """(n, hash, seq) of the newest record in the first of `paths` that has one (newest first):
+    the event's seq, or the last seq a gap record covers."""
     for path in paths:
         try:
             with open(path, "rb") as f:
@@ -151,16 +173,31 @@ def last_record(paths: Sequence[Path]) -> tuple[int, str, int] | None:
         for raw in reversed(lines):
             try:
                 rec = json.loads(raw)
-                return int(rec["n"]), str(rec["hash"]), int(rec["event"]["seq"])
+                seq = rec["gap"]["last"] if "gap" in rec else rec["event"]["seq"]
+                return int(rec["n"]), str(rec["hash"]), int(seq)
             except (ValueError, KeyError, TypeError):
                 continue  # a torn last line after a crash: the one before it counts
     return None
 
 
 @dataclass(frozen=True)
+class RecordedGap:
+    """A gap record found in the log: record `n`, at `where` (FILE:LINE), says `gap`."""
+
+    n: int
+    where: str
+    gap: Gap
+
+    def describe(self) -> str:
+        return f"record {self.n} at {self.where}: {self.gap.describe()}"
+
+
+@dataclass(frozen=True)
 class VerifyResult:
     """`ok`: intact. Otherwise `problem` says what is wrong, or, with `unverified`, what could
-    not be checked (keyed records without the key). `notes` say what was and was not checked."""
+    not be checked (keyed records without the key). `notes` say what was and was not checked.
+    `gaps`: the gap records found (events dropped before they were written), intact or not;
+    `complete` is intact with none."""
 
     ok: bool
     records: int
@@ -169,6 +206,11 @@ class VerifyResult:
     problem: str | None = None
     notes: tuple[str, ...] = ()
     unverified: bool = False
+    gaps: tuple[RecordedGap, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return self.ok and not self.gaps
 
 
 @dataclass(frozen=True)
@@ -227,6 +269,18 @@ class _Scan:
     last_hash: str | None = None
     first_keyed: int | None = None
     last_keyed: int | None = None
+    gaps: list[RecordedGap] = field(default_factory=list)
+
+
+def _body(rec: Any) -> tuple[str, Any]:
+    """("event" or "gap", what it holds) of a record of either shape; ValueError otherwise."""
+    fields = set(rec) if isinstance(rec, dict) else set()
+    if fields == _FIELDS:
+        return "event", rec["event"]
+    if fields == _GAP_FIELDS:
+        Gap.from_dict(rec["gap"])
+        return "gap", rec["gap"]
+    raise ValueError("unexpected shape")
 
 
 def _scan(
@@ -240,15 +294,15 @@ def _scan(
             want = "the first record" if expected_n is None else f"record {expected_n}"
             try:
                 rec = json.loads(line.raw)
-                n, prev, event, digest = rec["n"], rec["prev"], rec["event"], rec["hash"]
-                if not isinstance(n, int) or not isinstance(digest, str) or set(rec) != _FIELDS:
+                kind, body = _body(rec)
+                n, prev, digest = rec["n"], rec["prev"], rec["hash"]
+                if not isinstance(n, int) or not isinstance(digest, str):
                     raise ValueError("unexpected shape")
             except (ValueError, KeyError, TypeError):
                 raise _BrokenError(f"{want} is broken at {where}: not a valid record") from None
+            unhashed = {"n": n, "prev": prev, kind: body}
             if digest.startswith(KEYED):
-                if keys and not any(
-                    hmac.compare_digest(record_hash(n, prev, event, k), digest) for k in keys
-                ):
+                if keys and not any(hmac.compare_digest(_hash(unhashed, k), digest) for k in keys):
                     raise _BrokenError(
                         f"record {n} at {where} does not match its MAC under the key: altered, "
                         "re-chained without the key, or written with another key"
@@ -257,7 +311,7 @@ def _scan(
                     scan.first_keyed = n
                 scan.last_keyed = n
             elif digest.startswith(UNKEYED):
-                if record_hash(n, prev, event) != digest:
+                if _hash(unhashed, None) != digest:
                     raise _BrokenError(f"record {n} at {where} was altered (its hash does not match)")
                 if keys and scan.first_keyed is not None:
                     raise _BrokenError(
@@ -278,6 +332,8 @@ def _scan(
                 raise _BrokenError(f"record {n} at {where} does not chain to record {n - 1}")
             if n in wanted:
                 seen[n] = digest
+            if kind == "gap":
+                scan.gaps.append(RecordedGap(n, where, Gap.from_dict(body)))
             scan.count += 1
             scan.last, scan.last_hash = n, digest
             expected_n = n + 1
@@ -388,7 +444,8 @@ def verify_files(
                 )
             notes.append(f"record {n} has the hash reported earlier")
     except _BrokenError as err:
-        return VerifyResult(False, scan.count, scan.first, scan.last, str(err), tuple(notes))
+        gaps = tuple(scan.gaps)
+        return VerifyResult(False, scan.count, scan.first, scan.last, str(err), tuple(notes), gaps=gaps)
     if scan.first_keyed is not None and not keys:
         assert scan.last_keyed is not None
         verb = "is" if scan.first_keyed == scan.last_keyed else "are"
@@ -396,7 +453,16 @@ def verify_files(
             f"{_span(scan.first_keyed, scan.last_keyed)} {verb} keyed (hmac-sha256): only --key-file "
             "can check them; the numbering and links are intact"
         )
-        return VerifyResult(False, scan.count, scan.first, scan.last, problem, tuple(notes), unverified=True)
+        return VerifyResult(
+            False,
+            scan.count,
+            scan.first,
+            scan.last,
+            problem,
+            tuple(notes),
+            unverified=True,
+            gaps=tuple(scan.gaps),
+        )
     if keys and scan.first_keyed is not None:
         assert scan.first is not None
         if scan.first_keyed > scan.first:
@@ -407,4 +473,4 @@ def verify_files(
             )
         else:
             notes.insert(0, "every record's MAC matches the key")
-    return VerifyResult(True, scan.count, scan.first, scan.last, None, tuple(notes))
+    return VerifyResult(True, scan.count, scan.first, scan.last, None, tuple(notes), gaps=tuple(scan.gaps))

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from watcher.config import ConfigError, field_meta
 from watcher.model.changes import Severity
 from watcher.model.events import Event
+from watcher.model.gaps import Gap
 from watcher.model.routing import Route
 from watcher.secrets import Secret, remember_url_credentials
 
@@ -18,6 +19,7 @@ __all__ = [
     "Outcome",
     "KeyValue",
     "Sink",
+    "GapRecorder",
     "SinkContext",
     "Capabilities",
     "SeverityName",
@@ -72,6 +74,15 @@ class Sink(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class GapRecorder(Protocol):
+    """A sink that keeps a stream of its own (the audit log) and records in it, where they would
+    have been, the events its queue's caps dropped. Other sinks only count and log a drop."""
+
+    async def record_gap(self, gap: Gap) -> Outcome:
+        """Record `gap` in the stream and say how it went (retried like a delivery)."""
+
+
 @dataclass(frozen=True)
 class SinkContext:
     """What a sink is built with besides its settings: the node, the state directory, durable state,
@@ -92,10 +103,13 @@ class Capabilities:
     must see the end of every condition it started, whatever its minimum severity.
     `notifies`: a person reads it: a flapping device's individual changes are left
     out (its device.flapping and device.flap_ended say it once).
+    `batches`: it takes up to `max_batch` events in one delivery whatever its `group`
+    (the audit log: one write, one fsync and one outbox transaction for them all).
     """
 
     pages: bool = False
     notifies: bool = False
+    batches: bool = False
 
 
 SeverityName = Literal["info", "warning", "critical"]
@@ -140,7 +154,26 @@ class BaseSinkSettings:
         default=10000, metadata=field_meta("Most events queued for this sink; the oldest go first.", min=1)
     )
     max_age: float = field(
-        default=_WEEK, metadata=field_meta("Seconds a queued event may wait before it is dropped.", min=1)
+        default=_WEEK,
+        metadata=field_meta(
+            "Seconds a queued event may wait before it is dropped (the oldest first, counted, logged); "
+            "measured on the boot clock, so a wall-clock step never ages events.",
+            min=1,
+        ),
+    )
+    max_dead_letters: int = field(
+        default=10000,
+        metadata=field_meta(
+            "Most dead letters kept for this sink; beyond it the oldest are dropped (counted, logged).",
+            min=1,
+        ),
+    )
+    max_dead_letter_age: float = field(
+        default=_WEEK,
+        metadata=field_meta(
+            "Seconds a dead letter is kept before it is dropped (counted, logged); measured like max_age.",
+            min=1,
+        ),
     )
     rate: float = field(default=10.0, metadata=field_meta("Most messages per second.", min=0.001, max=1000))
     retry_max_delay: float = field(

@@ -2,11 +2,14 @@
 
 Each record carries the hash of the one before it and the chain continues
 across rotations and agent restarts (see `watcher.sinks.audit`); with a `key`
-each hash is an HMAC, so the chain cannot be recomputed without the key. After
-every batch is on disk, the head file beside the log is replaced with the last
-record's n and hash, which is what shows a cut tail. Delivery is in seq order,
-so an event the log already holds (re-sent after a crash) is skipped: the log
-itself holds each event once.
+each hash is an HMAC, so the chain cannot be recomputed without the key. The
+worker hands the sink up to `max_batch` events at once: they are written with
+one write and one fsync (and acked in one outbox transaction), then the head
+file beside the log is replaced, once per batch, with the last record's n and
+hash, which is what shows a cut tail. Delivery is in seq order, so an event
+the log already holds (re-sent after a crash) is skipped: the log itself holds
+each event once. Events the queue's caps dropped before they were written are
+recorded as a gap record where they would have been (`record_gap`).
 
 The log and its rotated files are private (0600, whatever the umask) and never written through
 a symbolic link (see `watcher.files`): a link at `path` is refused with an error naming it, the
@@ -22,7 +25,7 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import structlog
 
@@ -30,14 +33,24 @@ from watcher.config import ConfigError, field_meta
 from watcher.errors import UnsafePathError
 from watcher.files import check_private, open_private, private_dir
 from watcher.model.events import Event
+from watcher.model.gaps import Gap
 from watcher.secrets import Secret, SecretError
-from watcher.sinks.audit import GENESIS, Head, HeadError, head_path, last_record, make_record
-from watcher.sinks.base import BaseSinkSettings, Outcome, SinkContext
+from watcher.sinks.audit import (
+    GENESIS,
+    Head,
+    HeadError,
+    head_path,
+    last_record,
+    make_gap_record,
+    make_record,
+)
+from watcher.sinks.base import BaseSinkSettings, Capabilities, Outcome, SinkContext
 from watcher.sinks.registry import SinkType, register
 
 __all__ = ["FileSink", "FileSinkSettings"]
 
 log = structlog.get_logger("watcher.sinks.file")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,9 @@ class FileSinkSettings(BaseSinkSettings):
     path: Path = field(default=Path("events.jsonl"), metadata=field_meta("The JSONL audit log."))
     fsync: Literal["event", "interval"] = field(
         default="event",
-        metadata=field_meta("event: fsync every write; interval: every fsync_interval seconds."),
+        metadata=field_meta(
+            "event: fsync every batch before it is acknowledged; interval: every fsync_interval seconds."
+        ),
     )
     fsync_interval: float = field(
         default=1.0, metadata=field_meta("Seconds between fsyncs.", min=0.01, max=3600)
@@ -57,7 +72,16 @@ class FileSinkSettings(BaseSinkSettings):
         default=5, metadata=field_meta("Rotated files kept (events.jsonl.1 ... .N).", min=1, max=1000)
     )
     rate: float = field(
-        default=1000.0, metadata=field_meta("Most messages per second.", min=0.001, max=100000)
+        default=1000.0, metadata=field_meta("Most batches written per second.", min=0.001, max=100000)
+    )
+    max_batch: int = field(
+        default=500,
+        metadata=field_meta(
+            "Most events written at once: one write, one fsync, one head file and one outbox "
+            "transaction for them all.",
+            min=1,
+            max=10000,
+        ),
     )
     key: Secret | None = field(
         default=None,
@@ -227,31 +251,49 @@ class FileSink:
         self._fd = self._open_log()
         self._size = self._synced = os.fstat(self._fd).st_size
 
-    def _write(self, events: Sequence[Event]) -> None:
+    def _append(self, data: bytes) -> None:
+        assert self._fd is not None
+        try:
+            _write_all(self._fd, data)
+        except OSError:
+            # A full disk can take part of a record. Never keep half of one: cut the file back
+            # to where this write began; the batch is retried.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(data)
+        self._dirty = True
+
+    def _write(self, records: Sequence[tuple[int, Event | Gap]]) -> None:
+        """Append (seq, event or gap) records: one write per file (a rotation starts a new
+        one), then one fsync and one head file for the batch. A record whose seq the log
+        already covers (re-sent after a crash) is skipped."""
         # Before anything is written: a key that cannot be read must never give unkeyed records.
         self._key = self._key_now()
         self._open()
         assert self._fd is not None
-        for event in events:
-            if event.seq <= self._last_seq:
+        n, prev, last_seq = self._n, self._prev, self._last_seq
+        pending = bytearray()
+        for seq, item in records:
+            if seq <= last_seq:
                 continue  # already in the log: a re-send after a crash
-            line, digest = make_record(self._n + 1, self._prev, event.to_dict(), self._key)
+            if isinstance(item, Gap):
+                line, digest = make_gap_record(n + 1, prev, item, self._key)
+            else:
+                line, digest = make_record(n + 1, prev, item.to_dict(), self._key)
             data = (line + "\n").encode()
-            if self._size > 0 and self._size + len(data) > self.settings.max_bytes:
+            size = self._size + len(pending)
+            if size > 0 and size + len(data) > self.settings.max_bytes:
+                if pending:
+                    self._append(bytes(pending))
+                    pending.clear()
+                    self._n, self._prev, self._last_seq = n, prev, last_seq
                 self._rotate()
-            try:
-                _write_all(self._fd, data)
-            except OSError:
-                # A full disk can take part of a record. Never keep half of one: cut
-                # the file back to where it began; the batch is retried.
-                with contextlib.suppress(OSError):
-                    os.ftruncate(self._fd, self._size)
-                raise
-            self._size += len(data)
-            self._n += 1
-            self._prev = digest
-            self._last_seq = event.seq
-            self._dirty = True
+            pending += data
+            n, prev, last_seq = n + 1, digest, seq
+        if pending:
+            self._append(bytes(pending))
+            self._n, self._prev, self._last_seq = n, prev, last_seq
         if self.settings.fsync == "event" and self._dirty:
             try:
                 os.fsync(self._fd)
@@ -267,9 +309,29 @@ class FileSink:
         self._save_head()
 
     async def deliver(self, events: Sequence[Event]) -> Outcome:
+        return await self._locked(self._write, [(e.seq, e) for e in events])
+
+    async def record_gap(self, gap: Gap) -> Outcome:
+        """Write a gap record for events the queue's caps dropped. The part of it the log
+        already covers (written, then dropped before the ack: a crash between the two) is
+        left out; a gap the log covers wholly is not written at all."""
+        return await self._locked(self._write_gap, gap)
+
+    def _write_gap(self, gap: Gap) -> None:
+        self._key = self._key_now()
+        self._open()  # where the log ends is read from the files
+        if gap.last <= self._last_seq:
+            return
+        if gap.first <= self._last_seq:
+            # Only the seqs after the log's last are missing; at most that many were dropped.
+            first = self._last_seq + 1
+            gap = dataclasses.replace(gap, first=first, count=min(gap.count, gap.last - first + 1))
+        self._write([(gap.last, gap)])
+
+    async def _locked(self, write: Callable[[T], None], what: T) -> Outcome:
         async with self._lock:
             try:
-                await asyncio.to_thread(self._write, events)
+                await asyncio.to_thread(write, what)
             except UnsafePathError as err:
                 # Retried, not dead-lettered: once the operator has replaced the link, the
                 # queued events are written, none lost.
@@ -350,6 +412,7 @@ register(
         settings=FileSinkSettings,
         factory=_file_sink,
         validate=_check,
+        capabilities=Capabilities(batches=True),
         order=20,
         for_send_test=_send_test_copy,
         audit_log=_log_path,

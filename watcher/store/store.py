@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
+from watcher.store.ages import Clocks
 from watcher.store.health import StorageHealth
 from watcher.store.outbox import OutboxDatabase
 
@@ -51,8 +52,8 @@ class _OnThread(Generic[P, R]):
 
 
 class Store:
-    def __init__(self, path: Path) -> None:
-        self.database = OutboxDatabase(path)
+    def __init__(self, path: Path, *, clocks: Clocks | None = None) -> None:
+        self.database = OutboxDatabase(path, clocks=clocks)
         self.health = StorageHealth()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox")
 
@@ -91,9 +92,13 @@ class Store:
     load_state = _OnThread(OutboxDatabase.load_state)
     max_seq = _OnThread(OutboxDatabase.max_seq)
     pending = _OnThread(OutboxDatabase.pending)
+    take = _OnThread(OutboxDatabase.take)
+    release = _OnThread(OutboxDatabase.release)
     ack = _OnThread(OutboxDatabase.ack)
     dead_letter = _OnThread(OutboxDatabase.dead_letter)
     enforce_caps = _OnThread(OutboxDatabase.enforce_caps)
+    first_gap = _OnThread(OutboxDatabase.first_gap)
+    gap_recorded = _OnThread(OutboxDatabase.gap_recorded)
     set_disabled = _OnThread(OutboxDatabase.set_disabled)
     sink_names = _OnThread(OutboxDatabase.sink_names)
     stats = _OnThread(OutboxDatabase.stats)
