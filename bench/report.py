@@ -462,7 +462,9 @@ def _audit(a: Results) -> list[str]:
         f"{b['seconds']:.1f} | {b['per_s']:,.0f} | {verify_cell(b)} | {verdict(burst_ok)} "
         "(0 dropped, verify contiguous: records 1..N, N = all events) |",
         "",
-        "Seconds: from the first commit (or the worker's start) to the last delivery.",
+        "Seconds: from the first commit (or the worker's start) to the last delivery. Each run stops "
+        f"after {q['budget_s']:g} s; events still queued then (left: queued {q['left']:,}, burst "
+        f"{b['left']:,}) count as neither delivered nor dropped, and the log holds what was delivered.",
         "",
         _rerun("audit"),
         "",

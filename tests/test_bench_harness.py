@@ -152,7 +152,7 @@ def test_ack_cost_is_measured_at_a_steady_depth() -> None:
 async def test_the_audit_burst_delivers_and_verifies() -> None:
     result = (await bench_audit(150, 0.3))["audit"]
     for run in (result["queued"], result["burst"]):
-        assert run["delivered"] == 150 and run["dropped"] == 0
+        assert run["delivered"] == 150 and run["dropped"] == 0 and run["left"] == 0
         assert run["verify"] == {
             "rc": 0,
             "says": "OK: 150 records intact (records 1..150)",
@@ -218,6 +218,8 @@ def test_the_report_gives_each_new_figure_its_goal_and_verdict() -> None:
             "batch": 50,
             "max_queue": 10_000,
             "verify": {"rc": 0, "says": "OK", "records": last, "first": 1, "last": last},
+            "left": 0,
+            "budget_s": 60.0,
         }
 
     size = {
