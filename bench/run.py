@@ -1,15 +1,21 @@
-"""`make bench`: measure the speed claims side by side and write BENCHMARKS.md.
+"""`make bench`: measure the speed claims side by side and write BENCHMARKS.md (bench/report.py).
 
-Every figure comes from this run, on this machine. Sections:
-  1. reconnection after a kubelet restart: ours vs a plain grpc.aio channel polled every 100 ms
-  2. change to event: a device health flip until the event is committed (state-file triggers vs timer)
-  3. unchanged re-query CPU time per cycle on a large node: ours vs a bare client
-  4. changed re-query (normalize, hash, diff, events) on that node
+Every figure comes from this run, on this machine. Sections (their --only names):
+  1. reconnect: reconnection after a kubelet restart, ours vs a plain grpc.aio channel polled every 100 ms
+  2. change: a device health flip until the event is committed (state-file triggers vs timer)
+  3. steady: the agent's whole CPU share at steady state, a real `python -m watcher run` over
+     PRW_BENCH_STEADY_S seconds (default 300) (bench/steady.py); unchanged: CPU time per unchanged
+     cycle on a large node, ours vs a bare client, and where the decode's time goes (for reference)
+  4. changed: changed re-query (decode, hash, diff, events) on that node
   5. memory: RSS after start and after many unchanged cycles
   6. delivery: events/s through the outbox to a local webhook; change-to-receipt
-  7. kubelet friendliness: calls per minute at steady state; the largest 1 s burst in a trigger storm
+  7. storm (and change): calls per minute at steady state; the largest 1 s burst in a trigger storm
+  8. warmup: kubelet restarts with a realistic warm-up
+  9. scale = nodes (changed cycles, RSS and bytes written at 250 to ~450,000 pods: bench/scale.py),
+     ack (ack cost as a queue grows), audit (the audit log under a 30,000-event burst), drain (a
+     webhook's queue after its receiver's outage) (bench/queues.py)
 
-    .venv/bin/python bench/run.py [--quick] [--output BENCHMARKS.md]
+    .venv/bin/python bench/run.py [--quick] [--only NAMES] [--list] [--output FILE]
 """
 
 from __future__ import annotations
@@ -19,15 +25,13 @@ import asyncio
 import dataclasses
 import json
 import os
-import platform
 import resource
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,13 +40,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # watcher first: it silences gRPC's C-core, which reads its settings at import.
-from watcher import __version__  # noqa: I001
+import watcher  # noqa: F401, I001
 
 import grpc
-from aiohttp import web
 from grpc import aio
 
 from bench.cycles import agent_for_cycles
+from bench.queues import bench_ack, bench_audit, bench_drain
+from bench.receiver import Receiver, serve
+from bench.report import report
+from bench.scale import FIT, ScaleSize, bench_scale
+from bench.steady import bench_steady, steady_seconds
 from watcher.app import Agent
 from watcher.cycle.reactor import gc_paused
 from watcher.model.changes import Change, Kind, Severity
@@ -69,16 +77,6 @@ GPU = "nvidia.com/gpu"
 NIC = "intel.com/sriov_netdevice"
 ALLOC = "/v1.PodResourcesLister/GetAllocatableResources"
 LIST = "/v1.PodResourcesLister/List"
-
-
-def pct(xs: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile (p99 of few samples is their maximum)."""
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(p / 100 * len(s) + 0.5) - 1))]
-
-
-def ms(x: float) -> str:
-    return f"{x * 1000:.1f} ms"
 
 
 def settings_for(root: Path, fake: FakeKubelet, **watch: Any) -> Settings:
@@ -496,40 +494,12 @@ def bench_changed(rounds: int) -> dict[str, Any]:
 # --- 6. delivery ---
 
 
-class _Receiver:
-    def __init__(self) -> None:
-        self.count = 0
-        self.ids: dict[str, float] = {}
-        self.done = asyncio.Event()
-        self.want = 0
-
-    async def handle(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        now = time.monotonic()
-        for item in body if isinstance(body, list) else [body]:
-            self.ids.setdefault(item["id"], now)
-        self.count = len(self.ids)
-        if self.want and self.count >= self.want:
-            self.done.set()
-        return web.Response(status=204)
-
-
-async def _serve(receiver: _Receiver) -> tuple[web.AppRunner, int]:
-    app = web.Application()
-    app.router.add_post("/", receiver.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    sock = socket.create_server(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    return runner, sock.getsockname()[1]
-
-
 async def bench_delivery(n_events: int, n_flips: int) -> dict[str, Any]:
     from watcher.delivery.dispatcher import Dispatcher
     from watcher.sinks.webhook import WebhookSink
 
-    receiver = _Receiver()
-    runner, port = await _serve(receiver)
+    receiver = Receiver()
+    runner, port = await serve(receiver)
     out: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="prw-b6-", dir="/tmp") as tmp:
@@ -645,247 +615,140 @@ async def bench_storm(triggers: int) -> dict[str, Any]:
     }
 
 
-# --- report ---
+# --- the run ---
 
 
-def machine() -> str:
-    model = "unknown"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (
-        f"{platform.system()} {platform.release()}, {os.cpu_count()} CPUs ({model}), {mem:.0f} GiB; "
-        f"Python {platform.python_version()}, grpcio {grpc.__version__}, pod-resources-watcher {__version__}"
-    )
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How much of everything: the full run (`make bench`) or a smoke run (--quick)."""
+
+    reconnect: dict[float, int]
+    triggers: int
+    timer: int
+    steady_calls_window: float
+    unchanged_cycles: int
+    memory_cycles: int
+    delivery_events: int
+    flips: int
+    storm: int
+    warmups: int
+    changed_rounds: int
+    decode_rounds: int
+    steady_s: float
+    sizes: tuple[ScaleSize, ...]
+    ack_depths: tuple[int, ...]
+    ack_reps: int
+    audit_events: int
+    audit_spread_s: float
 
 
-def verdict(ok: bool) -> str:
-    return "**met**" if ok else "**not met**"
+FULL = Plan(
+    reconnect={1.0: 10, 10.0: 3, 30.0: 2},
+    triggers=40,
+    timer=3,
+    steady_calls_window=45.0,
+    unchanged_cycles=600,
+    memory_cycles=100_000,
+    delivery_events=10_000,
+    flips=30,
+    storm=1000,
+    warmups=10,
+    changed_rounds=300,
+    decode_rounds=300,
+    steady_s=steady_seconds(300.0),
+    sizes=(
+        ScaleSize(250, cycles=200),
+        ScaleSize(2_500, cycles=100),
+        ScaleSize(10_000, cycles=100),
+        # The first full decode of ~450,000 pods takes minutes on a slow agent: no warm-up there.
+        ScaleSize(FIT, cycles=10, warmup=0),
+    ),
+    ack_depths=(10, 10_000, 100_000),
+    ack_reps=30,
+    audit_events=30_000,
+    audit_spread_s=12.0,
+)
+
+QUICK = Plan(
+    reconnect={1.0: 3, 10.0: 1},
+    triggers=10,
+    timer=1,
+    steady_calls_window=10.0,
+    unchanged_cycles=30,
+    memory_cycles=2000,
+    delivery_events=2000,
+    flips=10,
+    storm=300,
+    warmups=3,
+    changed_rounds=100,
+    decode_rounds=50,
+    steady_s=steady_seconds(60.0),
+    sizes=(
+        ScaleSize(250, cycles=20),
+        ScaleSize(2_500, cycles=20),
+        ScaleSize(10_000, cycles=10, budget_s=20.0),
+    ),
+    ack_depths=(10, 10_000, 100_000),
+    ack_reps=10,
+    audit_events=3_000,
+    audit_spread_s=1.2,
+)
 
 
-def report(r: dict[str, Any], started: datetime, elapsed: float, quick: bool) -> str:
-    lines = [
-        "# Benchmarks",
-        "",
-        f"Generated by `make bench` (`bench/run.py{' --quick' if quick else ''}`) on {started:%Y-%m-%d %H:%M} UTC in {elapsed / 60:.1f} min.",
-        f"Machine: {machine()}.",
-        "Everything runs on this machine: the simulated kubelet (`watcher/sim/fake_kubelet.py`, real grpc.aio on a",
-        "unix socket, shuffled answers, the kubelet's rate limiter) and loopback receivers. Percentiles are",
-        "nearest-rank: with few samples p99 is the maximum.",
-        "",
-        "## 1. Reconnection after a kubelet restart",
-        "",
-        "From the new socket's rename into place to the first successful GetAllocatableResources. Ours: the",
-        "agent (directory watch, fresh channel). Baseline, in the same run against the same restarts: a plain",
-        "grpc.aio channel with default reconnect settings, polled every 100 ms.",
-        "",
-        "| downtime | n | ours p50 | ours p99 | plain p50 | plain p99 | plain / ours (p50) | goal |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for downtime, res in r["reconnect"].items():
-        ours, plain = res["ours"], res["plain"]
-        ratio = statistics.median(plain) / max(statistics.median(ours), 1e-6)
-        goal = pct(ours, 99) <= 0.05 and (downtime < 10 or ratio >= 100)
-        lines.append(
-            f"| {downtime:g} s | {len(ours)} | {ms(statistics.median(ours))} | {ms(pct(ours, 99))} | "
-            f"{ms(statistics.median(plain))} | {ms(pct(plain, 99))} | {ratio:.0f}x | {verdict(goal)} |"
-        )
-    lines += [
-        "",
-        "Goal: ours p99 <= 50 ms at every downtime, and >= 100x faster than the plain channel at 10 s and 30 s.",
-        "",
-    ]
-    c = r["change_to_event"]
-    lines += [
-        "## 2. Change to event",
-        "",
-        "A device health flip at the fake kubelet (which rewrites its checkpoint) until the event is committed to the outbox.",
-        "",
-        "| triggers | n | p50 | p99 | goal |",
-        "|---|---|---|---|---|",
-    ]
-    for mode in ("state-file triggers", "timer only (interval 30 s)"):
-        xs = c[mode]
-        goal = verdict(pct(xs, 99) <= 0.1) if mode.startswith("state") else "(reference)"
-        lines.append(f"| {mode} | {len(xs)} | {ms(statistics.median(xs))} | {ms(pct(xs, 99))} | {goal} |")
-    lines += ["", "Goal: p99 <= 100 ms with state-file triggers.", ""]
-    lines += [
-        "## 3. Unchanged re-query",
-        "",
-        "CPU time of this process per cycle, the kubelet in another process. Ours: the agent's whole "
-        "cycle (both RPCs, compare, decode the views, compare signatures); the bare client: both RPCs "
-        "and a protobuf parse of each answer, nothing else. Measured in 10 alternating blocks against "
-        "the same kubelet.",
-        "",
-        "| case | cycles | ours | bare client | ours / bare | goal | decoder outcomes |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for label, res in r["unchanged"].items():
-        ratio = res["ours"] / res["bare"]
-        outcomes = (
-            f"{res['same_bytes']} same bytes, {res['reordered']} reordered, "
-            f"{res['pods_rebuilt']} pods rebuilt"
-        )
-        lines.append(
-            f"| {label} | {res['cycles']} | {ms(res['ours'])} | {ms(res['bare'])} | {ratio:.2f}x "
-            f"| {verdict(ratio <= 1.0)} | {outcomes} |"
-        )
-    prof = r["decode_profile"]
-    lines += [
-        "",
-        "Where the difference goes: decoding the same reordered large-node answers in this process "
-        "(thread CPU time, median of "
-        + str(r.get("decode_profile_n", 300))
-        + "), beside the bare client's parse:",
-        "",
-        "| step | time |",
-        "|---|---|",
-        *(f"| {step} | {t * 1e3:.3f} ms |" for step, t in prof.items()),
-        "",
-        "With identical bytes the agent compares and stops, and costs what the bare client costs "
-        "(less its parse). With reordered answers it must find out that nothing changed, which the "
-        "bare client never does: its parse is one call into C. Ours is one C parse into views, then "
-        "one short Python step per pod (sorting its entries' bytes); that per-pod step is what "
-        "remains above the bare client. The last row is the least any order-free comparison can do "
-        "in Python (take each pod's containers and sort them, nothing else): it alone costs more than "
-        "the bare client's whole parse, so 1.0x cannot be reached with shuffled answers without "
-        "compiled code, outside this project's stack.",
-    ]
-    lines += [
-        "",
-        "Goal: no more than 1.0x the bare client. Events emitted during these cycles: "
-        + ", ".join(str(v["events"]) for v in r["unchanged"].values())
-        + " (must be 0).",
-        "",
-    ]
-    xs = r["changed"]
-    full = r["full_build"]
-    kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["changed_kinds"].items()))
-    lines += [
-        "## 4. Changed re-query",
-        "",
-        "Decode, hash, diff and build the events on the large node (512 CPUs, 8 NUMA nodes, 4 x 64 "
-        "devices, 250 x 4 containers, 50 DRA claims), from freshly shuffled answers; the change "
-        "alternates between a device's health and a pod's CPU allocation. Events: " + kinds + ".",
-        "",
-        "| path | n | p50 | p99 | goal |",
-        "|---|---|---|---|---|",
-        f"| the agent's (incremental decoder) | {len(xs)} | {ms(statistics.median(xs))} | {ms(pct(xs, 99))} | {verdict(pct(xs, 99) <= 0.02)} |",
-        f"| for reference: a full build and hash of every answer | {len(full)} | {ms(statistics.median(full))} | {ms(pct(full, 99))} | |",
-        "",
-        "Goal: p99 <= 20 ms.",
-        "",
-    ]
-    m = r["memory"]
-    assert m["commit_failures"] == 0, "the memory section's cycles failed to commit"
-    growth = m["end"] - m["start"]
-    lines += [
-        "## 5. Memory",
-        "",
-        f"RSS of the agent's process over {m['cycles']:,} unchanged cycles ({m['seconds']:.0f} s), the kubelet in another process.",
-        "",
-        "| after start | halfway | at the end | growth | goal |",
-        "|---|---|---|---|---|",
-        f"| {m['start']:.1f} MiB | {m['middle']:.1f} MiB | {m['end']:.1f} MiB | {growth:+.1f} MiB | {verdict(m['end'] <= 64 and growth <= 2)} |",
-        "",
-        "Goal: <= 64 MiB steady, growth <= 2 MiB.",
-        "",
-    ]
-    d = r["delivery"]
-    xs = d["change_to_receipt"]
-    lines += [
-        "## 6. Delivery",
-        "",
-        "| measure | value | goal |",
-        "|---|---|---|",
-        f"| events/s through the outbox to a local webhook (batches of 500) | {d['throughput']:,.0f} | {verdict(d['throughput'] >= 2000)} |",
-        f"| change to receipt, p50 (n={len(xs)}) | {ms(statistics.median(xs))} | |",
-        f"| change to receipt, p99 | {ms(pct(xs, 99))} | {verdict(pct(xs, 99) <= 0.15)} |",
-        "",
-        "Goals: >= 2,000 events/s and p99 <= 150 ms.",
-        "",
-    ]
-    s = r["storm"]
-    steady = c["steady_calls_per_min"]
-    lines += [
-        "## 7. Kubelet friendliness",
-        "",
-        "| measure | value | goal |",
-        "|---|---|---|",
-        f"| calls per minute at steady state, default settings (over {c['steady_window_s']:.0f} s) | {steady:.1f} | |",
-        f"| largest number of calls in any 1 s window during {s['triggers']:,} checkpoint rewrites in {s['storm_s']:.1f} s | {s['max_per_1s']} (of {s['calls']} calls) | {verdict(s['max_per_1s'] <= s['limit'])} (limit {s['limit']:g}/s) |",
-        "",
-    ]
-    w = r["warmup"]
-    floor, settled, flip = w["floor"], w["settled"], w["flip"]
-    lines += [
-        "## 8. The kubelet's warm-up",
-        "",
-        "Kubelet restarts whose device plugins re-register 0.5-2 s later and whose pods reappear over 0.5 s, as",
-        "a real kubelet's do. The floor is the last plugin back; the agent's settled report comes once every",
-        "resource is back and the pod list has been stable for 2 s (its settling rule), so the net change is",
-        "reported once. Then a NIC's health flips while the GPUs' device plugin is away (held).",
-        "",
-        "| measure | n | p50 | p99 | goal |",
-        "|---|---|---|---|---|",
-        f"| restart to plugins back (the floor) | {len(floor)} | {ms(statistics.median(floor))} | {ms(pct(floor, 99))} | |",
-        f"| restart to settled report | {len(settled)} | {ms(statistics.median(settled))} | {ms(pct(settled, 99))} | "
-        f"(settled / floor at p50: {statistics.median(settled) / max(statistics.median(floor), 1e-6):.2f}x) |",
-        f"| events other than kubelet.restarted (false alarms) | {len(settled)} restarts | {w['false_alarms']} | | {verdict(w['false_alarms'] == 0)} (0) |",
-        f"| health flip to event during another resource's warm-up | {len(flip)} | {ms(statistics.median(flip))} | {ms(pct(flip, 99))} | {verdict(pct(flip, 99) <= 0.1 and w['still_held'])} (p99 <= 100 ms, GPUs still held) |",
-        "",
-    ]
-    return "\n".join(lines) + "\n"
+async def _unchanged_and_decode(plan: Plan) -> dict[str, Any]:
+    return {**await bench_unchanged(plan.unchanged_cycles), **bench_decode_profile(plan.decode_rounds)}
 
 
-async def main_async(quick: bool) -> dict[str, Any]:
+async def _sync(result: dict[str, Any]) -> dict[str, Any]:
+    return result
+
+
+def steps(plan: Plan) -> dict[str, Callable[[], Awaitable[dict[str, Any]]]]:
+    """Every section by name, in the order `make bench` runs them (one after the other: on a
+    2-core machine, two at once would measure each other)."""
+    return {
+        "reconnect": lambda: bench_reconnect(plan.reconnect),
+        "change": lambda: bench_change_to_event(plan.triggers, plan.timer, plan.steady_calls_window),
+        "steady": lambda: bench_steady(plan.steady_s),
+        "unchanged": lambda: _unchanged_and_decode(plan),
+        "memory": lambda: bench_memory(plan.memory_cycles),
+        "delivery": lambda: bench_delivery(plan.delivery_events, plan.flips),
+        "storm": lambda: bench_storm(plan.storm),
+        "warmup": lambda: bench_warmup(plan.warmups, plan.flips),
+        "changed": lambda: _sync(bench_changed(plan.changed_rounds)),
+        "nodes": lambda: bench_scale(plan.sizes),
+        "ack": lambda: _sync(bench_ack(plan.ack_depths, plan.ack_reps)),
+        "audit": lambda: bench_audit(plan.audit_events, plan.audit_spread_s),
+        "drain": lambda: bench_drain(),
+    }
+
+
+# Names that stand for several sections.
+GROUPS = {"scale": ("nodes", "ack", "audit", "drain")}
+
+
+def chosen(only: str | None, names: Sequence[str]) -> list[str]:
+    """The sections `--only` asks for (comma-separated names or groups), in run order."""
+    if only is None:
+        return list(names)
+    wanted: set[str] = set()
+    for name in only.split(","):
+        name = name.strip()
+        if name not in names and name not in GROUPS:
+            raise SystemExit(f"--only: no section {name!r}; one of {', '.join([*names, *GROUPS])}")
+        wanted.update(GROUPS.get(name, (name,)))
+    return [n for n in names if n in wanted]
+
+
+async def main_async(plan: Plan, names: Sequence[str]) -> dict[str, Any]:
     configure_logging("error", "json")
     results: dict[str, Any] = {}
-    warmups = 3 if quick else 10
-    if quick:
-        plan, trig, timer, steady, cycles, mem, events, flips, storm = (
-            {1.0: 3, 10.0: 1},
-            10,
-            1,
-            10.0,
-            30,
-            2000,
-            2000,
-            10,
-            300,
-        )
-    else:
-        plan, trig, timer, steady, cycles, mem, events, flips, storm = (
-            {1.0: 10, 10.0: 3, 30.0: 2},
-            40,
-            3,
-            45.0,
-            600,
-            100_000,
-            10_000,
-            30,
-            1000,
-        )
-    steps = [
-        ("reconnection", lambda: bench_reconnect(plan)),
-        ("change to event", lambda: bench_change_to_event(trig, timer, steady)),
-        ("unchanged re-query", lambda: bench_unchanged(cycles)),
-        ("memory", lambda: bench_memory(mem)),
-        ("delivery", lambda: bench_delivery(events, flips)),
-        ("trigger storm", lambda: bench_storm(storm)),
-        ("warm-up", lambda: bench_warmup(warmups, flips)),
-    ]
-    for name, step in steps:
+    every = steps(plan)
+    for name in names:
         t0 = time.monotonic()
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
-        results.update(await step())
+        results.update(await every[name]())
         print(f"bench: {name} done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    print("bench: changed re-query ...", file=sys.stderr, flush=True)
-    results.update(bench_changed(100 if quick else 300))
-    results.update(bench_decode_profile(50 if quick else 300))
     return results
 
 
@@ -896,14 +759,36 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="fewer repetitions (a smoke run, not for the record)"
     )
-    parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument(
+        "--only",
+        metavar="NAMES",
+        help="run only these sections (comma-separated; see --list) and print their report "
+        "(to BENCHMARKS.md only with --output)",
+    )
+    parser.add_argument("--list", action="store_true", help="name the sections and groups, then exit")
+    parser.add_argument("--output", type=Path, help="where the report goes (default: BENCHMARKS.md)")
     args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    if args.list:
+        print("sections:", ", ".join(steps(plan)))
+        print("groups:", "; ".join(f"{g} = {', '.join(n)}" for g, n in GROUPS.items()))
+        return
+    names = chosen(args.only, list(steps(plan)))
+    output = args.output if args.output is not None or args.only else ROOT / "BENCHMARKS.md"
     started = datetime.now(UTC)
     t0 = time.monotonic()
     resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
-    results = asyncio.run(main_async(args.quick))
-    args.output.write_text(report(results, started, time.monotonic() - t0, args.quick))
-    print(f"bench: wrote {args.output}", file=sys.stderr)
+    results = asyncio.run(main_async(plan, names))
+    results["quick"] = args.quick
+    command = (
+        "bench/run.py" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
+    )
+    text = report(results, started, time.monotonic() - t0, command)
+    if output is None:
+        print(text)
+    else:
+        output.write_text(text)
+        print(f"bench: wrote {output}", file=sys.stderr)
 
 
 if __name__ == "__main__":

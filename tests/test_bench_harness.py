@@ -3,10 +3,29 @@ so (as when the outbox gained a separate open step), bench figures would measure
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+import bench.run
 from bench.cycles import agent_for_cycles
+from bench.queues import bench_ack, bench_audit, bench_drain
+from bench.report import report
+from bench.scale_agent import import_floor_mib
+from bench.scale_kubelet import PrebuiltKubelet, list_entry, pods_to_try
+from bench.steady import STEADY_ENV, bench_steady, cpu_seconds, steady_seconds
+from watcher.kubeletapi.v1 import api_pb2
+from watcher.settings import KubeletSettings
+from watcher.sim import fake_answers
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_node import large_node
 
 
 async def test_the_bench_agent_commits_its_cycles(kubelet: FakeKubelet, short_tmp: Path) -> None:
@@ -25,6 +44,240 @@ async def test_the_bench_agent_commits_its_cycles(kubelet: FakeKubelet, short_tm
 
 def test_the_bench_script_imports() -> None:
     """`make bench` is not part of the suite: at least its imports must keep up with the package."""
-    import bench.run
-
     assert callable(bench.run.main)
+
+
+# --- the scale section, at tiny sizes ---
+
+
+def _on_tmpfs(path: Path) -> bool:
+    """True when `path` is on tmpfs, where the kernel counts no write_bytes."""
+    best, fstype = "", ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, mount, kind, *_ = line.split()
+        if str(path).startswith(mount) and len(mount) > len(best):
+            best, fstype = mount, kind
+    return fstype == "tmpfs"
+
+
+async def test_the_prebuilt_kubelet_serves_what_the_simulator_would(short_tmp: Path) -> None:
+    """Its answers are the fake kubelet's, only built ahead: the same pods, parsed by protobuf
+    itself, in a fresh order each time; a change is one pod's, seen by a real agent as one."""
+    node = large_node(pods=30, containers_per_pod=2)
+    prebuilt = PrebuiltKubelet(short_tmp / "kubelet", node, seed=3)
+    reference = FakeKubelet("/nonexistent", large_node(pods=30, containers_per_pod=2), seed=3)
+
+    def pods(raw: bytes) -> dict[tuple[str, str], Any]:
+        answer = api_pb2.ListPodResourcesResponse.FromString(raw)
+        return {(p.namespace, p.name): _order_free(p) for p in answer.pod_resources}
+
+    first = prebuilt.list_response().SerializeToString()
+    second = prebuilt.list_response().SerializeToString()
+    assert pods(first) == pods(reference.list_response().SerializeToString())
+    assert len(pods(first)) == 30
+    assert first != second, "pods come in a fresh order on every answer"
+    await prebuilt.start()
+    try:
+        agent = await agent_for_cycles(prebuilt.socket_path, short_tmp / "state")
+        try:
+            await agent.requery(frozenset({"bench"}))
+            before = agent.metrics.value("events_total")
+            changed = prebuilt.change_one_pod()
+            await agent.requery(frozenset({"bench"}))
+            assert agent.metrics.value("events_total") > before
+            assert agent.decoder.stats.pods_rebuilt >= 1
+            after = pods(prebuilt.list_response().SerializeToString())
+            differ = [k for k in after if after[k] != pods(first)[k]]
+            assert differ == [changed]
+        finally:
+            await agent.close()
+    finally:
+        await prebuilt.stop(remove_socket=True)
+
+
+def _order_free(pod: Any) -> Any:
+    return sorted(
+        (c.name, sorted(c.cpu_ids), sorted(d.SerializeToString() for d in c.devices)) for c in pod.containers
+    )
+
+
+def test_fit_keeps_the_most_pods_whose_answer_fits(short_tmp: Path) -> None:
+    budget = 20_000
+    prebuilt = PrebuiltKubelet(short_tmp, large_node(pods=pods_to_try(budget)), seed=1)
+    prebuilt.fit(budget)
+    size = len(prebuilt.list_response().SerializeToString())
+    assert size == prebuilt.list_bytes <= budget
+    # One pod more (the next of the same shape) would not have fitted.
+    bigger = large_node(pods=len(prebuilt.node.pods) + 1)
+    extra = bigger.pods[(f"ns-{len(prebuilt.node.pods) % 20}", f"pod-{len(prebuilt.node.pods)}")]
+    assert (
+        size + len(list_entry(fake_answers.pod_resources(bigger, extra, lambda _: None).SerializeToString()))
+        > budget
+    )
+
+
+def test_a_node_size_is_measured_in_a_process_of_its_own() -> None:
+    """bench/scale_agent.py: every measured cycle a real change, reported; CPU, wall, bytes
+    written and RSS figures that are there and plausible."""
+    done = subprocess.run(
+        [sys.executable, "bench/scale_agent.py", "--pods", "20", "--cycles", "3", "--warmup", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    assert result["pods"] == 20
+    assert len(result["cpu"]) == len(result["wall"]) == len(result["written"]) == 3
+    assert result["events"] >= 3 and result["commit_failures"] == 0
+    assert all(0 < c < 5 for c in result["cpu"]) and all(0 < w < 5 for w in result["wall"])
+    if not _on_tmpfs(Path("/tmp")):
+        assert all(w > 0 for w in result["written"]), "each change's state reached the disk"
+    assert 20 < result["rss_steady_mib"] <= result["rss_peak_mib"] < 1024
+    assert result["max_receive_bytes"] == KubeletSettings().max_receive_bytes
+
+
+def test_the_import_floor_is_a_fresh_interpreter_with_the_agent_imported() -> None:
+    assert 10 < import_floor_mib() < 500
+
+
+def test_ack_cost_is_measured_at_a_steady_depth() -> None:
+    result = bench_ack((5, 300), reps=3)["ack"]
+    assert set(result["depths"]) == {5, 300}
+    for timings in result["depths"].values():
+        for kind in ("one", "batch"):
+            assert timings[kind]["wall"] > 0 and timings[kind]["cpu"] >= 0
+
+
+async def test_the_audit_burst_delivers_and_verifies() -> None:
+    result = (await bench_audit(150, 0.3))["audit"]
+    for run in (result["queued"], result["burst"]):
+        assert run["delivered"] == 150 and run["dropped"] == 0 and run["left"] == 0
+        assert run["verify"] == {
+            "rc": 0,
+            "says": "OK: 150 records intact (records 1..150)",
+            "records": 150,
+            "first": 1,
+            "last": 150,
+        }
+        assert run["per_s"] > 0
+    assert result["burst"]["batch"] == result["queued"]["batch"] >= 1
+
+
+async def test_the_drain_waits_out_the_outage_then_counts_every_event() -> None:
+    result = (await bench_drain(120, outage_s=0.3))["drain"]
+    assert result["queued_at_up"] == 120 and result["dropped"] == 0
+    assert result["retries"] >= 1 and result["outage_s"] >= 0.3
+    assert result["per_s"] > 0 and result["wait_s"] >= 0
+
+
+@pytest.mark.slow
+async def test_the_steady_state_share_is_a_real_agent_process() -> None:
+    result = (await bench_steady(1.0, scrape_every=0.4, settle_s=0.2))["steady"]
+    assert result["scrapes"] == 3
+    assert 0.99 <= result["wall_s"] < 3
+    assert 0 <= result["cpu_s"] <= result["wall_s"] * 2  # two cores at most
+    assert result["share"] == result["cpu_s"] / result["wall_s"]
+    assert any(name.startswith("python ") for name in result["threads"])
+
+
+def test_cpu_seconds_reads_the_process_stat() -> None:
+    before = cpu_seconds(os.getpid())
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.3:
+        pass
+    spent = cpu_seconds(os.getpid()) - before
+    assert 0.2 <= spent <= 0.6  # ticks of 1/CLK_TCK s
+
+
+def test_the_steady_window_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(STEADY_ENV, raising=False)
+    assert steady_seconds() == 300.0
+    monkeypatch.setenv(STEADY_ENV, "12.5")
+    assert steady_seconds() == 12.5
+
+
+def test_only_names_sections_and_groups() -> None:
+    names = list(bench.run.steps(bench.run.QUICK))
+    assert bench.run.chosen("scale", names) == ["nodes", "ack", "audit", "drain"]
+    assert bench.run.chosen("drain,steady", names) == ["steady", "drain"]
+    assert bench.run.chosen(None, names) == names
+    with pytest.raises(SystemExit):
+        bench.run.chosen("nope", names)
+
+
+def test_the_report_gives_each_new_figure_its_goal_and_verdict() -> None:
+    def audit_run(per_s: float, dropped: int, last: int) -> dict[str, Any]:
+        return {
+            "events": 30_000,
+            "delivered": 30_000 - dropped,
+            "dropped": dropped,
+            "deepest": 9_000,
+            "seconds": 3.0,
+            "per_s": per_s,
+            "batch": 50,
+            "max_queue": 10_000,
+            "verify": {"rc": 0, "says": "OK", "records": last, "first": 1, "last": last},
+            "left": 0,
+            "budget_s": 60.0,
+        }
+
+    size = {
+        "pods": 10_000,
+        "fit": False,
+        "list_bytes": 1_500_000,
+        "cpu": [0.03] * 10,
+        "wall": [0.04] * 9 + [0.09],
+        "written": [400_000] * 10,
+        "rss_steady_mib": 150.0,
+        "rss_peak_mib": 159.0,
+        "first_cycle_s": 1.0,
+    }
+    results = {
+        "steady": {
+            "cpu_s": 0.12,
+            "wall_s": 300.0,
+            "share": 0.0004,
+            "scrapes": 20,
+            "requeries": 10,
+            "clk_tck": 100,
+            "threads": {"python 1": 0.12},
+        },
+        "scale": {"import_floor_mib": 50.0, "max_receive_bytes": 64 << 20, "sizes": [size]},
+        "ack": {
+            "batch": 50,
+            "reps": 3,
+            "depths": {
+                10: {"one": {"wall": 0.001, "cpu": 0.0005}, "batch": {"wall": 0.002, "cpu": 0.001}},
+                100_000: {"one": {"wall": 0.0019, "cpu": 0.0005}, "batch": {"wall": 0.009, "cpu": 0.001}},
+            },
+        },
+        "audit": {
+            "queued": audit_run(12_000, 0, 30_000),
+            "burst": audit_run(2_400, 5, 29_995),
+            "spread_s": 12.0,
+        },
+        "drain": {
+            "events": 10_000,
+            "queued_at_up": 10_000,
+            "dropped": 0,
+            "outage_s": 2.0,
+            "wait_s": 0.5,
+            "drain_s": 2.0,
+            "per_s": 5_000,
+            "per_s_from_up": 4_000,
+            "retries": 2,
+        },
+    }
+    text = report(results, datetime.now(UTC), 60.0, "bench/run.py --only steady,scale")
+    line = {row.split("|")[1].strip(): row for row in text.splitlines() if row.startswith("|")}
+    assert "**met**" in line["300 s"]  # 0.04 % of one core
+    assert "**met**" in line["changed cycle, wall p99"]
+    assert "**met**" in line["RSS, the peak (steady after the cycles)"]
+    assert "**met**" in line["written per single-pod change, mean"]
+    assert "one event 1.9x" in text and "**met**" in text.split("one event 1.9x")[1].splitlines()[0]
+    assert "**met**" in next(v for k, v in line.items() if k.startswith("all queued at once"))
+    assert "**not met**" in next(v for k, v in line.items() if k.startswith("30,000 committed over 12 s"))
+    assert "**met**" in line["10,000"] and "5,000" in line["10,000"]  # the drain
+    assert "(the largest that fits: not run)" in text
+    assert "PRW_BENCH_STEADY_S" in text and "300 s" in text

@@ -1,0 +1,277 @@
+"""The sinks' queues under load: what one acknowledgement costs as a queue grows, an audit log
+taking a burst, and a webhook's queue draining after its receiver was down.
+
+Everything here is the agent's own code on real files: OutboxDatabase / Store (SQLite, WAL,
+synchronous=FULL), the Dispatcher and its SinkWorkers, the file sink and the webhook sink as
+`build_sinks` makes them from their settings; receivers are real aiohttp servers on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.receiver import Receiver, free_port, serve
+from watcher.delivery.dispatcher import Dispatcher
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.events import Event, envelope
+from watcher.secrets import Secret
+from watcher.sinks.base import BaseSinkSettings
+from watcher.sinks.file import FileSinkSettings
+from watcher.sinks.registry import build_sinks
+from watcher.sinks.webhook import WebhookSinkSettings
+from watcher.store.outbox import OUTBOX_FILE, OutboxDatabase
+from watcher.store.store import Store
+
+__all__ = ["bench_ack", "bench_audit", "bench_drain", "bench_events"]
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE = "bench-node"
+# Events are committed in chunks like this, as a busy cycle's would be.
+CHUNK = 500
+
+
+def bench_events(first_seq: int, count: int) -> list[Event]:
+    """`count` device events from seq `first_seq` on, 50 to a cycle, as a churning node's."""
+    out = []
+    for seq in range(first_seq, first_seq + count):
+        change = Change(
+            Kind.DEVICE_REMOVED if seq % 2 else Kind.DEVICE_ADDED,
+            Severity.WARNING if seq % 2 else Severity.INFO,
+            f"vendor0.example.com/dev dev-0-{seq % 64} on NUMA node {seq % 8}",
+            {"resource": "vendor0.example.com/dev", "device": f"dev-0-{seq % 64}", "numa": [seq % 8]},
+        )
+        out.append(envelope(change, seq=seq, node=NODE, cycle=f"c{seq // 50}", before=None, after=None))
+    return out
+
+
+# --- what one acknowledgement costs ---
+
+
+def bench_ack(depths: Sequence[int], reps: int) -> dict[str, Any]:
+    """`OutboxDatabase.ack` (which prunes what no sink needs any more) of one event and of one
+    batch (the sinks' default max_batch), at each queue depth: wall time (fsync included, what
+    a worker waits for) and this thread's CPU time, medians of `reps`. The queue is topped up
+    after each ack (not timed), so every ack sees the same depth."""
+    batch = BaseSinkSettings().max_batch
+    out: dict[str, Any] = {"batch": batch, "reps": reps, "depths": {}}
+    for depth in depths:
+        with tempfile.TemporaryDirectory(prefix="prw-b9a-", dir="/tmp") as tmp:
+            db = OutboxDatabase(Path(tmp) / "state" / OUTBOX_FILE)
+            db.open()
+            db.register(["sink"])
+            next_seq = 1
+
+            def fill(count: int) -> None:
+                nonlocal next_seq
+                for start in range(0, count, CHUNK):
+                    events = bench_events(next_seq, min(CHUNK, count - start))
+                    db.commit(events, {"sink": [e.seq for e in events]}, None)
+                    next_seq += len(events)
+
+            fill(depth)
+            oldest = 1
+            timed: dict[str, dict[str, list[float]]] = {}
+            for label, size in (("one", 1), ("batch", min(batch, depth))):
+                walls: list[float] = []
+                cpus: list[float] = []
+                for _ in range(reps):
+                    seqs = list(range(oldest, oldest + size))
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    db.ack("sink", seqs)
+                    cpus.append(time.thread_time() - c0)
+                    walls.append(time.perf_counter() - t0)
+                    oldest += size
+                    fill(size)
+                timed[label] = {"wall": walls, "cpu": cpus}
+            assert db.stats("sink").depth == depth, "the queue did not keep its depth"
+            db.close()
+        out["depths"][depth] = {
+            label: {k: statistics.median(v) for k, v in t.items()} for label, t in timed.items()
+        }
+    return {"ack": out}
+
+
+# --- an audit log taking a burst ---
+
+
+class _Delivered:
+    """Counts what a dispatcher's workers delivered, and when the last of it went."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = 0.0
+        self.changed = asyncio.Event()
+
+    def __call__(self, _sink: str, result: str, events: Sequence[Event], _seconds: float) -> None:
+        if result == "delivered":
+            self.count += len(events)
+            self.last = time.monotonic()
+        self.changed.set()
+
+
+def audit_verify(log: Path) -> dict[str, Any]:
+    """`pod-resources-watcher audit verify` on the log and its rotated files, as an operator runs it."""
+    files = [log, *sorted(log.parent.glob(log.name + ".[0-9]*"))]
+    done = subprocess.run(
+        [sys.executable, "-m", "watcher", "audit", "verify", *map(str, files)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    says = done.stdout.strip().splitlines()[0] if done.stdout.strip() else done.stderr.strip()
+    span = re.match(r"OK: (\d+) records intact \(records (\d+)\.\.(\d+)\)", says)
+    records, first, last = (int(g) for g in span.groups()) if span else (0, 0, 0)
+    return {"rc": done.returncode, "says": says, "records": records, "first": first, "last": last}
+
+
+async def _audit_run(root: Path, n: int, spread_s: float | None, budget_s: float) -> dict[str, Any]:
+    """`n` events through the file sink at its default settings. `spread_s` None: all queued
+    before its worker starts (its own speed; no cap applies before the agent's next commit);
+    else committed evenly over that many seconds, the queue caps enforced after every commit
+    as the agent does. No longer than `budget_s` from the start."""
+    state = root / "state"
+    store = Store(state / OUTBOX_FILE)
+    await store.open()
+    settings = FileSinkSettings(name="audit", path=state / "audit.jsonl")
+    sinks = build_sinks([settings], node=NODE, state_dir=state, store=store)
+    stop = asyncio.Event()
+    dispatcher = Dispatcher(store, sinks, stop=stop)
+    delivered = _Delivered()
+    dispatcher.observers.append(delivered)
+    await store.register(["audit"])
+    deepest = 0
+    task: asyncio.Task[None] | None = None
+    try:
+        if spread_s is None:
+            for start in range(1, n + 1, CHUNK):
+                await dispatcher.commit(bench_events(start, min(CHUNK, n + 1 - start)), None)
+            t0 = time.monotonic()
+            task = asyncio.create_task(dispatcher.run())
+            deepest = n
+        else:
+            task = asyncio.create_task(dispatcher.run())
+            ticks = max(1, round(spread_s * 10))  # a commit every 100 ms
+            per_tick = -(-n // ticks)
+            t0 = time.monotonic()
+            for i, start in enumerate(range(1, n + 1, per_tick)):
+                await asyncio.sleep(max(0.0, t0 + i * spread_s / ticks - time.monotonic()))
+                await dispatcher.commit(bench_events(start, min(per_tick, n + 1 - start)), None)
+                await dispatcher.hand_over()
+                deepest = max(deepest, (await store.stats("audit")).depth)
+
+        # Until every event was delivered or dropped (the queue is empty), or the budget is spent
+        # (a slow sink: then what it delivered by then is the figure, and the rest is left queued).
+        deadline = t0 + budget_s
+        while (stats := await store.stats("audit")).depth and time.monotonic() < deadline:
+            delivered.changed.clear()
+            # Drops tell no observer: look at the queue again now and then.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(delivered.changed.wait(), 0.5)
+        count, last = delivered.count, delivered.last
+    finally:
+        stop.set()
+        if task is not None:
+            await task
+        await dispatcher.close()
+        await store.close()
+    elapsed = last - t0 if count else float("nan")
+    return {
+        "events": n,
+        "delivered": count,
+        "dropped": stats.dropped,
+        "left": stats.depth,
+        "budget_s": budget_s,
+        "seconds": elapsed,
+        "per_s": count / elapsed,
+        "deepest": deepest,
+        "verify": audit_verify(settings.path),
+        "max_queue": settings.max_queue,
+        "batch": dispatcher.workers["audit"].batch_size,
+        "fsync": settings.fsync,
+    }
+
+
+async def bench_audit(n: int, spread_s: float, budget_s: float = 60.0) -> dict[str, Any]:
+    """The audit log's own speed over `n` queued events, then `n` events arriving over
+    `spread_s` seconds at the default caps."""
+    out: dict[str, Any] = {}
+    for label, spread in (("queued", None), ("burst", spread_s)):
+        with tempfile.TemporaryDirectory(prefix="prw-b9b-", dir="/tmp") as tmp:
+            out[label] = await _audit_run(Path(tmp), n, spread, budget_s)
+    out["spread_s"] = spread_s
+    return {"audit": out}
+
+
+# --- a webhook's queue draining after an outage ---
+
+
+async def bench_drain(n: int | None = None, outage_s: float = 2.0) -> dict[str, Any]:
+    """`n` events (default: a sink's default max_queue, a full queue) queued for a webhook
+    whose receiver is down; once the worker has failed at least once and `outage_s` passed,
+    the receiver comes up on that port. Events/s from its first receipt to its last, and how
+    long the worker's retry backoff kept it waiting first."""
+    n = n if n is not None else BaseSinkSettings().max_queue
+    port = free_port()
+    # As section 6 configures its webhook: batches of 500, 1,000 messages/s.
+    settings = WebhookSinkSettings(
+        name="hook", url=Secret(value=f"http://127.0.0.1:{port}/"), batch=True, max_batch=500, rate=1000
+    )
+    receiver = Receiver()
+    receiver.want = n
+    runner = None
+    with tempfile.TemporaryDirectory(prefix="prw-b9c-", dir="/tmp") as tmp:
+        state = Path(tmp) / "state"
+        store = Store(state / OUTBOX_FILE)
+        await store.open()
+        sinks = build_sinks([settings], node=NODE, state_dir=state, store=store)
+        stop = asyncio.Event()
+        dispatcher = Dispatcher(store, sinks, stop=stop)
+        await store.register(["hook"])
+        task = asyncio.create_task(dispatcher.run())
+        try:
+            down_since = time.monotonic()
+            for start in range(1, n + 1, CHUNK):
+                await dispatcher.commit(bench_events(start, min(CHUNK, n + 1 - start)), None)
+                await dispatcher.hand_over()
+            worker = dispatcher.workers["hook"]
+            async with asyncio.timeout(30):
+                while worker.counts["retry"] < 1:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(max(0.0, down_since + outage_s - time.monotonic()))
+            queued = (await store.stats("hook")).depth
+            runner, _ = await serve(receiver, port)
+            up = time.monotonic()
+            await asyncio.wait_for(receiver.done.wait(), max(120.0, n / 100))
+            dropped = (await store.stats("hook")).dropped
+        finally:
+            stop.set()
+            await task
+            await dispatcher.close()
+            await store.close()
+            if runner is not None:
+                await runner.cleanup()
+    first, last = min(receiver.ids.values()), max(receiver.ids.values())
+    return {
+        "drain": {
+            "events": n,
+            "queued_at_up": queued,
+            "dropped": dropped,
+            "outage_s": up - down_since,
+            "wait_s": first - up,
+            "drain_s": last - first,
+            "per_s": n / (last - first) if last > first else float("inf"),
+            "per_s_from_up": n / (last - up),
+            "retries": worker.counts["retry"],
+        }
+    }

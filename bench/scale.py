@@ -1,0 +1,62 @@
+"""The scale section's node sizes: each measured by bench/scale_agent.py in a fresh process of
+its own (its RSS is the agent's at that size alone), one after the other."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.scale_agent import import_floor_mib
+from watcher.settings import KubeletSettings
+
+__all__ = ["ScaleSize", "bench_scale", "FIT"]
+
+HERE = Path(__file__).resolve().parent
+# A size of `FIT` pods: the most whose List answer fits the default receive limit.
+FIT = -1
+
+
+@dataclass(frozen=True)
+class ScaleSize:
+    pods: int  # or FIT
+    cycles: int
+    warmup: int = 3
+    budget_s: float = 60.0  # no more measured cycles after this long (two at least)
+
+
+async def bench_scale(sizes: Sequence[ScaleSize]) -> dict[str, Any]:
+    limit = KubeletSettings().max_receive_bytes  # the default, from the code
+    out: dict[str, Any] = {"import_floor_mib": import_floor_mib(), "max_receive_bytes": limit, "sizes": []}
+    for size in sizes:
+        which = ["--fit", str(limit)] if size.pods == FIT else ["--pods", str(size.pods)]
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                str(HERE / "scale_agent.py"),
+                *which,
+                "--cycles",
+                str(size.cycles),
+                "--warmup",
+                str(size.warmup),
+                "--budget-s",
+                str(size.budget_s),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"scale_agent.py {' '.join(which)} failed:\n{done.stderr[-3000:]}")
+        result = json.loads(done.stdout)
+        result["fit"] = size.pods == FIT
+        assert result["commit_failures"] == 0, f"{which}: the agent's cycles failed to commit"
+        assert result["events"] >= len(result["cpu"]), f"{which}: a change was not reported"
+        out["sizes"].append(result)
+    return {"scale": out}

@@ -1,0 +1,177 @@
+"""The agent's whole CPU share at steady state: a real `python -m watcher run` process with
+default settings (the timer at its default interval, state-file triggers on, the default sink)
+against the large node served by `python -m watcher fake-kubelet` in another process, its
+/metrics scraped every 15 s by a real HTTP client (aiohttp, as Prometheus would).
+
+The share is the agent process's utime + stime (/proc/PID/stat, every thread) over the window,
+divided by the window's wall time. The window opens once /readyz answers 200 and the start-up
+(the first full decode, watcher.started delivered) has settled, and lasts PRW_BENCH_STEADY_S
+seconds (default 300; `make bench` uses the default).
+
+    python -c 'import asyncio, bench.steady as s; print(asyncio.run(s.bench_steady(300)))'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.receiver import free_port
+
+__all__ = ["bench_steady", "steady_seconds", "cpu_seconds", "STEADY_ENV"]
+
+ROOT = Path(__file__).resolve().parent.parent
+STEADY_ENV = "PRW_BENCH_STEADY_S"
+SCRAPE_EVERY_S = 15.0
+# After /readyz: the first full decode is done; let what it started (delivery of
+# watcher.started, the first timer period's scheduling) finish before the window opens.
+SETTLE_S = 5.0
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def steady_seconds(default: float = 300.0) -> float:
+    """The window's length: PRW_BENCH_STEADY_S, else `default`."""
+    value = os.environ.get(STEADY_ENV)
+    return float(value) if value else default
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process `pid` (all its threads), seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
+    fields = stat[stat.rindex(")") + 2 :].split()
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
+    return (utime + stime) / _CLK_TCK
+
+
+def _metric(text: str, name: str) -> float:
+    """The sum of a metric's samples in Prometheus' text format."""
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def _config(root: Path, port: int) -> Path:
+    """Defaults everywhere, except where the files are and a free loopback port for /metrics."""
+    path = root / "config.toml"
+    kubelet = root / "kubelet"
+    path.write_text(
+        f"""node = "bench-node"
+state_dir = "{root / "state"}"
+[kubelet]
+socket = "{kubelet / "pod-resources" / "kubelet.sock"}"
+root_dir = "{kubelet}"
+[http]
+listen = "127.0.0.1:{port}"
+"""
+    )
+    return path
+
+
+def _start(root: Path, *args: str) -> subprocess.Popen[bytes]:
+    """`python -m watcher ARGS`, its output in files under `root` (read when it fails)."""
+    name = args[0]
+    with open(root / f"{name}.out", "wb") as out, open(root / f"{name}.err", "wb") as err:
+        return subprocess.Popen([sys.executable, "-m", "watcher", *args], stdout=out, stderr=err, cwd=ROOT)
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread of `pid`, by thread name and id ("python" is the event loop's thread
+    and every other thread Python started)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[f"{name} {task.name}"] = (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return out
+
+
+async def bench_steady(
+    seconds: float, scrape_every: float = SCRAPE_EVERY_S, settle_s: float = SETTLE_S
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="prw-b3s-", dir="/tmp") as tmp:
+        root = Path(tmp)
+        kubelet = root / "kubelet"
+        fake = _start(root, "fake-kubelet", "--root", str(kubelet), "--node", "large")
+        agent: subprocess.Popen[bytes] | None = None
+        try:
+            async with asyncio.timeout(60):
+                while not (kubelet / "pod-resources" / "kubelet.sock").exists():
+                    if fake.poll() is not None:
+                        raise RuntimeError(
+                            "the fake kubelet exited: " + (root / "fake-kubelet.err").read_text()
+                        )
+                    await asyncio.sleep(0.1)
+            port = free_port()
+            agent = _start(root, "run", "--config", str(_config(root, port)))
+            base = f"http://127.0.0.1:{port}"
+            async with aiohttp.ClientSession() as http:
+                async with asyncio.timeout(60):
+                    while True:
+                        if agent.poll() is not None:
+                            raise RuntimeError(
+                                f"the agent exited ({agent.returncode}): "
+                                + (root / "run.err").read_text()[-2000:]
+                            )
+                        try:
+                            async with http.get(f"{base}/readyz") as r:
+                                if r.status == 200:
+                                    break
+                        except aiohttp.ClientError:
+                            pass
+                        await asyncio.sleep(0.2)
+                await asyncio.sleep(settle_s)
+                scrapes: list[str] = []
+                threads0 = thread_cpu(agent.pid)
+                cpu0, t0 = cpu_seconds(agent.pid), time.monotonic()
+                k = 0
+                while (at := t0 + k * scrape_every) < t0 + seconds:
+                    await asyncio.sleep(max(0.0, at - time.monotonic()))
+                    async with http.get(f"{base}/metrics") as r:
+                        assert r.status == 200, r.status
+                        scrapes.append(await r.text())
+                    k += 1
+                await asyncio.sleep(max(0.0, t0 + seconds - time.monotonic()))
+                cpu1, t1 = cpu_seconds(agent.pid), time.monotonic()
+                threads1 = thread_cpu(agent.pid)
+                async with http.get(f"{base}/metrics") as r:
+                    last = await r.text()
+        finally:
+            for proc in (agent, fake):
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in (agent, fake):
+                if proc is not None:
+                    try:
+                        proc.wait(20)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+    requeries = "pod_resources_watcher_requeries_total"
+    cpu, wall = cpu1 - cpu0, t1 - t0
+    return {
+        "steady": {
+            "cpu_s": cpu,
+            "wall_s": wall,
+            "share": cpu / wall,
+            "scrapes": len(scrapes),
+            "requeries": _metric(last, requeries) - _metric(scrapes[0], requeries),
+            "clk_tck": _CLK_TCK,
+            "threads": {
+                name: cpu - threads0.get(name, 0.0)
+                for name, cpu in sorted(threads1.items(), key=lambda kv: -(kv[1] - threads0.get(kv[0], 0.0)))
+            },
+        }
+    }
