@@ -33,6 +33,8 @@ import structlog
 from watcher.files import check_private, private_dir
 from watcher.model.events import Event
 from watcher.store.hooks import installed_hooks
+from watcher.store.saved_state import SCHEMA as SAVED_STATE_SCHEMA
+from watcher.store.saved_state import SavedRows, StateRecord, StateWrite, StoredState
 
 __all__ = ["OutboxDatabase", "OUTBOX_FILE", "OutboxUnavailableError", "DeadLetter", "SinkStats"]
 
@@ -121,10 +123,14 @@ class OutboxDatabase:
         self._db: sqlite3.Connection | None = None
         # True when a corrupt database was moved aside: seq must not restart from 0.
         self.recovered_from_corruption = False
+        self._state = SavedRows()
+        # What the last commit wrote of the state (None: it stored none).
+        self.last_state_write: StateWrite | None = None
 
     # -- opening --
 
     def open(self) -> None:
+        self._state.forget()
         private_dir(self.path.parent, "state directory", tighten=True)
         try:
             self._db = self._connect()
@@ -171,7 +177,7 @@ class OutboxDatabase:
             check = db.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {check}")
-            db.executescript(_SCHEMA)
+            db.executescript(_SCHEMA + SAVED_STATE_SCHEMA)
             connected = installed_hooks().connected
             if connected is not None:
                 connected(db)
@@ -183,6 +189,7 @@ class OutboxDatabase:
     def close(self) -> None:
         """Close the connection; `open()` may be called again."""
         db, self._db = self._db, None
+        self._state.forget()
         if db is not None:
             db.close()
 
@@ -208,10 +215,12 @@ class OutboxDatabase:
         self,
         events: Sequence[Event],
         queues: Mapping[str, Sequence[int]],
-        state: Mapping[str, Any] | None,
+        state: StateRecord | None,
     ) -> None:
-        """Queue `events` for the sinks in `queues` (sink -> seqs) and store `state`, atomically."""
+        """Queue `events` for the sinks in `queues` (sink -> seqs) and store `state`, atomically
+        (only its rows that changed: `watcher.store.saved_state`; `last_state_write` says which)."""
         now = time.time()
+        written = None
         with self._tx() as db:
             db.executemany(
                 "INSERT OR IGNORE INTO events (seq, id, created, body) VALUES (?, ?, ?, ?)",
@@ -223,18 +232,17 @@ class OutboxDatabase:
                     [(sink, seq, now) for seq in seqs],
                 )
             if state is not None:
-                db.execute(
-                    "INSERT INTO kv (key, value) VALUES ('state', ?) "
-                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (json.dumps(state, separators=(",", ":")),),
-                )
+                written = self._state.write(db, state)
             committing = installed_hooks().committing
             if committing is not None:
                 committing(self.path, events)
+        if state is not None:
+            self._state.committed(state)
+        self.last_state_write = written
 
-    def load_state(self) -> Any:
-        row = self.db.execute("SELECT value FROM kv WHERE key = 'state'").fetchone()
-        return None if row is None else json.loads(row[0])
+    def load_state(self) -> StoredState:
+        """The saved state as of the last commit (see `watcher.store.saved_state`)."""
+        return self._state.load(self.db)
 
     def max_seq(self) -> int:
         """The highest seq still held (a floor for seq if the state is lost)."""
