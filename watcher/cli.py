@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from watcher import __version__, errors
+from watcher import __version__, allocator, errors
 from watcher.app import Agent
 from watcher.config import ConfigError
 from watcher.kubelet.client import (
@@ -317,6 +317,7 @@ def _settings(path: Path | None) -> Settings:
 
 
 async def _run(settings: Settings, config: Path | None) -> int:
+    allocator.return_large_blocks()
     configure_logging(settings.log.level, settings.log.format)
     structlog.contextvars.bind_contextvars(node=settings.node)
     stop = asyncio.Event()
