@@ -3,8 +3,9 @@
 The kubelet answers from Go maps, so the same node comes back in a new order on
 almost every call and comparing bytes rarely helps. Building the whole model to
 find out costs ~15 ms on a large node; this decoder instead parses each answer
-once, in C, into the views of `proto/v1/views.proto`, whose leaves stay encoded,
-and compares with the last answer, cheapest test first:
+once, in C, into the views of `proto/v1/views.proto`, whose leaves stay encoded
+(the List answer split into its pods' encodings, each pod parsed as a view in its
+turn), and compares with the last answer, cheapest test first:
 
 1. the same bytes: nothing to do;
 2. per pod, its signature: its containers' and memory entries as sorted bytes and
@@ -156,9 +157,10 @@ class Decoder:
             alloc_key = _alloc_key(views_pb2.AllocatableView.FromString(alloc_raw))
         alloc_same = last is not None and last.allocatable_known == (alloc_raw is not None)
         alloc_same = alloc_same and alloc_key == self._alloc_key
-        answer = views_pb2.ListView.FromString(list_raw)
-        # The fast test first. Both passes go one pod at a time and keep nothing of a pod's view
-        # past its turn: on a large node, the answer's views are the largest thing a cycle makes.
+        # Split into its pods' encodings only; each pod is parsed as a view in its turn and its
+        # view goes with it: the answer parsed whole would be twice its size again.
+        answer = views_pb2.ListChunks.FromString(list_raw)
+        # The fast test first, then (something changed) the pods one by one.
         unchanged, digests = self._unchanged(answer) if alloc_same else (False, [])
         if unchanged and last is not None:
             self._raw = raw
@@ -213,18 +215,18 @@ class Decoder:
         self.stats.changed += 1
         return inventory, Outcome.CHANGED
 
-    def _unchanged(self, answer: views_pb2.ListView) -> tuple[bool, list[_Digest]]:
+    def _unchanged(self, answer: views_pb2.ListChunks) -> tuple[bool, list[_Digest]]:
         """Whether every pod of `answer` is a remembered pod with the same signature, and each
         remembered pod is there once; and the signature digests made until the answer was known."""
         old, last, entries = self._pods, self._last, answer.pod_resources
         digests: list[_Digest] = []
         if old is None or last is None or len(entries) != len(last.pods):
             return False, digests
-        # The hot loop of an unchanged cycle (once per pod): one C-level attribute fetch, and
-        # no sorting of the pod-level fields, which are nearly always empty.
-        fields, signature, seen = _POD_FIELDS, _signature, set()
-        for p in entries:
-            namespace, name, containers, cpu_ids, memory = fields(p)
+        # The hot loop of an unchanged cycle (once per pod): one C-level parse and attribute
+        # fetch, and no sorting of the pod-level fields, which are nearly always empty.
+        fields, parse, signature, seen = _POD_FIELDS, views_pb2.PodView.FromString, _signature, set()
+        for encoded in entries:
+            namespace, name, containers, cpu_ids, memory = fields(parse(encoded))
             sig = signature(containers, cpu_ids, memory)
             digests.append(sig)
             cached = old.get(namespace, _NONE).get(name)
@@ -233,17 +235,16 @@ class Decoder:
             seen.add(id(cached))  # a pod listed twice would match one entry twice
         return len(seen) == len(last.pods), digests
 
-    def _pods_of(self, answer: views_pb2.ListView, digests: list[_Digest]) -> list[_Remembered] | None:
+    def _pods_of(self, answer: views_pb2.ListChunks, digests: list[_Digest]) -> list[_Remembered] | None:
         """What to remember of each pod of `answer`, sorted by namespace and name: the remembered
         pod where its signature or key is the same, else the pod built anew; None when a pod is
-        listed more than once. `digests`: the signatures of the first pods, made already.
-
-        One pod at a time, in the answer's order: no view outlives its pod's turn."""
+        listed more than once. `digests`: the signatures of the first pods, made already."""
         old = self._pods or {}
-        fields, signature = _POD_FIELDS, _signature
+        fields, parse, signature = _POD_FIELDS, views_pb2.PodView.FromString, _signature
         chosen: list[_Remembered] = []
-        for i, p in enumerate(answer.pod_resources):
-            namespace, name, containers, cpu_ids, memory = fields(p)
+        for i, encoded in enumerate(answer.pod_resources):
+            view = parse(encoded)
+            namespace, name, containers, cpu_ids, memory = fields(view)
             sig = digests[i] if i < len(digests) else signature(containers, cpu_ids, memory)
             cached = old.get(namespace, _NONE).get(name)
             if cached is not None and cached[0].startswith(sig):
@@ -251,11 +252,11 @@ class Decoder:
                 continue
             # Its entries differ as bytes; parse the containers: if only their own
             # entries were reordered, the pod is the same.
-            key = _pod_key(p)
+            key = _pod_key(view)
             if cached is not None and cached[0].endswith(key):
                 pod = cached[1]
             else:
-                pod = build_pod(namespace, name, [api_pb2.PodResources.FromString(p.SerializeToString())])
+                pod = build_pod(namespace, name, [api_pb2.PodResources.FromString(encoded)])
                 self.stats.pods_rebuilt += 1
                 if cached is not None and cached[1] == pod:
                     pod = cached[1]  # the same pod, regrouped: keep the object (and its hash)
