@@ -3,8 +3,8 @@ changed cycle, and the bytes it writes per single-pod change. The agent runs in 
 (nothing else big lives here) and sets the allocator as `pod-resources-watcher run` does; the
 fake kubelet (watcher/sim, `large_node`) serves from a child process.
 
-    python bench/big_node.py --pods 10000 [--containers 4] [--changes 20] [--unchanged 10]
-                             [--state DIR] [--max-receive-bytes N] [--plain-malloc]
+    python bench/big_node.py --pods 10000 [--containers 4] [--cpus 512] [--changes 20]
+                             [--unchanged 10] [--state DIR] [--max-receive-bytes N] [--plain-malloc]
 
 Figures (JSON on stdout):
   floor_mib      RSS once the agent's modules are imported (before any answer)
@@ -73,8 +73,8 @@ def _median(xs: list[float]) -> float:
 # --- the kubelet's side (a child process) ---
 
 
-def serve(root: Path, pods: int, containers: int) -> None:
-    """Serve large_node(pods, containers), answers shuffled as the kubelet's are; each line
+def serve(root: Path, pods: int, containers: int, cpus: int) -> None:
+    """Serve large_node(pods, containers, cpus), answers shuffled as the kubelet's are; each line
     `change N` on stdin toggles a CPU of pod N's first container and answers `ok`."""
     from watcher.kubeletapi.v1 import api_pb2
     from watcher.sim.fake_kubelet import FakeKubelet
@@ -99,7 +99,7 @@ def serve(root: Path, pods: int, containers: int) -> None:
             return self.variants[self.turn % 2][1]
 
     async def main() -> None:
-        node = large_node(pods=pods, containers_per_pod=containers)
+        node = large_node(pods=pods, containers_per_pod=containers, cpus=cpus)
         fake = Fake(root, node, rate=1e9, burst=10**9, seed=1)
         fake.prepare()
         await fake.start()
@@ -198,6 +198,12 @@ def main() -> None:
     )
     parser.add_argument("--pods", type=int, default=10_000)
     parser.add_argument("--containers", type=int, default=4)
+    parser.add_argument(
+        "--cpus",
+        type=int,
+        default=512,
+        help="the node's CPUs; containers take one each, in turn (more: fewer containers alike)",
+    )
     parser.add_argument("--changes", type=int, default=20)
     parser.add_argument("--unchanged", type=int, default=10)
     parser.add_argument("--state", type=Path, default=None, help="state dir (kept); default: a temporary one")
@@ -208,7 +214,7 @@ def main() -> None:
     parser.add_argument("--serve", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        serve(args.serve, args.pods, args.containers)
+        serve(args.serve, args.pods, args.containers, args.cpus)
         return
     # The floor: every module the agent runs with, imported, nothing decoded yet.
     import watcher.app  # noqa: F401
@@ -226,7 +232,7 @@ def main() -> None:
         args.saved = (args.state / OUTBOX_FILE).exists()
         command = [sys.executable, __file__, "--serve", str(root), "--pods", str(args.pods)]
         child = subprocess.Popen(
-            [*command, "--containers", str(args.containers)],
+            [*command, "--containers", str(args.containers), "--cpus", str(args.cpus)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -247,6 +253,7 @@ def main() -> None:
     report = {
         "pods": args.pods,
         "containers": args.containers,
+        "cpus": args.cpus,
         "wire_bytes": wire,
         "floor_mib": floor,
         **result,

@@ -220,3 +220,24 @@ async def test_an_older_state_that_does_not_match_its_hash_is_a_fresh_baseline(
         await run.recorder.kinds_after(0, 1)
         assert run.recorder.events[0].details["baseline"] == "fresh"
         assert run.recorder.events[0].seq > 41
+
+
+async def test_a_pod_row_changed_on_disk_is_a_fresh_baseline(fake: FakeKubelet, short_tmp: Path) -> None:
+    """Each pod's row is hashed as it is stored; one edited behind the agent's back no longer
+    matches the inventory's recorded hash."""
+    await fake.start()
+    async with running_agent(make_settings(short_tmp), fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        first_seq = run.recorder.events[0].seq
+    db = sqlite3.connect(short_tmp / "state" / OUTBOX_FILE)
+    with db:
+        edited = db.execute(
+            "UPDATE saved_pods SET body = replace(body, '\"cpu_ids\":[', '\"cpu_ids\":[1,') "
+            "WHERE name = 'trainer-0'"
+        ).rowcount
+    db.close()
+    assert edited == 1
+    async with running_agent(make_settings(short_tmp), fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        assert run.recorder.events[0].details["baseline"] == "fresh"
+        assert run.recorder.events[0].seq > first_seq

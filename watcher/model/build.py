@@ -9,6 +9,8 @@ calls `build_allocatable` and `build_pod` directly to rebuild only what changed.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -26,6 +28,7 @@ __all__ = [
     "from_canonical",
     "allocatable_from_canonical",
     "pod_from_canonical",
+    "pod_from_json",
 ]
 
 # Canonical forms `from_canonical` reads: 2 has the same shape as 3 (only the hash differs).
@@ -376,6 +379,16 @@ def pod_from_canonical(p: Mapping[str, Any]) -> Pod:
         )
     except (KeyError, TypeError, AttributeError) as err:
         raise _malformed(err) from err
+
+
+def pod_from_json(body: bytes) -> Pod:
+    """One pod from the compact JSON `Pod.canonical_bytes` made of it (as the saved state keeps
+    it), its digest taken from `body` as it is: nothing is serialised again. Were `body` not
+    those exact bytes, the digest, and any inventory hash made of it, would not match the ones
+    recorded when it was written. Raises ValueError on another shape."""
+    pod = pod_from_canonical(json.loads(body))
+    object.__setattr__(pod, "_digest", hashlib.sha256(body).digest())
+    return pod
 
 
 def allocatable_from_canonical(

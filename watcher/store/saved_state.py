@@ -24,13 +24,14 @@ writes the rows and deletes it, in one transaction.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from watcher.model.build import allocatable_from_canonical, pod_from_canonical
+from watcher.model.build import allocatable_from_canonical, pod_from_json
 from watcher.model.inventory import Inventory, changed_pods
 from watcher.model.records import Pod
 
@@ -119,8 +120,7 @@ class SavedRows:
             inventory = None
             if "allocatable" in parts:
                 devices, cpu_ids, memory, known = allocatable_from_canonical(json.loads(parts["allocatable"]))
-                pods = sorted(self._pods(db), key=lambda p: (p.namespace, p.name))
-                inventory = Inventory(devices, cpu_ids, memory, tuple(pods), allocatable_known=known)
+                inventory = Inventory(devices, cpu_ids, memory, self._pods(db), allocatable_known=known)
         except ValueError as err:  # json's errors are ValueErrors too
             return StoredState(error=str(err))
         # No inventory: whatever rows there are get cleared by the next commit's full write.
@@ -128,10 +128,16 @@ class SavedRows:
         return StoredState(head=head, inventory=inventory)
 
     @staticmethod
-    def _pods(db: sqlite3.Connection) -> Iterator[Pod]:
-        # One row at a time: never every pod's JSON in memory at once.
-        for (body,) in db.execute("SELECT body FROM saved_pods"):
-            yield pod_from_canonical(json.loads(body))
+    def _pods(db: sqlite3.Connection) -> tuple[Pod, ...]:
+        """Every pod, in the inventory's order. One row at a time: never every pod's JSON in
+        memory at once. Each row's bytes are its pod's digest as they are (`pod_from_json`): the
+        inventory's hash, checked against the recorded one, covers them without re-encoding."""
+        # SQLite's order of TEXT (UTF-8 bytes) is Python's order of str (code points).
+        rows = db.execute("SELECT body FROM saved_pods ORDER BY namespace, name")
+        pods = tuple(pod_from_json(body.encode()) for (body,) in rows)
+        if any((a.namespace, a.name) >= (b.namespace, b.name) for a, b in itertools.pairwise(pods)):
+            raise ValueError("saved pods out of order or listed twice")
+        return pods
 
     def write(self, db: sqlite3.Connection, state: StateRecord) -> StateWrite:
         """Write `state` inside the caller's transaction; `committed()` once it is committed."""
