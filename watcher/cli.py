@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-receive-bytes",
         type=_positive_int,
         default=DEFAULT_MAX_RECEIVE_BYTES,
-        help=f"largest response accepted (default: {DEFAULT_MAX_RECEIVE_BYTES} = 64 MiB)",
+        help=f"largest response accepted (default: {DEFAULT_MAX_RECEIVE_BYTES} = "
+        f"{DEFAULT_MAX_RECEIVE_BYTES >> 20} MiB)",
     )
 
     fake = sub.add_parser(
