@@ -57,15 +57,17 @@ _Remembered = tuple[bytes, Pod]
 _Memo = dict[str, dict[str, _Remembered]]
 _Name = tuple[str, str]  # (namespace, name)
 _NONE: dict[str, _Remembered] = {}
+_sha256, _dumps = hashlib.sha256, marshal.dumps
 
 
 def _digest(value: tuple[Any, ...]) -> _Digest:
-    """16 bytes of SHA-256 over `value` (nested tuples of bytes and ints): equal digests, equal values.
+    """16 bytes of SHA-256 over `value` (nested tuples and lists of bytes and ints): equal digests,
+    equal values.
 
     marshal's version 2 writes no back-references, so equal values give equal bytes whatever
     objects hold them; its output is used within this process only.
     """
-    return hashlib.sha256(marshal.dumps(value, 2)).digest()[:16]
+    return _sha256(_dumps(value, 2)).digest()[:16]
 
 
 def _answers_digest(alloc_raw: bytes | None, list_raw: bytes) -> _Digest:
@@ -274,14 +276,11 @@ def _by_name(remembered: _Remembered) -> _Name:
 
 
 def _signature(containers: Iterable[bytes], cpu_ids: Iterable[int], memory: Iterable[bytes]) -> _Digest:
-    """A pod's containers and memory entries as sorted bytes and its sorted CPU ids, digested."""
-    return _digest(
-        (
-            tuple(sorted(containers)),
-            tuple(sorted(cpu_ids)) if cpu_ids else (),
-            tuple(sorted(memory)) if memory else (),
-        )
-    )
+    """A pod's containers and memory entries as sorted bytes and its sorted CPU ids, digested.
+    (Lists, not tuples: marshal takes either, and this runs once per pod per cycle.)"""
+    return _sha256(
+        _dumps((sorted(containers), sorted(cpu_ids) if cpu_ids else (), sorted(memory) if memory else ()), 2)
+    ).digest()[:16]
 
 
 def _sorted(entries: Iterable[bytes] | Iterable[int]) -> tuple[Any, ...]:
