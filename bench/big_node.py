@@ -19,7 +19,8 @@ Figures (JSON on stdout):
   x_wire         (peak_mib - floor_mib) and (changed RSS - floor_mib), in answers' wire sizes
   db_bytes       outbox.db and its WAL on disk at the end
 Each phase's peak is VmHWM reset before it (/proc/self/clear_refs), so it is that phase's own.
-Give the same --state DIR to a second run to measure a restart against the saved state.
+Give the same --state DIR to a second run to measure a restart against the saved state. To
+measure another version, copy this file into its tree's bench/ and run it from there.
 """
 
 from __future__ import annotations
@@ -175,7 +176,8 @@ async def measure(args: argparse.Namespace, root: Path, child: subprocess.Popen[
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
         writes.append(written_bytes() - w0)
-        rows.add(str(agent.outbox.last_state_write))
+        # (Older versions, measured with a copy of this script in their tree, did not say.)
+        rows.add(str(getattr(agent.outbox, "last_state_write", "rewritten whole")))
     out["changed"] = {
         "cycles": args.changes,
         "events": int(agent.metrics.value("events_total") - events),
@@ -218,11 +220,15 @@ def main() -> None:
         return
     # The floor: every module the agent runs with, imported, nothing decoded yet.
     import watcher.app  # noqa: F401
-    from watcher import allocator
     from watcher.store.outbox import OUTBOX_FILE
 
     if not args.plain_malloc:
-        allocator.return_large_blocks()  # as `pod-resources-watcher run` does first
+        try:
+            from watcher import allocator
+        except ImportError:  # an older version, measured with a copy of this script in its tree
+            pass
+        else:
+            allocator.return_large_blocks()  # as `pod-resources-watcher run` does first
     gc.collect()
     floor = rss_mib()
     with tempfile.TemporaryDirectory(prefix="prw-big-", dir="/tmp") as tmp:
