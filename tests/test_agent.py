@@ -224,7 +224,7 @@ async def test_unreadable_saved_state_warns_and_seq_never_repeats(fake: FakeKube
         first_seq = run.recorder.events[0].seq
     db = sqlite3.connect(short_tmp / "state" / "outbox.db")
     with db:
-        db.execute("UPDATE kv SET value = '{\"version\": 999}' WHERE key = 'state'")
+        db.execute("UPDATE saved_state SET value = '{\"version\": 999}' WHERE part = 'head'")
     db.close()
     with capture_logs() as logs:
         async with running_agent(settings, fake) as run:

@@ -7,10 +7,13 @@ fake kubelet's own answers, so the bytes are what the agent really receives.
 
 from __future__ import annotations
 
+import gc
+import json
 import random
+import sys
 
 import pytest
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,7 +29,7 @@ from tests.test_inventory_properties import (
 )
 from watcher.kubelet.decoding import Decoder, Outcome
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model.build import build
+from watcher.model.build import build, from_canonical
 from watcher.model.inventory import Inventory
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeMemory, FakePod, default_node, large_node
@@ -294,3 +297,43 @@ def test_after_a_pod_listed_twice_its_disappearance_is_still_seen() -> None:
     gone, outcome = decoder.decode(None, empty)
     assert outcome is Outcome.CHANGED
     assert gone.pods == ()
+
+
+def _protobuf_messages() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, Message))
+
+
+def test_the_decoder_keeps_neither_the_answers_nor_their_parse() -> None:
+    """What it remembers between answers is digests and the model: not the answers' bytes (as it
+    did to spot byte-identical answers) and no parsed message. Protobuf's messages take no weak
+    references, so the bytes' reference counts and the live messages are counted instead."""
+    fake = FakeKubelet("/nonexistent", large_node(), seed=7)
+    decoder = Decoder()
+    messages = _protobuf_messages()
+    answers = []
+    for step in range(4):  # first, reordered, changed (one pod), the same bytes again
+        if step == 2:
+            fake.allocate("ns-3", "pod-3", "c2", cpu_ids=[300])
+        alloc, lst = answers[-1] if step == 3 else _answers(fake)
+        held = sys.getrefcount(alloc), sys.getrefcount(lst)
+        decoder.decode(alloc, lst)
+        assert (sys.getrefcount(alloc), sys.getrefcount(lst)) == held
+        assert _protobuf_messages() == messages
+        answers.append((alloc, lst))
+    assert decoder.stats.same_bytes == 1 and decoder.stats.reordered == 1 and decoder.stats.changed == 2
+
+
+def test_a_seeded_decoder_takes_the_saved_pods_as_they_are() -> None:
+    """After a restart the decoder starts from the saved inventory: an answer with the same node
+    gives that very object back, and a changed pod alone is new."""
+    fake = FakeKubelet("/nonexistent", large_node(), seed=7)
+    saved = from_canonical(json.loads(_full(*_answers(fake)).canonical_bytes))  # as loaded from disk
+    decoder = Decoder()
+    decoder.seed(saved)
+    got, outcome = decoder.decode(*_answers(fake))
+    assert got is saved and outcome is Outcome.REORDERED
+    fake.allocate("ns-3", "pod-3", "c2", cpu_ids=[300])
+    after, outcome = decoder.decode(*_answers(fake))
+    assert outcome is Outcome.CHANGED and after == _full(*_answers(fake))
+    assert [p.key for p in after.pods if not any(p is q for q in saved.pods)] == ["ns-3/pod-3"]

@@ -25,11 +25,14 @@ import structlog
 from tests.receivers import WebhookReceiver
 from watcher.cli import main
 from watcher.delivery.dispatcher import Dispatcher
+from watcher.kubelet.decoding import Decoder
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
 from watcher.model.gaps import Gap
 from watcher.ops.metrics import Metrics
 from watcher.settings import parse_settings
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_node import large_node
 from watcher.sinks.audit import verify_files
 from watcher.sinks.base import Sink
 from watcher.sinks.file import FileSink, FileSinkSettings
@@ -37,6 +40,7 @@ from watcher.sinks.registry import build_sink
 from watcher.store.ages import Clocks
 from watcher.store.hooks import StoreHooks, install_hooks
 from watcher.store.outbox import Caps, OutboxDatabase
+from watcher.store.saved_state import StateRecord, StateWrite
 from watcher.store.store import Store
 
 GPU = "nvidia.com/gpu"
@@ -217,13 +221,28 @@ async def test_acks_commits_and_caps_search_indexes_and_never_scan_a_table(tmp_p
     (conn,) = connections
     db.register(["slow", "fast"])
     backlog = _events(1, 3000)
-    db.commit(backlog, {"slow": [e.seq for e in backlog], "fast": [e.seq for e in backlog[:10]]}, None)
+    # The saved state, a row per pod: the traced commit below writes the one pod that changed.
+    fake, decoder = FakeKubelet("/nonexistent", large_node(pods=50), seed=3), Decoder()
+    before, _ = decoder.decode(
+        fake.allocatable_response().SerializeToString(), fake.list_response().SerializeToString()
+    )
+    db.commit(
+        backlog,
+        {"slow": [e.seq for e in backlog], "fast": [e.seq for e in backlog[:10]]},
+        StateRecord({"seq": 3000}, before),
+    )
+    fake.free("ns-4", "pod-4")
+    fake.allocate("ns-3", "pod-3", "c2", cpu_ids=[300])
+    after, _ = decoder.decode(
+        fake.allocatable_response().SerializeToString(), fake.list_response().SerializeToString()
+    )
     traced: list[str] = []
     conn.set_trace_callback(traced.append)
     # The hot paths: a worker takes and acks, a producer commits, caps drop, dead letters, gaps.
     assert db.take("fast", 500, gaps=True)
     db.ack("fast", list(range(1, 11)))
-    db.commit(_events(3001, 3002), {"fast": [3001, 3002]}, {"seq": 3002})
+    db.commit(_events(3001, 3002), {"fast": [3001, 3002]}, StateRecord({"seq": 3002}, after))
+    assert db.last_state_write == StateWrite(pods_written=1, pods_deleted=1)
     db.take("fast", 500)
     db.dead_letter("fast", [3001, 3002], 400, "bad request")
     db.enforce_caps("slow", Caps(100, WEEK, 10, WEEK), gaps=True)

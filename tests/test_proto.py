@@ -115,6 +115,7 @@ def test_service_methods() -> None:
 VIEWS = {
     "AllocatableView": "AllocatableResourcesResponse",
     "ListView": "ListPodResourcesResponse",
+    "ListChunks": "ListPodResourcesResponse",
     "PodView": "PodResources",
     "ContainerView": "ContainerResources",
 }

@@ -14,6 +14,7 @@ from watcher.model.events import Event, envelope
 from watcher.store.health import StorageHealth
 from watcher.store.hooks import StoreHooks, install_hooks
 from watcher.store.outbox import OutboxDatabase, OutboxUnavailableError
+from watcher.store.saved_state import StateRecord
 from watcher.store.store import Store
 
 
@@ -31,13 +32,13 @@ async def test_every_database_call_runs_on_the_one_store_thread(tmp_path: Path) 
 
     await store.open()
     await store.register({"hook": None})
-    await store.commit(_events(1, 2), {"hook": [1, 2]}, {"seq": 2})
+    await store.commit(_events(1, 2), {"hook": [1, 2]}, StateRecord({"seq": 2}, None))
     assert [e.seq for e in await store.pending("hook")] == [1, 2]
     await store.ack("hook", [1])
     assert (await store.stats("hook")).depth == 1
     await store.kv_set("k", {"v": 1})
     assert await store.kv_get("k") == {"v": 1}
-    assert await store.load_state() == {"seq": 2}
+    assert (await store.load_state()).head == {"seq": 2}
     for _ in range(3):
         await store.run(where)
     await store.close()
@@ -81,11 +82,11 @@ def test_the_hooks_run_at_their_points_and_are_gone_once_put_back(tmp_path: Path
         db.open()
         db.register(["hook"])
         with pytest.raises(OSError, match="Input/output error"):
-            db.commit(_events(1), {"hook": [1]}, {"seq": 1})
+            db.commit(_events(1), {"hook": [1]}, StateRecord({"seq": 1}, None))
     finally:
         install_hooks(previous)
     assert len(connected) == 1 and seen == [[1]]
-    assert db.pending("hook") == [] and db.load_state() is None
-    db.commit(_events(1), {"hook": [1]}, {"seq": 1})
-    assert seen == [[1]] and db.load_state() == {"seq": 1}
+    assert db.pending("hook") == [] and db.load_state().head is None
+    db.commit(_events(1), {"hook": [1]}, StateRecord({"seq": 1}, None))
+    assert seen == [[1]] and db.load_state().head == {"seq": 1}
     db.close()

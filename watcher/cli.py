@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from watcher import __version__, errors
+from watcher import __version__, allocator, errors
 from watcher.app import Agent
 from watcher.config import ConfigError
 from watcher.kubelet.client import (
@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-receive-bytes",
         type=_positive_int,
         default=DEFAULT_MAX_RECEIVE_BYTES,
-        help=f"largest response accepted (default: {DEFAULT_MAX_RECEIVE_BYTES} = 64 MiB)",
+        help=f"largest response accepted (default: {DEFAULT_MAX_RECEIVE_BYTES} = "
+        f"{DEFAULT_MAX_RECEIVE_BYTES >> 20} MiB)",
     )
 
     fake = sub.add_parser(
@@ -323,6 +324,7 @@ def _settings(path: Path | None) -> Settings:
 
 
 async def _run(settings: Settings, config: Path | None) -> int:
+    allocator.return_large_blocks()
     configure_logging(settings.log.level, settings.log.format)
     structlog.contextvars.bind_contextvars(node=settings.node)
     stop = asyncio.Event()

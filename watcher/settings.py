@@ -59,7 +59,10 @@ class KubeletSettings:
         default=DEFAULT_TIMEOUT, metadata=field_meta("Deadline of each call, seconds.", min=0.001, max=600)
     )
     max_receive_bytes: int = field(
-        default=DEFAULT_MAX_RECEIVE_BYTES, metadata=field_meta("Largest response accepted, bytes.", min=1024)
+        default=DEFAULT_MAX_RECEIVE_BYTES,
+        metadata=field_meta(
+            "Largest response accepted, bytes; it bounds the agent's memory too (about 16x).", min=1024
+        ),
     )
     unreachable_grace: float = field(
         default=30.0,

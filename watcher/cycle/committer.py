@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from watcher.backoff import Backoff
-from watcher.cycle.state import CycleState, SavedState, state_from_json, state_to_json
+from watcher.cycle.state import CycleState, SavedState, state_from_store, state_record
 from watcher.delivery.dispatcher import Dispatcher
 from watcher.model import lifecycle
 from watcher.model.changes import LIFECYCLE_KINDS, Change
@@ -94,7 +94,7 @@ class Committer:
     async def _stored_state(self) -> SavedState:
         """The state the outbox holds, as of its last commit."""
         saved, max_seq = await self.outbox.load_state(), await self.outbox.max_seq()
-        return state_from_json(saved, min_seq=max_seq, lost=self.outbox.recovered_from_corruption)
+        return state_from_store(saved, min_seq=max_seq, lost=self.outbox.recovered_from_corruption)
 
     def _restored(self, state: CycleState, saved: SavedState) -> CycleState:
         if saved.node is not None and saved.node != self.settings.node:
@@ -167,7 +167,7 @@ class Committer:
                 await self.outbox.reopen()  # the last commit failed: the disk may be back
                 if await self._database_is_ahead(draft):
                     return True
-            await self.dispatcher.commit(events, state_to_json(saved))
+            await self.dispatcher.commit(events, state_record(saved))
         except Exception as err:  # disk full, read-only, corrupt: never crash, never advance
             self._failed(err)
             return False

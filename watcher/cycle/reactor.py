@@ -251,9 +251,13 @@ class Reactor:
             return "failed", functools.partial(self._commit_failure, commit, failed, cycle)
 
         before = state.inventory
+        list_only = alloc_raw is None
         try:
             with gc_paused():
                 answer, repaired = self._decode(before, alloc_raw, list_raw)
+                # The answers are decoded: their bytes (the largest thing a cycle holds) go now,
+                # not when the cycle ends, so they are not alive with the diff and the commit.
+                del alloc_raw, list_raw
                 settling, held_changes, after = self._settle(
                     draft.settling, before, answer, restarted=restarted
                 )
@@ -261,7 +265,7 @@ class Reactor:
         except DecodeError as err:
             failed = await self._failed(err, "DecodeError", draft, changes)
             return "failed", functools.partial(self._commit_failure, commit, failed, cycle)
-        draft = self._answered(draft, changes, list_only=alloc_raw is None)  # lifecycle changes first
+        draft = self._answered(draft, changes, list_only=list_only)  # lifecycle changes first
         if set(repaired) - draft.invalid_text:  # once, until an answer comes without any
             changes.append(lifecycle.invalid_text(repaired))
         draft = dataclasses.replace(
@@ -346,10 +350,13 @@ class Reactor:
     def _inventory_from(
         self, before: Inventory | None, alloc_raw: bytes | None, list_raw: bytes
     ) -> Inventory:
+        if before is not None:
+            self.decoder.seed(before)  # after a restart: the saved pods, not a second copy of them
         after, _ = self.decoder.decode(alloc_raw, list_raw)
         if before is not None and after is not before and after.content_hash == before.content_hash:
             # The decoder compares with the last answer it decoded; ours may be older (a
-            # restored state, a commit that failed) yet equal.
+            # restored state, a commit that failed) yet equal. Keep one copy of it.
+            self.decoder.adopt(before)
             return before
         return after
 

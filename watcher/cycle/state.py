@@ -2,12 +2,16 @@
 
 It is stored in the outbox database, in the same transaction as the events it
 produced (watcher.store.outbox), so it can never move past an event that is not
-safely queued. This module turns it into JSON and back; anything unreadable is
-a warning and a fresh baseline, never a crash.
+safely queued: a small head (this module's JSON) and the inventory, a row per pod
+(watcher.store.saved_state), so a change writes what changed. This module makes the
+record to store and reads it back; anything unreadable is a warning and a fresh
+baseline, never a crash. Version 2 (the whole state as one JSON document) is read
+once, after an upgrade; the next commit stores it as version 3.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,11 +24,14 @@ from watcher.model.build import from_canonical
 from watcher.model.flapping import Flaps
 from watcher.model.incidents import Incidents
 from watcher.model.inventory import Inventory
+from watcher.model.records import compact_json
 from watcher.model.settling import Settling
+from watcher.store.saved_state import StateRecord, StoredState
 
-__all__ = ["CycleState", "SavedState", "state_to_json", "state_from_json", "VERSION"]
+__all__ = ["CycleState", "SavedState", "state_record", "state_from_store", "VERSION"]
 
-VERSION = 2
+VERSION = 3
+_LEGACY_VERSION = 2  # the whole state in one document, hashed as one canonical JSON
 
 log = structlog.get_logger("watcher.cycle.state")
 
@@ -55,16 +62,17 @@ class CycleState:
     incidents: Incidents = field(default_factory=Incidents)  # mass failures not yet back
 
 
-def state_to_json(state: SavedState) -> dict[str, Any]:
-    return {
+def state_record(state: SavedState) -> StateRecord:
+    """What a commit stores: the head (small JSON) and the inventory, stored a row per pod."""
+    head = {
         "version": VERSION,
         "node": state.node,
         "seq": state.seq,
         "hash": state.inventory.content_hash if state.inventory is not None else None,
-        "inventory": state.inventory.canonical if state.inventory is not None else None,
         "socket": state.socket.to_json() if state.socket is not None else None,
         "saved_at": time.time(),
     }
+    return StateRecord(head=head, inventory=state.inventory)
 
 
 def _fresh_seq() -> int:
@@ -73,29 +81,36 @@ def _fresh_seq() -> int:
     return int(time.time() * 1000)
 
 
-def state_from_json(doc: Any, *, min_seq: int = 0, lost: bool = False) -> SavedState:
-    """The saved state; None is a first run, anything unreadable a warning and a fresh baseline.
+def state_from_store(stored: StoredState, *, min_seq: int = 0, lost: bool = False) -> SavedState:
+    """The saved state; nothing stored is a first run, anything unreadable a warning and a fresh baseline.
 
     `min_seq` is the highest seq known to exist elsewhere (the outbox's events); `lost`
     says an earlier state was lost (a corrupt outbox), so seq must not start from 0 again.
     """
-    if doc is None and lost:
+    nothing = stored.head is None and stored.legacy is None and stored.error is None
+    if nothing and lost:
         seq = max(_fresh_seq(), min_seq)
         log.warning("saved state was lost with the outbox: fresh baseline", seq_restarts_at=seq + 1)
         return SavedState(seq=seq)
-    if doc is None:
+    if nothing:
         log.info("no saved state: first run, taking a fresh baseline")
         return SavedState(seq=min_seq)
     try:
-        if not isinstance(doc, dict) or doc.get("version") != VERSION:
-            version = doc.get("version") if isinstance(doc, dict) else doc
-            raise ValueError(f"unsupported state version {version!r}")
+        if stored.error is not None:
+            raise ValueError(stored.error)
+        if stored.legacy is not None:
+            doc, inventory = stored.legacy, _legacy_inventory(stored.legacy)
+            log.info("saved state of version 2 read: it is stored as version 3 from the next commit")
+        else:
+            doc, inventory = stored.head, stored.inventory
+            if not isinstance(doc, dict) or doc.get("version") != VERSION:
+                version = doc.get("version") if isinstance(doc, dict) else doc
+                raise ValueError(f"unsupported state version {version!r}")
+            if (inventory.content_hash if inventory is not None else None) != doc.get("hash"):
+                raise ValueError("inventory does not match its recorded hash")
         seq = doc["seq"]
         if not isinstance(seq, int) or seq < 0:
             raise ValueError(f"bad seq {seq!r}")
-        inventory = from_canonical(doc["inventory"]) if doc.get("inventory") is not None else None
-        if inventory is not None and doc.get("hash") != inventory.content_hash:
-            raise ValueError("inventory does not match its recorded hash")
         node = doc.get("node")
         return SavedState(
             seq=max(seq, min_seq),
@@ -109,3 +124,16 @@ def state_from_json(doc: Any, *, min_seq: int = 0, lost: bool = False) -> SavedS
             "saved state is unreadable: taking a fresh baseline", error=str(err), seq_restarts_at=seq + 1
         )
         return SavedState(seq=seq)
+
+
+def _legacy_inventory(doc: Any) -> Inventory | None:
+    """Version 2's inventory, checked against its hash as version 2 made it (of the whole canonical JSON)."""
+    if not isinstance(doc, dict) or doc.get("version") != _LEGACY_VERSION:
+        version = doc.get("version") if isinstance(doc, dict) else doc
+        raise ValueError(f"unsupported state version {version!r}")
+    canonical = doc.get("inventory")
+    if canonical is None:
+        return None
+    if doc.get("hash") != "sha256:" + hashlib.sha256(compact_json(canonical)).hexdigest():
+        raise ValueError("inventory does not match its recorded hash")
+    return from_canonical(canonical)

@@ -10,14 +10,14 @@ import asyncio
 import contextlib
 import functools
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
 from watcher.delivery.worker import DeliveryObserver, SinkWorker
 from watcher.model.events import Event
 from watcher.sinks.base import Sink
+from watcher.store.saved_state import StateRecord
 from watcher.store.store import Store
 from watcher.supervision import Scope, StoppedError, Supervisor, unless_stopped
 
@@ -69,7 +69,7 @@ class Dispatcher:
         worker.on_outbox_error = self._on_outbox_error
         return worker
 
-    async def commit(self, events: Sequence[Event], state: Mapping[str, Any] | None) -> None:
+    async def commit(self, events: Sequence[Event], state: StateRecord | None) -> None:
         """Queue `events` for the sinks that asked for them and store `state`, in one
         transaction. Raises if the store refused: then nothing was stored."""
         await self.outbox.commit(events, self.queues(events), state)

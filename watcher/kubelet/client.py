@@ -28,9 +28,12 @@ __all__ = [
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_TIMEOUT = 10.0
-# The kubelet's own helper uses 16 MiB and agents at gRPC's 4 MiB default have
-# failed on large nodes; 64 MiB leaves room for the biggest nodes seen.
-DEFAULT_MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+# Agents at gRPC's 4 MiB default have failed on large nodes; the limit is also what bounds the
+# agent's memory. Measured (bench/big_node.py, deploy/kubernetes/daemonset.yaml says how), an answer
+# costs the agent up to ~15x its size at a cycle's peak, and 8 MiB answers kept every node shape
+# measured under 180 MiB: inside the DaemonSet's 256 Mi limit with room for queued events. A node
+# with larger answers needs both raised (memory limit ~ 60 MiB + 16 x max_receive_bytes).
+DEFAULT_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
 
 _SERVICE = "/v1.PodResourcesLister/"
 LIST = "List"
@@ -192,7 +195,8 @@ class PodResourcesClient:
             if "larger than max" in lowered or "message larger" in lowered:
                 return errors.ResponseTooLargeError(
                     f"{method} response exceeds the {self.max_receive_bytes}-byte receive "
-                    f"limit ({details}): raise the maximum receive size",
+                    f"limit ({details}): raise [kubelet] max_receive_bytes, and the agent's "
+                    "memory limit with it (about 16 bytes for each byte of the answer)",
                     **kw,
                 )
             return errors.RateLimitedError(

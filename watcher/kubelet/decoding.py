@@ -3,8 +3,9 @@
 The kubelet answers from Go maps, so the same node comes back in a new order on
 almost every call and comparing bytes rarely helps. Building the whole model to
 find out costs ~15 ms on a large node; this decoder instead parses each answer
-once, in C, into the views of `proto/v1/views.proto`, whose leaves stay encoded,
-and compares with the last answer, cheapest test first:
+once, in C, into the views of `proto/v1/views.proto`, whose leaves stay encoded
+(the List answer split into its pods' encodings, each pod parsed as a view in its
+turn), and compares with the last answer, cheapest test first:
 
 1. the same bytes: nothing to do;
 2. per pod, its signature: its containers' and memory entries as sorted bytes and
@@ -15,19 +16,27 @@ and compares with the last answer, cheapest test first:
    entries were reordered;
 4. only the pods left, and the allocatable side if its signature changed, are
    built again. Everything else is carried over as it is, including each pod's
-   cached canonical JSON, so hashing and diffing the result stay cheap.
+   cached hash, so hashing and diffing the result stay cheap.
 
-Equal signatures or keys imply equal content (they hold every entry's exact bytes),
-so no shortcut can hide a change. The reverse need not hold: an entry the kubelet
-encodes differently each time (several ids in one entry, reordered) only costs the
-slower, exact path, which still finds "no change".
+Signatures and keys are remembered as digests (SHA-256 over their exact bytes, cut to 16
+bytes), never as the bytes themselves: what the decoder keeps between answers is a few
+dozen bytes per pod, not a copy of the answer, and nothing refers to the answers, their
+parsed views or their bytes once `decode()` returns. Equal digests imply equal content
+(they cover every entry's exact bytes), so no shortcut can hide a change. The reverse
+need not hold: an entry the kubelet encodes differently each time (several ids in one
+entry, reordered) only costs the slower, exact path, which still finds "no change".
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import itertools
+import marshal
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Any
 
 from watcher.kubeletapi.v1 import api_pb2, views_pb2
 from watcher.model.build import build, build_allocatable, build_pod
@@ -38,14 +47,34 @@ __all__ = ["Decoder", "Outcome"]
 
 _POD_FIELDS = attrgetter("namespace", "name", "containers", "cpu_ids", "memory")
 
-# Sorted encoded entries (devices, memory, claims) and sorted CPU ids.
-_ContainerKey = tuple[str, tuple[bytes, ...], tuple[int, ...], tuple[bytes, ...], tuple[bytes, ...]]
-_PodKey = tuple[tuple[_ContainerKey, ...], tuple[int, ...], tuple[bytes, ...]]
-_AllocKey = tuple[tuple[bytes, ...], tuple[int, ...], tuple[bytes, ...]]
-# A pod's containers and memory entries as sorted bytes, and its sorted CPU ids.
-_Signature = tuple[tuple[bytes, ...], tuple[int, ...], tuple[bytes, ...]]
-_Remembered = tuple[_Signature, _PodKey, "Pod"]
+# The digest of a signature or key (see `_digest`): 16 bytes.
+_Digest = bytes
+# What is remembered of a pod: its signature digest then its key digest, in one object, and the
+# pod they were taken of.
+_Remembered = tuple[bytes, Pod]
+# namespace -> name -> what is remembered. Nested, so that the keys are the pods' own strings
+# and no (namespace, name) tuple is kept, or made to look one up, per pod.
+_Memo = dict[str, dict[str, _Remembered]]
 _Name = tuple[str, str]  # (namespace, name)
+_NONE: dict[str, _Remembered] = {}
+_sha256, _dumps = hashlib.sha256, marshal.dumps
+
+
+def _digest(value: tuple[Any, ...]) -> _Digest:
+    """16 bytes of SHA-256 over `value` (nested tuples and lists of bytes and ints): equal digests,
+    equal values.
+
+    marshal's version 2 writes no back-references, so equal values give equal bytes whatever
+    objects hold them; its output is used within this process only.
+    """
+    return _sha256(_dumps(value, 2)).digest()[:16]
+
+
+def _answers_digest(alloc_raw: bytes | None, list_raw: bytes) -> _Digest:
+    h = hashlib.sha256(b"-" if alloc_raw is None else b"+%d:" % len(alloc_raw))
+    h.update(alloc_raw or b"")
+    h.update(list_raw)
+    return h.digest()
 
 
 class Outcome(enum.Enum):
@@ -79,10 +108,10 @@ class Decoder:
     def __init__(self) -> None:
         self.stats = DecoderStats()
         self._last: Inventory | None = None
-        self._raw: tuple[bytes | None, bytes] | None = None
-        self._alloc_key: _AllocKey | None = None
-        # The keys of `_last`, or None when it was built without them (a pod listed twice).
-        self._pods: dict[_Name, _Remembered] | None = None
+        self._raw: _Digest | None = None  # of the last answers' bytes
+        self._alloc_key: _Digest | None = None
+        # The digests of `_last`'s pods, or None when it was built without them (a pod listed twice).
+        self._pods: _Memo | None = None
 
     def forget(self) -> None:
         """Drop what was remembered: the next answer is decoded in full."""
@@ -91,9 +120,35 @@ class Decoder:
         self._alloc_key = None
         self._pods = None
 
+    def seed(self, inventory: Inventory) -> None:
+        """Start from `inventory` (the saved state, after a restart) when nothing was decoded yet.
+
+        Nothing of its answers is known, so every pod of the next answer is built; each one
+        equal to the seed's pod of its name is then that pod object, one pod at a time, instead
+        of a second model as large as the first living beside it until the two are compared."""
+        if self._last is not None:
+            return
+        memo: _Memo = {}
+        for pod in inventory.pods:
+            memo.setdefault(pod.namespace, {})[pod.name] = (b"", pod)  # no digest matches b""
+        self._last, self._pods, self._alloc_key, self._raw = inventory, memo, None, None
+
+    def adopt(self, inventory: Inventory) -> None:
+        """Take `inventory`, equal to the last one decoded (its content hash the same), as the last
+        one: the caller keeps it (a restored state, an older commit), and two equal copies of a
+        large node's model would live on otherwise, one here and one there."""
+        last = self._last
+        if last is None or inventory is last or inventory.content_hash != last.content_hash:
+            return
+        if self._pods is not None:
+            for pod in inventory.pods:  # equal inventories hold pods of the same names
+                by_name = self._pods[pod.namespace]
+                by_name[pod.name] = (by_name[pod.name][0], pod)
+        self._last = inventory
+
     def decode(self, alloc_raw: bytes | None, list_raw: bytes) -> tuple[Inventory, Outcome]:
         """The inventory for these answers (`alloc_raw` None: List-only mode) and how it was found."""
-        raw = (alloc_raw, list_raw)
+        raw = _answers_digest(alloc_raw, list_raw)
         last = self._last
         if last is not None and raw == self._raw:
             self.stats.same_bytes += 1
@@ -102,29 +157,26 @@ class Decoder:
         alloc_key = None
         if alloc_raw is not None:
             alloc_key = _alloc_key(views_pb2.AllocatableView.FromString(alloc_raw))
-        pods = self._signatures(views_pb2.ListView.FromString(list_raw))
-        if pods is None:  # the same pod listed twice: merge it the exact way, remember no keys
+        alloc_same = last is not None and last.allocatable_known == (alloc_raw is not None)
+        alloc_same = alloc_same and alloc_key == self._alloc_key
+        # Split into its pods' encodings only; each pod is parsed as a view in its turn and its
+        # view goes with it: the answer parsed whole would be twice its size again.
+        answer = views_pb2.ListChunks.FromString(list_raw)
+        # The fast test first, then (something changed) the pods one by one.
+        unchanged, digests = self._unchanged(answer) if alloc_same else (False, [])
+        if unchanged and last is not None:
+            self._raw = raw
+            self.stats.reordered += 1
+            return last, Outcome.REORDERED
+        chosen = self._pods_of(answer, digests)
+        del answer, digests  # nothing of the parsed answer is left past here
+        if chosen is None:  # the same pod listed twice: merge it the exact way, remember no keys
             inventory = build(
                 api_pb2.AllocatableResourcesResponse.FromString(alloc_raw) if alloc_raw is not None else None,
                 api_pb2.ListPodResourcesResponse.FromString(list_raw),
             )
             self.forget()
             return self._settle(inventory, last, raw)
-
-        alloc_same = last is not None and last.allocatable_known == (alloc_raw is not None)
-        alloc_same = alloc_same and alloc_key == self._alloc_key
-        old = self._pods or {}
-        if (
-            last is not None
-            and self._pods is not None
-            and alloc_same
-            and len(pods) == len(old)
-            and all(name in old and old[name][0] == sig for name, (sig, _) in pods.items())
-        ):
-            self._raw = raw
-            self.stats.reordered += 1
-            return last, Outcome.REORDERED
-
         if alloc_same and last is not None:
             devices, cpu_ids, memory = last.devices, last.cpu_ids, last.memory
         elif alloc_raw is not None:
@@ -134,34 +186,25 @@ class Decoder:
             self.stats.allocatable_rebuilt += 1
         else:
             devices, cpu_ids, memory = (), (), ()
-        remembered: dict[_Name, _Remembered] = {}
-        for name in sorted(pods):
-            sig, view = pods[name]
-            cached = old.get(name)
-            if cached is not None and cached[0] == sig:
-                remembered[name] = cached
-                continue
-            # Its entries differ as bytes; parse the containers: if only their own
-            # entries were reordered, the pod is the same.
-            key = _pod_key(view)
-            if cached is not None and cached[1] == key:
-                remembered[name] = (sig, key, cached[2])
-                continue
-            pod = build_pod(name[0], name[1], [api_pb2.PodResources.FromString(view.SerializeToString())])
-            remembered[name] = (sig, key, pod)
-            self.stats.pods_rebuilt += 1
+        memo: _Memo = {}
+        for remembered in chosen:
+            pod = remembered[1]
+            by_name = memo.get(pod.namespace)
+            if by_name is None:
+                memo[pod.namespace] = by_name = {}
+            by_name[pod.name] = remembered
         inventory = Inventory(
             devices=devices,
             cpu_ids=cpu_ids,
             memory=memory,
-            pods=tuple(pod for _, _, pod in remembered.values()),
+            pods=tuple(pod for _, pod in chosen),
             allocatable_known=alloc_raw is not None,
         )
-        self._alloc_key, self._pods = alloc_key, remembered
+        self._alloc_key, self._pods = alloc_key, memo
         return self._settle(inventory, last, raw)
 
     def _settle(
-        self, inventory: Inventory, last: Inventory | None, raw: tuple[bytes | None, bytes]
+        self, inventory: Inventory, last: Inventory | None, raw: _Digest
     ) -> tuple[Inventory, Outcome]:
         self._raw = raw
         if last is not None and inventory == last:
@@ -174,40 +217,90 @@ class Decoder:
         self.stats.changed += 1
         return inventory, Outcome.CHANGED
 
-    @staticmethod
-    def _signatures(answer: views_pb2.ListView) -> dict[_Name, tuple[_Signature, views_pb2.PodView]] | None:
-        """Each pod's entries as sorted bytes, or None when a pod is listed more than once."""
-        # The hot loop of an unchanged cycle (once per pod): one C-level attribute fetch,
-        # and no sorting of the pod-level fields, which are nearly always empty.
-        fields = _POD_FIELDS
-        out: dict[_Name, tuple[_Signature, views_pb2.PodView]] = {}
-        for p in answer.pod_resources:
-            namespace, name, containers, cpu_ids, memory = fields(p)
-            out[(namespace, name)] = (
-                (
-                    tuple(sorted(containers)),
-                    tuple(sorted(cpu_ids)) if cpu_ids else (),
-                    tuple(sorted(memory)) if memory else (),
-                ),
-                p,
-            )
-        return out if len(out) == len(answer.pod_resources) else None
+    def _unchanged(self, answer: views_pb2.ListChunks) -> tuple[bool, list[_Digest]]:
+        """Whether every pod of `answer` is a remembered pod with the same signature, and each
+        remembered pod is there once; and the signature digests made until the answer was known."""
+        old, last, entries = self._pods, self._last, answer.pod_resources
+        digests: list[_Digest] = []
+        if old is None or last is None or len(entries) != len(last.pods):
+            return False, digests
+        # The hot loop of an unchanged cycle (once per pod): one C-level parse and attribute
+        # fetch, and no sorting of the pod-level fields, which are nearly always empty.
+        fields, parse, signature, seen = _POD_FIELDS, views_pb2.PodView.FromString, _signature, set()
+        for encoded in entries:
+            namespace, name, containers, cpu_ids, memory = fields(parse(encoded))
+            sig = signature(containers, cpu_ids, memory)
+            digests.append(sig)
+            cached = old.get(namespace, _NONE).get(name)
+            if cached is None or not cached[0].startswith(sig):
+                return False, digests
+            seen.add(id(cached))  # a pod listed twice would match one entry twice
+        return len(seen) == len(last.pods), digests
+
+    def _pods_of(self, answer: views_pb2.ListChunks, digests: list[_Digest]) -> list[_Remembered] | None:
+        """What to remember of each pod of `answer`, sorted by namespace and name: the remembered
+        pod where its signature or key is the same, else the pod built anew; None when a pod is
+        listed more than once. `digests`: the signatures of the first pods, made already."""
+        old = self._pods or {}
+        fields, parse, signature = _POD_FIELDS, views_pb2.PodView.FromString, _signature
+        chosen: list[_Remembered] = []
+        for i, encoded in enumerate(answer.pod_resources):
+            view = parse(encoded)
+            namespace, name, containers, cpu_ids, memory = fields(view)
+            sig = digests[i] if i < len(digests) else signature(containers, cpu_ids, memory)
+            cached = old.get(namespace, _NONE).get(name)
+            if cached is not None and cached[0].startswith(sig):
+                chosen.append(cached)
+                continue
+            # Its entries differ as bytes; parse the containers: if only their own
+            # entries were reordered, the pod is the same.
+            key = _pod_key(view)
+            if cached is not None and cached[0].endswith(key):
+                pod = cached[1]
+            else:
+                pod = build_pod(namespace, name, [api_pb2.PodResources.FromString(encoded)])
+                self.stats.pods_rebuilt += 1
+                if cached is not None and cached[1] == pod:
+                    pod = cached[1]  # the same pod, regrouped: keep the object (and its hash)
+            chosen.append((sig + key, pod))
+        chosen.sort(key=_by_name)
+        for a, b in itertools.pairwise(chosen):
+            if _by_name(a) == _by_name(b):
+                return None
+        return chosen
 
 
-def _pod_key(p: views_pb2.PodView) -> _PodKey:
+def _by_name(remembered: _Remembered) -> _Name:
+    pod = remembered[1]
+    return pod.namespace, pod.name
+
+
+def _signature(containers: Iterable[bytes], cpu_ids: Iterable[int], memory: Iterable[bytes]) -> _Digest:
+    """A pod's containers and memory entries as sorted bytes and its sorted CPU ids, digested.
+    (Lists, not tuples: marshal takes either, and this runs once per pod per cycle.)"""
+    return _sha256(
+        _dumps((sorted(containers), sorted(cpu_ids) if cpu_ids else (), sorted(memory) if memory else ()), 2)
+    ).digest()[:16]
+
+
+def _sorted(entries: Iterable[bytes] | Iterable[int]) -> tuple[Any, ...]:
+    return tuple(sorted(entries))
+
+
+def _pod_key(p: views_pb2.PodView) -> _Digest:
     containers = sorted(_container_key(views_pb2.ContainerView.FromString(c)) for c in p.containers)
-    return tuple(containers), tuple(sorted(p.cpu_ids)), tuple(sorted(p.memory))
+    return _digest((tuple(containers), _sorted(p.cpu_ids), _sorted(p.memory)))
 
 
-def _container_key(c: views_pb2.ContainerView) -> _ContainerKey:
+def _container_key(c: views_pb2.ContainerView) -> tuple[Any, ...]:
     return (
-        c.name,
-        tuple(sorted(c.devices)),
-        tuple(sorted(c.cpu_ids)),
-        tuple(sorted(c.memory)),
-        tuple(sorted(c.dynamic_resources)),
+        c.name.encode(),
+        _sorted(c.devices),
+        _sorted(c.cpu_ids),
+        _sorted(c.memory),
+        _sorted(c.dynamic_resources),
     )
 
 
-def _alloc_key(a: views_pb2.AllocatableView) -> _AllocKey:
-    return tuple(sorted(a.devices)), tuple(sorted(a.cpu_ids)), tuple(sorted(a.memory))
+def _alloc_key(a: views_pb2.AllocatableView) -> _Digest:
+    return _digest((_sorted(a.devices), _sorted(a.cpu_ids), _sorted(a.memory)))

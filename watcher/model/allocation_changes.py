@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from watcher.model.changes import Change, Kind, Severity
-from watcher.model.inventory import Inventory
+from watcher.model.inventory import Inventory, changed_pods
 from watcher.model.records import Claim, ClaimDevice, Container, NumaNodes, Pod, claim_json
 from watcher.model.wording import Keyed, bytes_text, cpuset_string, make_change, numa_text
 
@@ -61,19 +61,9 @@ def _holdings(pods: Iterable[Pod]) -> dict[tuple[str, str, str], _Holding]:
     return out
 
 
-def _changed_pods(before: Inventory, after: Inventory) -> tuple[list[Pod], list[Pod]]:
-    """The pods that differ between the two sides: usually a handful of hundreds."""
-    old = {(p.namespace, p.name): p for p in before.pods}
-    new = {(p.namespace, p.name): p for p in after.pods}
-    return (
-        [p for k, p in old.items() if new.get(k) != p],
-        [p for k, p in new.items() if old.get(k) != p],
-    )
-
-
 def allocation_changes(before: Inventory, after: Inventory) -> list[Keyed]:
     """Containers whose holdings appeared, went or changed, keyed by (namespace, pod, container)."""
-    changed_old, changed_new = _changed_pods(before, after)
+    changed_old, changed_new = changed_pods(before, after)
     old, new = _holdings(changed_old), _holdings(changed_new)
     out: list[Keyed] = []
     for key in sorted(old.keys() - new.keys()):

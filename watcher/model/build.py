@@ -9,8 +9,11 @@ calls `build_allocatable` and `build_pod` directly to rebuild only what changed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+import hashlib
+import json
+import sys
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from watcher.model.inventory import FORMAT, Inventory
 from watcher.model.records import Claim, ClaimDevice, Container, Device, Memory, NumaNodes, Pod
@@ -18,11 +21,48 @@ from watcher.model.records import Claim, ClaimDevice, Container, Device, Memory,
 __all__ = [
     "AllocatableResponse",
     "ListResponse",
+    "FORMATS_READ",
     "build",
     "build_allocatable",
     "build_pod",
     "from_canonical",
+    "allocatable_from_canonical",
+    "pod_from_canonical",
+    "pod_from_json",
 ]
+
+# Canonical forms `from_canonical` reads: 2 has the same shape as 3 (only the hash differs).
+FORMATS_READ = (2, FORMAT)
+
+H = TypeVar("H", bound=Hashable)
+
+# --- sharing equal values ---
+
+# A large node repeats the same small values in thousands of containers: NUMA node sets, memory
+# blocks (type, NUMA, size), a device seen by allocatable and by the container holding it, a
+# container holding nothing. Each is built once and shared (records are immutable), which makes
+# the model a fraction of its size. Bounded: emptied when full, so values of pods long gone are
+# not kept for ever (what was shared stays shared; later values are shared from then on).
+_SHARED: dict[Any, Any] = {}
+_SHARED_MAX = 16_384
+
+
+def _share(value: H) -> H:
+    got = _SHARED.get(value)
+    if got is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        _SHARED[value] = got = value
+    return got
+
+
+def _numa(nodes: Iterable[int]) -> NumaNodes:
+    return _share(tuple(sorted(nodes)))
+
+
+def _ids(ids: Iterable[int]) -> tuple[int, ...]:
+    # CPU ids above 256 are an object each; the same few hundred are shared instead.
+    return tuple(_share(i) for i in sorted(ids))
 
 
 # --- The protobuf shapes `build()` reads (structural, so this module needs no gRPC). ---
@@ -148,16 +188,24 @@ def _merge_memory(entries: Sequence[_Memory], into: dict[tuple[str, NumaNodes], 
         into[key] = into.get(key, 0) + m.size
 
 
+def _device(resource: str, dev_id: str, numa: Iterable[int]) -> Device:
+    return _share(Device(sys.intern(resource), dev_id, _numa(numa)))
+
+
+def _memory(mtype: str, numa: Iterable[int], size: int) -> Memory:
+    return _share(Memory(sys.intern(mtype), _numa(numa), size))
+
+
 def _freeze_devices(merged: Mapping[tuple[str, str], set[int]]) -> tuple[Device, ...]:
     if not merged:
         return ()
-    return tuple(Device(res, dev_id, tuple(sorted(merged[(res, dev_id)]))) for res, dev_id in sorted(merged))
+    return tuple(_device(res, dev_id, merged[(res, dev_id)]) for res, dev_id in sorted(merged))
 
 
 def _freeze_memory(merged: Mapping[tuple[str, NumaNodes], int]) -> tuple[Memory, ...]:
     if not merged:
         return ()
-    return tuple(Memory(t, numa, merged[(t, numa)]) for t, numa in sorted(merged))
+    return _share(tuple(_memory(t, numa, merged[(t, numa)]) for t, numa in sorted(merged)))
 
 
 class _ContainerAcc:
@@ -217,7 +265,7 @@ def build_allocatable(
     memory: dict[tuple[str, NumaNodes], int] = {}
     _merge_devices(allocatable.devices, devices)
     _merge_memory(allocatable.memory, memory)
-    return _freeze_devices(devices), tuple(sorted(set(allocatable.cpu_ids))), _freeze_memory(memory)
+    return _freeze_devices(devices), _ids(set(allocatable.cpu_ids)), _freeze_memory(memory)
 
 
 def build_pod(namespace: str, name: str, entries: Iterable[_Pod]) -> Pod:
@@ -239,24 +287,26 @@ def build_pod(namespace: str, name: str, entries: Iterable[_Pod]) -> Pod:
                 claim = cacc.claims.setdefault((dr.claim_namespace, dr.claim_name), set())
                 claim.update(_claim_device(r) for r in dr.claim_resources)
     return Pod(
-        namespace=namespace,
+        namespace=sys.intern(namespace),
         name=name,
         containers=tuple(
-            Container(
-                name=cname,
-                devices=_freeze_devices(c.devices),
-                cpu_ids=tuple(sorted(c.cpu_ids)),
-                memory=_freeze_memory(c.memory),
-                claims=tuple(
-                    Claim(cns, cn, tuple(sorted(c.claims[(cns, cn)], key=_claim_device_key)))
-                    for cns, cn in sorted(c.claims)
+            _share(
+                Container(
+                    name=sys.intern(cname),
+                    devices=_freeze_devices(c.devices),
+                    cpu_ids=_ids(c.cpu_ids),
+                    memory=_freeze_memory(c.memory),
+                    claims=tuple(
+                        Claim(cns, cn, tuple(sorted(c.claims[(cns, cn)], key=_claim_device_key)))
+                        for cns, cn in sorted(c.claims)
+                    )
+                    if c.claims
+                    else (),
                 )
-                if c.claims
-                else (),
             )
             for cname, c in sorted(acc.containers.items())
         ),
-        cpu_ids=tuple(sorted(acc.cpu_ids)),
+        cpu_ids=_ids(acc.cpu_ids),
         memory=_freeze_memory(acc.memory),
     )
 
@@ -269,38 +319,41 @@ def _claim_device_key(d: ClaimDevice) -> tuple[str, str, str, tuple[str, ...], b
 # --- reading the canonical form back (persisted state) ---
 
 
+def _ints(values: Iterable[Any]) -> list[int]:
+    # JSON from disk: only ints may reach the shared values (a `true` would stand for 1 there).
+    return [int(v) for v in values]
+
+
 def _devices_from(data: Mapping[str, Mapping[str, Sequence[int]]]) -> tuple[Device, ...]:
     return tuple(
-        Device(res, dev_id, tuple(data[res][dev_id])) for res in sorted(data) for dev_id in sorted(data[res])
+        _device(res, dev_id, _ints(data[res][dev_id])) for res in sorted(data) for dev_id in sorted(data[res])
     )
 
 
 def _memory_from(data: Sequence[Mapping[str, Any]]) -> tuple[Memory, ...]:
-    return tuple(Memory(str(m["type"]), tuple(m["numa"]), int(m["size"])) for m in data)
+    if not data:
+        return ()
+    return _share(tuple(_memory(str(m["type"]), _ints(m["numa"]), int(m["size"])) for m in data))
 
 
-def from_canonical(data: Mapping[str, Any]) -> Inventory:
-    """Rebuild an Inventory from `Inventory.canonical` (e.g. loaded from the state file).
+def _malformed(err: Exception) -> ValueError:
+    return ValueError(f"malformed inventory: {err!r}")
 
-    Raises ValueError on any other format or shape.
-    """
-    if not isinstance(data, Mapping):
-        raise ValueError(f"malformed inventory: expected an object, got {type(data).__name__}")
-    if data.get("format") != FORMAT:
-        raise ValueError(f"unsupported inventory format {data.get('format')!r}, expected {FORMAT}")
+
+def pod_from_canonical(p: Mapping[str, Any]) -> Pod:
+    """One pod from its canonical JSON form (`pod_json`). Raises ValueError on another shape."""
     try:
-        alloc = data["allocatable"]
-        pods = tuple(
-            Pod(
-                namespace=p["namespace"],
-                name=p["name"],
-                cpu_ids=tuple(p["cpu_ids"]),
-                memory=_memory_from(p["memory"]),
-                containers=tuple(
+        return Pod(
+            namespace=sys.intern(p["namespace"]),
+            name=p["name"],
+            cpu_ids=_ids(_ints(p["cpu_ids"])),
+            memory=_memory_from(p["memory"]),
+            containers=tuple(
+                _share(
                     Container(
-                        name=c["name"],
+                        name=sys.intern(c["name"]),
                         devices=_devices_from(c["devices"]),
-                        cpu_ids=tuple(c["cpu_ids"]),
+                        cpu_ids=_ids(_ints(c["cpu_ids"])),
                         memory=_memory_from(c["memory"]),
                         claims=tuple(
                             Claim(
@@ -320,17 +373,53 @@ def from_canonical(data: Mapping[str, Any]) -> Inventory:
                             for cl in c["dynamic_resources"]
                         ),
                     )
-                    for c in p["containers"]
-                ),
-            )
-            for p in data["pods"]
-        )
-        return Inventory(
-            devices=_devices_from(alloc["devices"]),
-            cpu_ids=tuple(alloc["cpu_ids"]),
-            memory=_memory_from(alloc["memory"]),
-            pods=pods,
-            allocatable_known=bool(alloc["known"]),
+                )
+                for c in p["containers"]
+            ),
         )
     except (KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"malformed inventory: {err!r}") from err
+        raise _malformed(err) from err
+
+
+def pod_from_json(body: bytes) -> Pod:
+    """One pod from the compact JSON `Pod.canonical_bytes` made of it (as the saved state keeps
+    it), its digest taken from `body` as it is: nothing is serialised again. Were `body` not
+    those exact bytes, the digest, and any inventory hash made of it, would not match the ones
+    recorded when it was written. Raises ValueError on another shape."""
+    pod = pod_from_canonical(json.loads(body))
+    object.__setattr__(pod, "_digest", hashlib.sha256(body).digest())
+    return pod
+
+
+def allocatable_from_canonical(
+    data: Mapping[str, Any],
+) -> tuple[tuple[Device, ...], tuple[int, ...], tuple[Memory, ...], bool]:
+    """The allocatable side from the canonical form without its pods (`{"format", "allocatable"}`,
+    as `Inventory.allocatable_bytes`): devices, CPU ids, memory, and whether it is known."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"malformed inventory: expected an object, got {type(data).__name__}")
+    if data.get("format") not in FORMATS_READ:
+        raise ValueError(f"unsupported inventory format {data.get('format')!r}, expected {FORMAT}")
+    try:
+        alloc = data["allocatable"]
+        return (
+            _devices_from(alloc["devices"]),
+            _ids(_ints(alloc["cpu_ids"])),
+            _memory_from(alloc["memory"]),
+            bool(alloc["known"]),
+        )
+    except (KeyError, TypeError, AttributeError) as err:
+        raise _malformed(err) from err
+
+
+def from_canonical(data: Mapping[str, Any]) -> Inventory:
+    """Rebuild an Inventory from `Inventory.canonical` (e.g. loaded from the state file).
+
+    Raises ValueError on any other format or shape.
+    """
+    devices, cpu_ids, memory, known = allocatable_from_canonical(data)
+    try:
+        pods = tuple(pod_from_canonical(p) for p in data["pods"])
+    except (KeyError, TypeError) as err:
+        raise _malformed(err) from err
+    return Inventory(devices=devices, cpu_ids=cpu_ids, memory=memory, pods=pods, allocatable_known=known)

@@ -35,10 +35,11 @@ from watcher.model.records import (
     pod_json,
 )
 
-__all__ = ["FORMAT", "Inventory"]
+__all__ = ["FORMAT", "Inventory", "changed_pods"]
 
-# Bumped whenever the canonical form changes, so old hashes never match new ones.
-FORMAT = 2
+# Bumped whenever the canonical form or how its hash is made changes, so old hashes never match
+# new ones. 3: the hash is made over each pod's own hash (see `content_hash`); the form is 2's.
+FORMAT = 3
 
 
 @dataclass(frozen=True)
@@ -78,17 +79,26 @@ class Inventory:
             "memory": [memory_json(m) for m in self.memory],
         }
 
-    @cached_property
+    @property
     def canonical_bytes(self) -> bytes:
-        """`canonical` as compact JSON: exactly `compact_json(self.canonical)`, assembled from each pod's own
-        (cached) fragment so that an inventory sharing most pods with the last one costs little."""
-        head = compact_json({"format": FORMAT, "allocatable": self._allocatable_json()})
+        """`canonical` as compact JSON: exactly `compact_json(self.canonical)`. Made afresh on every
+        access, not kept: it is several times the answers' size (who needs it keeps it)."""
         pods = b",".join(p.canonical_bytes for p in self.pods)
-        return head[:-1] + b',"pods":[' + pods + b"]}"
+        return self.allocatable_bytes[:-1] + b',"pods":[' + pods + b"]}"
+
+    @property
+    def allocatable_bytes(self) -> bytes:
+        """The canonical form without its pods (`{"format", "allocatable"}`), compact JSON."""
+        return compact_json({"format": FORMAT, "allocatable": self._allocatable_json()})
 
     @cached_property
     def content_hash(self) -> str:
-        return "sha256:" + hashlib.sha256(self.canonical_bytes).hexdigest()
+        """SHA-256 over the hash of `allocatable_bytes` and each pod's `digest`, in order: it
+        stands for `canonical_bytes` as a whole, but an inventory that shares most of its pods
+        with the last one hashes only the pods that changed, and no copy of the whole is kept."""
+        parts = [hashlib.sha256(self.allocatable_bytes).digest()]
+        parts.extend(p.digest for p in self.pods)
+        return "sha256:" + hashlib.sha256(b"".join(parts)).hexdigest()
 
     # -- derived views --
 
@@ -176,3 +186,36 @@ class Inventory:
                 for m in self.missing_devices
             ],
         }
+
+
+def changed_pods(before: Inventory, after: Inventory) -> tuple[list[Pod], list[Pod]]:
+    """The pods of `before` that `after` does not hold as they are (changed or gone), and the pods
+    of `after` that `before` does not (changed or new), each in order.
+
+    One walk of the two sorted tuples, nothing built per pod: a pod carried over from one
+    inventory to the next is the same object and costs an `is`; only the few that differ cost more.
+    """
+    old, new = before.pods, after.pods
+    gone: list[Pod] = []
+    came: list[Pod] = []
+    i = j = 0
+    while i < len(old) and j < len(new):
+        a, b = old[i], new[j]
+        if a is b:
+            i, j = i + 1, j + 1
+            continue
+        ka, kb = (a.namespace, a.name), (b.namespace, b.name)
+        if ka == kb:
+            if a != b:
+                gone.append(a)
+                came.append(b)
+            i, j = i + 1, j + 1
+        elif ka < kb:
+            gone.append(a)
+            i += 1
+        else:
+            came.append(b)
+            j += 1
+    gone.extend(old[i:])
+    came.extend(new[j:])
+    return gone, came

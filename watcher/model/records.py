@@ -7,10 +7,10 @@ never sort again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -80,7 +80,7 @@ class Container:
     claims: tuple[Claim, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Pod:
     """A pod's holdings; pod-level CPUs and memory overlap the containers' (newest kubelets)."""
 
@@ -89,16 +89,28 @@ class Pod:
     containers: tuple[Container, ...]
     cpu_ids: tuple[int, ...]
     memory: tuple[Memory, ...]
+    # The SHA-256 of `canonical_bytes`, made on first use. Kept instead of the bytes themselves
+    # (32 bytes, not several times the pod's size on the wire): the decoder carries unchanged
+    # pods into the next inventory, so its hash costs only the pods that changed.
+    _digest: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
-    @cached_property
+    @property
     def canonical_bytes(self) -> bytes:
-        # Cached on the pod (no slots, for that) because the decoder carries unchanged
-        # pods into the next inventory: their part of its canonical form is then free.
+        """The pod's canonical JSON, compact; made afresh on every access (see `digest`)."""
         return compact_json(pod_json(self))
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of `canonical_bytes`: equal digests, equal pods."""
+        digest = self._digest
+        if digest is None:
+            digest = hashlib.sha256(self.canonical_bytes).digest()
+            object.__setattr__(self, "_digest", digest)
+        return digest
 
 
 # --- canonical JSON helpers ---

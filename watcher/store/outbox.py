@@ -44,6 +44,8 @@ from watcher.model.events import Event, rfc3339
 from watcher.model.gaps import GAP_REASONS, Gap
 from watcher.store.ages import AgeClock, Clocks
 from watcher.store.hooks import installed_hooks
+from watcher.store.saved_state import SCHEMA as SAVED_STATE_SCHEMA
+from watcher.store.saved_state import SavedRows, StateRecord, StateWrite, StoredState
 
 __all__ = [
     "OutboxDatabase",
@@ -243,10 +245,14 @@ class OutboxDatabase:
         # released it: their queue caps wait until it is done with, so an event is never both
         # delivered and counted as dropped, and what goes is always the oldest.
         self._in_flight: set[str] = set()
+        self._state = SavedRows()
+        # What the last commit wrote of the state (None: it stored none).
+        self.last_state_write: StateWrite | None = None
 
     # -- opening --
 
     def open(self) -> None:
+        self._state.forget()
         private_dir(self.path.parent, "state directory", tighten=True)
         try:
             self._db = self._connect()
@@ -293,7 +299,7 @@ class OutboxDatabase:
             check = db.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {check}")
-            db.executescript(_SCHEMA)
+            db.executescript(_SCHEMA + SAVED_STATE_SCHEMA)
             self._upgrade(db)
             connected = installed_hooks().connected
             if connected is not None:
@@ -338,6 +344,7 @@ class OutboxDatabase:
     def close(self) -> None:
         """Close the connection; `open()` may be called again."""
         db, self._db = self._db, None
+        self._state.forget()
         if db is not None:
             db.close()
 
@@ -373,10 +380,12 @@ class OutboxDatabase:
         self,
         events: Sequence[Event],
         queues: Mapping[str, Sequence[int]],
-        state: Mapping[str, Any] | None,
+        state: StateRecord | None,
     ) -> None:
-        """Queue `events` for the sinks in `queues` (sink -> seqs) and store `state`, atomically."""
+        """Queue `events` for the sinks in `queues` (sink -> seqs) and store `state`, atomically
+        (only its rows that changed: `watcher.store.saved_state`; `last_state_write` says which)."""
         now = self.clocks.wall()
+        written = None
         with self._tx() as db:
             since = self._ages.now()
             db.executemany(
@@ -387,14 +396,13 @@ class OutboxDatabase:
                 self._enqueue(db, sink, seqs, now, since)
             self._save_clock(db)
             if state is not None:
-                db.execute(
-                    "INSERT INTO kv (key, value) VALUES ('state', ?) "
-                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (json.dumps(state, separators=(",", ":")),),
-                )
+                written = self._state.write(db, state)
             committing = installed_hooks().committing
             if committing is not None:
                 committing(self.path, events)
+        if state is not None:
+            self._state.committed(state)
+        self.last_state_write = written
 
     @staticmethod
     def _enqueue(db: sqlite3.Connection, sink: str, seqs: Sequence[int], now: float, since: float) -> None:
@@ -407,9 +415,9 @@ class OutboxDatabase:
         db.execute("INSERT OR IGNORE INTO sinks (name) VALUES (?)", (sink,))
         db.execute("UPDATE sinks SET queued = queued + ? WHERE name = ?", (added, sink))
 
-    def load_state(self) -> Any:
-        row = self.db.execute("SELECT value FROM kv WHERE key = 'state'").fetchone()
-        return None if row is None else json.loads(row[0])
+    def load_state(self) -> StoredState:
+        """The saved state as of the last commit (see `watcher.store.saved_state`)."""
+        return self._state.load(self.db)
 
     def max_seq(self) -> int:
         """The highest seq still held (a floor for seq if the state is lost)."""

@@ -20,6 +20,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 from watcher.store.ages import Clocks
 from watcher.store.health import StorageHealth
 from watcher.store.outbox import OutboxDatabase
+from watcher.store.saved_state import StateWrite
 
 __all__ = ["Store"]
 
@@ -60,6 +61,11 @@ class Store:
     @property
     def path(self) -> Path:
         return self.database.path
+
+    @property
+    def last_state_write(self) -> StateWrite | None:
+        """The rows of the state the last commit wrote (read after awaiting that commit)."""
+        return self.database.last_state_write
 
     @property
     def recovered_from_corruption(self) -> bool:

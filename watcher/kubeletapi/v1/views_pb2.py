@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!watcher/kubeletapi/v1/views.proto\x12\x08v1.views\"C\n\x0f\x41llocatableView\x12\x0f\n\x07\x64\x65vices\x18\x01 \x03(\x0c\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\x12\x0e\n\x06memory\x18\x03 \x03(\x0c\"4\n\x08ListView\x12(\n\rpod_resources\x18\x01 \x03(\x0b\x32\x11.v1.views.PodView\"_\n\x07PodView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x12\n\ncontainers\x18\x03 \x03(\x0c\x12\x0f\n\x07\x63pu_ids\x18\x04 \x03(\x03\x12\x0e\n\x06memory\x18\x05 \x03(\x0c\"j\n\rContainerView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x03(\x0c\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12\x0e\n\x06memory\x18\x04 \x03(\x0c\x12\x19\n\x11\x64ynamic_resources\x18\x05 \x03(\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!watcher/kubeletapi/v1/views.proto\x12\x08v1.views\"C\n\x0f\x41llocatableView\x12\x0f\n\x07\x64\x65vices\x18\x01 \x03(\x0c\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\x12\x0e\n\x06memory\x18\x03 \x03(\x0c\"4\n\x08ListView\x12(\n\rpod_resources\x18\x01 \x03(\x0b\x32\x11.v1.views.PodView\"#\n\nListChunks\x12\x15\n\rpod_resources\x18\x01 \x03(\x0c\"_\n\x07PodView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x12\n\ncontainers\x18\x03 \x03(\x0c\x12\x0f\n\x07\x63pu_ids\x18\x04 \x03(\x03\x12\x0e\n\x06memory\x18\x05 \x03(\x0c\"j\n\rContainerView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x03(\x0c\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12\x0e\n\x06memory\x18\x04 \x03(\x0c\x12\x19\n\x11\x64ynamic_resources\x18\x05 \x03(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ALLOCATABLEVIEW']._serialized_end=114
   _globals['_LISTVIEW']._serialized_start=116
   _globals['_LISTVIEW']._serialized_end=168
-  _globals['_PODVIEW']._serialized_start=170
-  _globals['_PODVIEW']._serialized_end=265
-  _globals['_CONTAINERVIEW']._serialized_start=267
-  _globals['_CONTAINERVIEW']._serialized_end=373
+  _globals['_LISTCHUNKS']._serialized_start=170
+  _globals['_LISTCHUNKS']._serialized_end=205
+  _globals['_PODVIEW']._serialized_start=207
+  _globals['_PODVIEW']._serialized_end=302
+  _globals['_CONTAINERVIEW']._serialized_start=304
+  _globals['_CONTAINERVIEW']._serialized_end=410
 # @@protoc_insertion_point(module_scope)

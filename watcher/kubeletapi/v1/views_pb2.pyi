@@ -82,6 +82,32 @@ class ListView(_message.Message):
 Global___ListView: _TypeAlias = ListView  # noqa: Y015
 
 @_typing.final
+class ListChunks(_message.Message):
+    """ListPodResourcesResponse with its pods left encoded, each to be parsed as a PodView in its
+    turn: the decoder's way, so that a large answer is never held parsed as a whole.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_RESOURCES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def pod_resources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """PodResources"""
+
+    def __init__(
+        self,
+        *,
+        pod_resources: _abc.Iterable[_builtins.bytes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pod_resources", b"pod_resources"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListChunks: _TypeAlias = ListChunks  # noqa: Y015
+
+@_typing.final
 class PodView(_message.Message):
     """PodResources with its containers and memory entries left encoded."""
 
