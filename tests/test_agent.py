@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import bisect
 import contextlib
 import json
 import os
@@ -325,6 +326,9 @@ async def test_own_rpc_rate_is_capped(fake: FakeKubelet, short_tmp: Path) -> Non
         assert calls == 16
         # 5/s sustained with a burst of 2 (one re-query): 16 calls need >= (16 - 2) / 5 s.
         assert elapsed >= (calls - 2) / 5 * 0.9
+        # And as the kubelet sees them: no window of one second holds more than 5 arrivals.
+        arrivals = list(fake.call_times)[-calls:]
+        assert max(bisect.bisect_left(arrivals, t + 1.0) - i for i, t in enumerate(arrivals)) <= 5
 
 
 MAX_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")

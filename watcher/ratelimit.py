@@ -73,6 +73,17 @@ class RateLimiter:
         for _ in range(min(calls, len(self._recent))):
             self._recent.pop()
 
+    def answered(self, calls: int) -> None:
+        """The last `calls` calls were answered just now. Their slots count from now rather than
+        from when they were taken: the server saw them somewhere in between (later, when the loop
+        was busy), and only the later time keeps every window of one second at the server, not
+        just ours, within the rate. Callers take, call and report one batch at a time."""
+        now = self._clock()
+        count = min(calls, len(self._recent))
+        for _ in range(count):
+            self._recent.pop()
+        self._recent.extend([now] * count)
+
     async def acquire(self) -> None:
         async with self._lock:
             while (wait := self.delay()) > 0:  # noqa: ASYNC110 - waiting on time, not on an event

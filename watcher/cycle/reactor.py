@@ -215,7 +215,9 @@ class Reactor:
         results = await asyncio.gather(*(call() for call in calls), return_exceptions=True)
         # Calls nobody answered (the kubelet is down, its socket stale) did not reach its rate
         # limiter, so they do not spend ours: the re-query its return asks for goes at once.
-        self.limiter.refund(sum(isinstance(r, _UNANSWERED) for r in results))
+        unanswered = sum(isinstance(r, _UNANSWERED) for r in results)
+        self.limiter.refund(unanswered)
+        self.limiter.answered(len(results) - unanswered)
         pods, alloc = results[0], results[1] if len(results) > 1 else None
         if isinstance(alloc, errors.MethodDisabledError | errors.MethodNotImplementedError):
             self.list_only = str(alloc)

@@ -1,0 +1,50 @@
+"""Our cap on RPCs to the kubelet: at most `rate` calls in any second, as the kubelet sees them."""
+
+from __future__ import annotations
+
+from watcher.ratelimit import RateLimiter
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_full_window_waits_a_second_from_the_first_call() -> None:
+    clock = _Clock()
+    limiter = RateLimiter(5, clock=clock)
+    for _ in range(5):
+        await limiter.acquire()
+    assert limiter.delay() == 1.0
+    clock.now += 0.4
+    assert abs(limiter.delay() - 0.6) < 1e-9
+
+
+async def test_answered_calls_count_from_their_answer_so_the_servers_window_holds_too() -> None:
+    # Taken at 100.0, answered at 100.3: the server may have seen them as late as 100.3, so the
+    # next call must not go before 101.3, or a second at the server would hold six.
+    clock = _Clock()
+    limiter = RateLimiter(5, clock=clock)
+    for _ in range(5):
+        await limiter.acquire()
+    clock.now += 0.3
+    limiter.answered(5)
+    clock.now += 0.7  # 100.0 + 1.0: the window since they were taken is over, not since answered
+    assert abs(limiter.delay() - 0.3) < 1e-9
+    clock.now += 0.3
+    assert limiter.delay() == 0.0
+
+
+async def test_refunded_calls_free_their_slots_and_answered_counts_only_what_is_held() -> None:
+    clock = _Clock()
+    limiter = RateLimiter(2, clock=clock)
+    await limiter.acquire()
+    await limiter.acquire()
+    limiter.refund(1)  # nobody was listening: it never reached the server
+    assert limiter.delay() == 0.0
+    limiter.answered(5)  # more than it holds: the one it holds
+    await limiter.acquire()
+    assert limiter.delay() == 1.0
