@@ -12,7 +12,7 @@ RSS: after the cycles (steady) and the high-water mark (peak, which includes the
 decode); the floor, what `python -m watcher` costs before it runs, is `import_floor_mib()`.
 Prints one JSON line.
 
-    python bench/scale_agent.py (--pods N | --fit BYTES) [--cycles K] [--warmup W] [--budget-s S]
+    python bench/scale_agent.py (--pods N | --fit BYTES) [--cycles K] [--warmup W] [--budget-s S] [--profile N]
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
 import asyncio
+import cProfile
 import json
+import pstats
 import subprocess
 import tempfile
 import time
@@ -102,9 +104,12 @@ class Kubelet:
             self.proc.wait()
 
 
-async def measure(size: list[str], cycles: int, warmup: int, budget_s: float) -> dict[str, Any]:
+async def measure(
+    size: list[str], cycles: int, warmup: int, budget_s: float, profile: cProfile.Profile | None = None
+) -> dict[str, Any]:
     """Up to `cycles` measured changed cycles after `warmup` unmeasured ones, but no more once
-    `budget_s` seconds of measured cycles have passed (at least two are always measured)."""
+    `budget_s` seconds of measured cycles have passed (at least two are always measured).
+    With `profile`, the measured cycles run under it (their times then include its overhead)."""
     configure_logging("error", "json")  # stdout carries the result alone
     with tempfile.TemporaryDirectory(prefix="prw-b9-", dir="/tmp") as tmp:
         root = Path(tmp)
@@ -128,7 +133,11 @@ async def measure(size: list[str], cycles: int, warmup: int, budget_s: float) ->
                     break
                 kubelet.change()  # the kubelet's own work, outside what is measured
                 w0, c0, t0 = write_bytes(), time.process_time(), time.perf_counter()
+                if profile is not None:
+                    profile.enable()
                 await agent.requery(reasons)
+                if profile is not None:
+                    profile.disable()
                 t1, c1, w1 = time.perf_counter(), time.process_time(), write_bytes()
                 wall.append(t1 - t0)
                 cpu.append(c1 - c0)
@@ -162,9 +171,18 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=60.0, help="stop measuring cycles after this")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        metavar="N",
+        help="print the N functions the changed cycles spent most in (stderr)",
+    )
     args = parser.parse_args()
     size_args = ["--pods", str(args.pods)] if args.pods is not None else ["--fit", str(args.fit)]
-    print(json.dumps(asyncio.run(measure(size_args, args.cycles, args.warmup, args.budget_s))))
+    profile = cProfile.Profile() if args.profile else None
+    print(json.dumps(asyncio.run(measure(size_args, args.cycles, args.warmup, args.budget_s, profile))))
+    if profile is not None:
+        pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(args.profile)
 
 
 if __name__ == "__main__":
