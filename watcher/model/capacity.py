@@ -166,6 +166,12 @@ def count_memory(memory: Iterable[Memory], pods: Iterable[Pod], known: bool) -> 
     """Bytes per memory type and set of NUMA nodes."""
     allocated: dict[tuple[str, NumaNodes], int] = defaultdict(int)
     for pod in pods:
+        if not pod.memory:
+            # Most pods: no pod-level values, so nothing to reconcile; no dict of their own.
+            for c in pod.containers:
+                for m in c.memory:
+                    allocated[(m.type, m.numa)] += m.size
+            continue
         # Pod-level values overlap the containers': count the larger of the two.
         per_pod: dict[tuple[str, NumaNodes], int] = defaultdict(int)
         for c in pod.containers:
