@@ -25,7 +25,7 @@ from watcher.sinks.registry import SINK_SETTINGS, SinkType
 from watcher.sinks.stdout import StdoutSinkSettings
 from watcher.store.store import Store
 
-BUILT_IN = ["stdout", "file", "slack", "pagerduty", "webhook", "alertmanager"]
+BUILT_IN = ["stdout", "file", "slack", "pagerduty", "webhook", "alertmanager", "kubernetes"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def test_the_built_in_types_are_found_without_a_list(toy: SinkType[ToySinkSettin
     assert SINK_SETTINGS["file"] is FileSinkSettings
     assert registry.sink_type_of(StdoutSinkSettings()).name == "stdout"
     paging = {t.name for t in registry.sink_types() if t.capabilities.pages}
-    assert paging == {"pagerduty", "alertmanager"} | ({"toy"} if toy.capabilities.pages else set())
+    assert paging == {"pagerduty", "alertmanager", "kubernetes"} | ({"toy"} if toy.capabilities.pages else set())
 
 
 def test_a_toy_type_is_gone_after_its_test() -> None:

@@ -70,7 +70,10 @@ class SinkWorker:
         # Paging sinks must see the end of every condition they started.
         caps = capabilities_of(s)
         self.route = route_of(
-            s, resolutions=caps.pages, skip_flapping=caps.notifies, skip_incident_devices=caps.pages
+            s,
+            resolutions=caps.pages,
+            skip_flapping=caps.notifies,
+            skip_incident_devices=caps.pages and not caps.each_device,
         )
         self._batches = caps.batches
         # A sink that records gaps in its own stream is handed them; others only count and log.

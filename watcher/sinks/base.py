@@ -103,6 +103,8 @@ class Capabilities:
     must see the end of every condition it started, whatever its minimum severity.
     `notifies`: a person reads it: a flapping device's individual changes are left
     out (its device.flapping and device.flap_ended say it once).
+    `each_device`: a paging sink that still takes each device of a mass failure (the Kubernetes
+    sink: every pod hit gets its own Event), besides the incident's one event.
     `batches`: it takes up to `max_batch` events in one delivery whatever its `group`
     (the audit log: one write, one fsync and one outbox transaction for them all).
     """
@@ -110,6 +112,7 @@ class Capabilities:
     pages: bool = False
     notifies: bool = False
     batches: bool = False
+    each_device: bool = False
 
 
 SeverityName = Literal["info", "warning", "critical"]

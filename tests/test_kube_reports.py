@@ -1,0 +1,267 @@
+"""What goes into Kubernetes, decided purely: Events per Pod and Node, and the Node conditions.
+
+The events fed in are the agent's own, made by the real diff of two inventories (and the real
+lifecycle builder for watcher.started), so the planner is tested on what it will really be given.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from watcher.model.build import from_canonical
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.diff import diff
+from watcher.model.events import Event, envelope
+from watcher.model.inventory import Inventory
+from watcher.model.kube_reports import (
+    CONDITION_SUFFIX,
+    MAX_NOTE_BYTES,
+    NODE_REASONS,
+    POD_REASONS,
+    check_condition_type,
+    condition_type,
+    conditions_for,
+    plan,
+)
+from watcher.model.lifecycle import started
+
+NODE = "gpu-node-1"
+GPU = "nvidia.com/gpu"
+
+
+def _inventory(gpus: Sequence[str], pods: Mapping[str, Sequence[str]]) -> Inventory:
+    """gpus: allocatable ids; pods: "ns/name" -> the GPU ids its one container holds."""
+    return from_canonical(
+        {
+            "format": 3,
+            "allocatable": {
+                "known": True,
+                "devices": {GPU: {g: [0] for g in gpus}} if gpus else {},
+                "cpu_ids": [0, 1],
+                "memory": [],
+            },
+            "pods": [
+                {
+                    "namespace": key.split("/")[0],
+                    "name": key.split("/")[1],
+                    "cpu_ids": [],
+                    "memory": [],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "devices": {GPU: {g: [0] for g in held}} if held else {},
+                            "cpu_ids": [],
+                            "memory": [],
+                            "dynamic_resources": [],
+                        }
+                    ],
+                }
+                for key, held in sorted(pods.items())
+            ],
+        }
+    )
+
+
+def _events(changes: Sequence[Change], cycle: str = "c1") -> list[Event]:
+    return [
+        envelope(c, seq=i + 1, node=NODE, cycle=cycle, before=None, after=None) for i, c in enumerate(changes)
+    ]
+
+
+ALL = [f"GPU-{i}" for i in range(8)]
+PODS = {"ml/trainer-0": ["GPU-0", "GPU-1"], "ml/trainer-1": ["GPU-2"], "web/idle": []}
+
+
+def _by(report_events: Sequence[Any], kind: str) -> list[Any]:
+    return [e for e in report_events if e.regarding.kind == kind]
+
+
+def test_a_gpu_failing_while_allocated_warns_its_pod_and_sets_the_condition() -> None:
+    before = _inventory(ALL, PODS)
+    after = _inventory([g for g in ALL if g != "GPU-1"], PODS)
+    report = plan(_events(diff(before, after)), {})
+    pod = _by(report.events, "Pod")
+    assert [(e.regarding.namespace, e.regarding.name, e.type, e.reason) for e in pod] == [
+        ("ml", "trainer-0", "Warning", "DeviceFailed")
+    ]
+    assert "nvidia.com/gpu GPU-1 (container main)" in pod[0].note
+    node = _by(report.events, "Node")
+    assert [(e.regarding.name, e.type, e.reason) for e in node] == [(NODE, "Warning", "DeviceRemoved")]
+    assert report.missing == {GPU: {"GPU-1": ["ml/trainer-0/main"]}}
+    (cond,) = conditions_for(report.missing, report.resources)
+    assert (cond.type, cond.status, cond.reason) == (
+        "NvidiaGpuDevicesUnavailable",
+        "True",
+        "DevicesFailedOrMissing",
+    )
+    assert "GPU-1" in cond.message and "ml/trainer-0" in cond.message
+
+    # Recovery: a Normal Event on the pod that was hit, and the condition False.
+    back = plan(_events(diff(after, before), cycle="c2"), report.missing)
+    assert [(e.regarding.name, e.type, e.reason) for e in _by(back.events, "Pod")] == [
+        ("trainer-0", "Normal", "DeviceRecovered")
+    ]
+    assert back.missing == {}
+    (cond,) = conditions_for(back.missing, back.resources)
+    assert (cond.status, cond.reason) == ("False", "DevicesAvailable")
+
+
+def test_a_mass_failure_is_one_event_per_pod_and_one_condition() -> None:
+    pods = {f"ml/job-{i}": [f"GPU-{i}"] for i in range(64)}
+    gpus = [f"GPU-{i}" for i in range(64)]
+    before, after = _inventory(gpus, pods), _inventory([], pods)
+    changes = list(diff(before, after))
+    assert sum(c.kind is Kind.DEVICE_REMOVED for c in changes) == 64
+    report = plan(_events(changes), {})
+    per_pod = _by(report.events, "Pod")
+    assert len(per_pod) == 64
+    assert len({(e.regarding.namespace, e.regarding.name) for e in per_pod}) == 64
+    assert len(_by(report.events, "Node")) == 1  # one DeviceRemoved for the resource, all 64 named
+    assert len(conditions_for(report.missing, report.resources)) == 1
+
+    # Two failed devices of one pod in one re-query: still one Event for that pod.
+    two = plan(_events(diff(_inventory(ALL, PODS), _inventory(ALL[2:], PODS))), {})
+    assert [e.regarding.name for e in _by(two.events, "Pod")] == ["trainer-0"]
+    assert "2 device(s)" in _by(two.events, "Pod")[0].note
+
+
+def test_an_incident_adds_one_node_event_and_does_not_repeat_its_devices() -> None:
+    removed = [
+        Change(
+            Kind.DEVICE_REMOVED,
+            Severity.CRITICAL,
+            "x",
+            {"resource": GPU, "device": d, "incident": "i1", "allocated_to": [f"ml/job-{d}/main"]},
+        )
+        for d in ALL
+    ]
+    incident = Change(
+        Kind.DEVICE_INCIDENT,
+        Severity.CRITICAL,
+        "8 nvidia.com/gpu devices left allocatable at once",
+        {"resource": GPU, "incident": "i1", "count": 8, "devices": ALL, "allocated_to": []},
+    )
+    report = plan(_events([*removed, incident]), {})
+    node = _by(report.events, "Node")
+    assert [e.reason for e in node] == ["DeviceIncident"]
+    assert len(_by(report.events, "Pod")) == 8
+    assert set(report.missing[GPU]) == set(ALL)
+
+
+def test_start_reconciles_from_the_inventory_and_the_saved_state() -> None:
+    inv = _inventory([g for g in ALL if g != "GPU-2"], PODS)  # GPU-2 failed while held by trainer-1
+    start = _events([started(inv, baseline="saved", changes=0, error=None)])
+    # Saved state from the last run: GPU-7 (unallocated) went missing then.
+    report = plan(start, {GPU: {"GPU-7": []}})
+    assert report.started
+    assert report.missing == {GPU: {"GPU-7": [], "GPU-2": ["ml/trainer-1/main"]}}
+    (cond,) = conditions_for(report.missing, report.resources)
+    assert cond.status == "True" and "GPU-2" in cond.message and "GPU-7" in cond.message
+    assert report.events == []  # a start is not news
+
+    # A healthy node at start: every resource's condition is set, False.
+    healthy = plan(_events([started(_inventory(ALL, PODS), baseline="saved", changes=0, error=None)]), {})
+    assert [(c.type, c.status) for c in conditions_for(healthy.missing, healthy.resources)] == [
+        ("NvidiaGpuDevicesUnavailable", "False")
+    ]
+
+    # The kubelet not reachable at start: the saved state stands, nothing is invented.
+    blind = plan(_events([started(None, baseline="saved", changes=0, error="x")]), {GPU: {"GPU-7": []}})
+    assert blind.missing == {GPU: {"GPU-7": []}}
+
+
+def test_flapping_keeps_the_condition_until_it_ends_present() -> None:
+    flapping = Change(
+        Kind.DEVICE_FLAPPING,
+        Severity.WARNING,
+        "GPU-3 is flapping",
+        {"resource": GPU, "device": "GPU-3", "present": True, "allocated_to": ["ml/a/main"]},
+    )
+    report = plan(_events([flapping]), {})
+    assert report.missing == {GPU: {"GPU-3": ["ml/a/main"]}}
+    assert {(e.regarding.kind, e.reason) for e in report.events} == {
+        ("Node", "DeviceFlapping"),
+        ("Pod", "DeviceFlapping"),
+    }
+    ended_missing = Change(
+        Kind.DEVICE_FLAP_ENDED, Severity.WARNING, "x", {"resource": GPU, "device": "GPU-3", "present": False}
+    )
+    assert plan(_events([ended_missing]), report.missing).missing == report.missing
+    ended = Change(
+        Kind.DEVICE_FLAP_ENDED, Severity.INFO, "x", {"resource": GPU, "device": "GPU-3", "present": True}
+    )
+    back = plan(_events([ended]), report.missing)
+    assert back.missing == {}
+    assert ("Pod", "DeviceRecovered") in {(e.regarding.kind, e.reason) for e in back.events}
+
+
+def test_allocation_and_capacity_bookkeeping_is_not_an_event() -> None:
+    before = _inventory(ALL, {"ml/a": []})
+    after = _inventory(ALL, {"ml/a": ["GPU-0"]})
+    changes = diff(before, after)
+    assert {c.kind for c in changes} >= {Kind.ALLOCATION_ADDED, Kind.CAPACITY_CHANGED}
+    report = plan(_events(changes), {})
+    assert report.events == [] and report.resources == set()
+
+
+def test_repeats_have_the_same_key_and_different_words_do_not() -> None:
+    before, after = _inventory(ALL, PODS), _inventory(ALL[1:], PODS)
+    one = plan(_events(diff(before, after)), {})
+    two = plan(_events(diff(before, after), cycle="c9"), {})
+    assert [e.key for e in one.events] == [e.key for e in two.events]
+    other = plan(_events(diff(before, _inventory(ALL[2:], PODS))), {})
+    assert {e.key for e in _by(one.events, "Pod")}.isdisjoint({e.key for e in _by(other.events, "Pod")})
+
+
+def test_condition_types_are_stable_valid_and_ours() -> None:
+    assert condition_type("nvidia.com/gpu") == "NvidiaGpuDevicesUnavailable"
+    assert condition_type("example.com/sriov-nic") == "ExampleSriovNicDevicesUnavailable"
+    assert (
+        condition_type("nvidia.com/gpu", {"nvidia.com/gpu": "GpuDevicesUnavailable"})
+        == "GpuDevicesUnavailable"
+    )
+    assert check_condition_type("Ready") is not None  # never the kubelet's
+    assert check_condition_type("NetworkUnavailable") is not None
+    assert check_condition_type(CONDITION_SUFFIX) is not None
+    assert check_condition_type("Gpu DevicesUnavailable") is not None
+
+
+# What Kubernetes accepts as a condition type (metav1.Condition's rule, the strictest in use).
+_K8S_TYPE = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+@given(st.text(max_size=80))
+def test_any_resource_name_gives_a_valid_owned_type(resource: str) -> None:
+    ctype = condition_type(resource)
+    assert _K8S_TYPE.fullmatch(ctype) and len(ctype) <= 316
+    assert ctype.endswith(CONDITION_SUFFIX) and check_condition_type(ctype) is None
+    assert condition_type(resource) == ctype
+
+
+@given(st.text(min_size=1, max_size=300), st.integers(min_value=1, max_value=200))
+def test_hostile_names_make_bounded_one_line_notes(name: str, count: int) -> None:
+    changes = [
+        Change(
+            Kind.DEVICE_REMOVED,
+            Severity.CRITICAL,
+            "x",
+            {"resource": GPU, "device": f"{name}{i}", "allocated_to": [f"ml/p/{name}"]},
+        )
+        for i in range(count)
+    ]
+    report = plan(_events(changes), {})
+    for e in report.events:
+        assert len(e.note.encode()) <= MAX_NOTE_BYTES
+        assert "\n" not in e.note and "\x1b" not in e.note
+    for c in conditions_for(report.missing, report.resources):
+        assert "\n" not in c.message and len(c.message.encode()) <= 1024
+
+
+def test_every_reason_is_documented_camel_case() -> None:
+    for reason in [*POD_REASONS, *NODE_REASONS]:
+        assert re.fullmatch(r"[A-Z][A-Za-z]+", reason), reason

@@ -1,0 +1,362 @@
+"""What the agent reports into Kubernetes: Events on the Pods and the Node, and one Node condition per
+device resource. Pure: the `kubernetes` sink turns a batch of our events into a `Report` here and only
+does the API calls.
+
+Events. A device that fails or vanishes while allocated gets a Warning on each Pod holding it, and a
+Normal one when it is back; one Event per Pod and reason per batch (a batch is one re-query's events),
+however many of its devices are involved, so a mass failure costs one Event per Pod, not one per
+device. Node-level changes (devices added or removed per resource, topology, CPUs, memory, kubelet and
+device-plugin lifecycle) become Events on the Node. Allocation and capacity bookkeeping does not: the
+scheduler and the kubelet already say when a pod starts.
+
+Conditions. One Node condition per device resource, True while any of its devices is failed or missing
+(left the kubelet's allocatable after settling, so warm-up after a restart never sets it), False once
+every one is back. The state behind it, `Missing`, is kept by the sink and reconciled from the
+inventory the agent reports at every start (`watcher.started`), so a restart neither leaves a stale
+condition nor clears a live one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from watcher.model.changes import Kind
+from watcher.model.events import Event
+from watcher.model.wording import printable
+
+__all__ = [
+    "CONDITION_SUFFIX",
+    "MAX_NOTE_BYTES",
+    "NODE_REASONS",
+    "POD_REASONS",
+    "Regarding",
+    "KubeEvent",
+    "NodeCondition",
+    "Missing",
+    "Report",
+    "condition_type",
+    "check_condition_type",
+    "plan",
+    "conditions_for",
+    "fit",
+]
+
+# Every condition type the agent owns ends in this: the shipped admission policy lets the agent change
+# only conditions whose type ends so, never the kubelet's (Ready, MemoryPressure, NetworkUnavailable…).
+CONDITION_SUFFIX = "DevicesUnavailable"
+# The API server refuses an Event whose note is over 1 kB.
+MAX_NOTE_BYTES = 1024
+# A condition's message is not capped by the API, but `kubectl describe node` prints it on one line.
+MAX_MESSAGE_BYTES = 1024
+# Devices or pods named in one note or message before "and N more".
+_SHOWN = 8
+
+# The reasons, stable: alerting and `kubectl get events --field-selector reason=...` rely on them.
+POD_REASONS = {
+    "DeviceFailed": "a device allocated to the pod left the node's allocatable devices (failed or vanished)",
+    "DeviceRecovered": "that device is back",
+    "DeviceFlapping": "a device allocated to the pod keeps failing and coming back",
+}
+NODE_REASONS = {
+    "DeviceRemoved": "devices of a resource left allocatable (unhealthy or unplugged)",
+    "DeviceAdded": "devices of a resource joined or came back to allocatable",
+    "DeviceFlapping": "a device keeps failing and coming back",
+    "DeviceFlapEnded": "that device has been stable for the quiet period",
+    "DeviceIncident": "many devices of one resource left allocatable at once",
+    "DeviceIncidentResolved": "every device of that incident is back",
+    "DeviceTopologyChanged": "a device's NUMA placement changed",
+    "CpusAdded": "CPUs joined the allocatable set",
+    "CpusRemoved": "CPUs left the allocatable set",
+    "MemoryChanged": "allocatable memory changed",
+    "KubeletRestarted": "the kubelet restarted (its socket was replaced)",
+    "KubeletUnreachable": "the kubelet's pod-resources API has not answered for the grace period",
+    "KubeletReachable": "it answers again",
+    "DevicePluginUnregistered": "a device plugin went away (its devices are held meanwhile)",
+    "DevicePluginRegistered": "it registered again",
+    "PodResourcesApiDegraded": "part of the pod-resources API is disabled or failing",
+    "InvalidDeviceText": "the kubelet's answer carried a name or id that is not valid UTF-8",
+}
+
+# One Node event per kind below, worded by the agent's own summary of it.
+_NODE_EVENTS: dict[Kind, tuple[str, Literal["Normal", "Warning"]]] = {
+    Kind.DEVICE_FLAP_ENDED: ("DeviceFlapEnded", "Normal"),
+    Kind.DEVICE_FLAPPING: ("DeviceFlapping", "Warning"),
+    Kind.DEVICE_INCIDENT: ("DeviceIncident", "Warning"),
+    Kind.DEVICE_INCIDENT_RESOLVED: ("DeviceIncidentResolved", "Normal"),
+    Kind.DEVICE_TOPOLOGY_CHANGED: ("DeviceTopologyChanged", "Normal"),
+    Kind.CPU_ADDED: ("CpusAdded", "Normal"),
+    Kind.CPU_REMOVED: ("CpusRemoved", "Warning"),
+    Kind.MEMORY_CHANGED: ("MemoryChanged", "Normal"),
+    Kind.KUBELET_RESTARTED: ("KubeletRestarted", "Normal"),
+    Kind.KUBELET_UNREACHABLE: ("KubeletUnreachable", "Warning"),
+    Kind.KUBELET_REACHABLE: ("KubeletReachable", "Normal"),
+    Kind.PLUGIN_UNREGISTERED: ("DevicePluginUnregistered", "Normal"),
+    Kind.PLUGIN_REGISTERED: ("DevicePluginRegistered", "Normal"),
+    Kind.API_DEGRADED: ("PodResourcesApiDegraded", "Warning"),
+    Kind.API_INVALID_TEXT: ("InvalidDeviceText", "Warning"),
+}
+# events.k8s.io requires an action: what the reporter was doing. Ours is always watching.
+ACTION = "WatchPodResources"
+
+# resource -> device -> the containers ("namespace/pod/container") holding it when it went missing.
+Missing = dict[str, dict[str, list[str]]]
+
+
+@dataclass(frozen=True)
+class Regarding:
+    """The object an Event is about: a Pod (namespaced) or the Node (cluster-scoped)."""
+
+    kind: Literal["Pod", "Node"]
+    name: str
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class KubeEvent:
+    regarding: Regarding
+    type: Literal["Normal", "Warning"]
+    reason: str
+    note: str
+    action: str = ACTION
+
+    @property
+    def key(self) -> str:
+        """The same event (same object, reason and words) has the same key: a repeat updates the
+        existing Event's series rather than creating another object."""
+        parts = (self.regarding.kind, self.regarding.namespace, self.regarding.name, self.reason, self.note)
+        return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class NodeCondition:
+    type: str
+    status: Literal["True", "False"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one batch asks for: Events, the new missing-device state, the resources whose condition
+    may have changed, and whether the batch starts a run (then every owned condition is reconciled)."""
+
+    events: list[KubeEvent] = field(default_factory=list)
+    missing: Missing = field(default_factory=dict)
+    resources: set[str] = field(default_factory=set)
+    started: bool = False
+
+
+# --- condition types ---
+
+_WORD = re.compile(r"[A-Za-z0-9]+")
+# A Node condition type as Kubernetes' own condition types are spelled (and as metav1.Condition
+# validates them): a letter or digit first and last, letters, digits, '-', '_', '.' between.
+_TYPE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,314}[A-Za-z0-9])?")
+
+
+def condition_type(resource: str, overrides: Mapping[str, str] | None = None) -> str:
+    """The Node condition type for a device resource: `overrides[resource]`, or CamelCase of the
+    vendor's first domain label and the name, then the suffix: nvidia.com/gpu ->
+    NvidiaGpuDevicesUnavailable, example.com/sriov-nic -> ExampleSriovNicDevicesUnavailable."""
+    if overrides and resource in overrides:
+        return overrides[resource]
+    vendor, _, name = resource.rpartition("/")
+    words = _WORD.findall(vendor.split(".")[0]) + _WORD.findall(name)
+    derived = "".join(w[:1].upper() + w[1:] for w in words) + CONDITION_SUFFIX
+    if check_condition_type(derived) is None:
+        return derived
+    # A name with nothing usable in it (or far too long): still one stable type per resource.
+    return "Resource" + hashlib.sha256(resource.encode()).hexdigest()[:12] + CONDITION_SUFFIX
+
+
+def check_condition_type(value: str) -> str | None:
+    """Why `value` cannot be one of our condition types, or None."""
+    if not _TYPE.fullmatch(value):
+        return "not a valid condition type (letters, digits, '-', '_', '.'; a letter or digit first and last)"
+    if not value.endswith(CONDITION_SUFFIX) or value == CONDITION_SUFFIX:
+        return (
+            f"must end in {CONDITION_SUFFIX!r} (after a name of its own): the shipped admission "
+            "policy lets the agent change only conditions so named"
+        )
+    return None
+
+
+# --- texts ---
+
+
+def fit(text: str, limit: int) -> str:
+    """`text` cut to `limit` UTF-8 bytes on a character boundary, marked with an ellipsis if cut."""
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    return raw[: limit - 3].decode(errors="ignore") + "…"
+
+
+def _listed(items: Sequence[str]) -> str:
+    shown = ", ".join(printable(i) for i in items[:_SHOWN])
+    return shown + (f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
+
+
+def _pods(holders: Iterable[str]) -> list[str]:
+    return sorted({"/".join(h.split("/")[:2]) for h in holders if h.count("/") >= 1})
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list | tuple) else []
+
+
+# --- the plan ---
+
+
+@dataclass
+class _PodNotes:
+    failed: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    flapping: list[str] = field(default_factory=list)
+
+
+def _pod_of(holder: str) -> tuple[str, str, str] | None:
+    parts = holder.split("/", 2)
+    if len(parts) < 2 or not parts[0] or not parts[1]:
+        return None
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else ""
+
+
+def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[str]]]) -> Report:
+    """The Events and the new missing-device state for one batch of our events (in seq order)."""
+    state: Missing = {res: {dev: list(pods) for dev, pods in devs.items()} for res, devs in missing.items()}
+    report = Report(missing=state)
+    pods: dict[tuple[str, str], _PodNotes] = {}
+    removed: dict[str, list[str]] = {}
+    added: dict[str, list[str]] = {}
+
+    def notes(holder: str) -> tuple[_PodNotes, str] | None:
+        pod = _pod_of(holder)
+        if pod is None:
+            return None
+        return pods.setdefault((pod[0], pod[1]), _PodNotes()), pod[2]
+
+    for event in events:
+        d = event.details
+        resource, device = str(d.get("resource", "")), str(d.get("device", ""))
+        holders = _strings(d.get("allocated_to"))
+        if event.kind is Kind.WATCHER_STARTED:
+            _reconcile(state, d, report.resources)
+            report = Report(report.events, state, report.resources, started=True)
+            continue
+        if event.kind in (Kind.DEVICE_REMOVED, Kind.DEVICE_FLAPPING):
+            # A flapping device counts as unavailable until its flapping ends present.
+            before = state.get(resource, {}).get(device, [])
+            state.setdefault(resource, {})[device] = sorted(set(before) | set(holders))
+            report.resources.add(resource)
+            if event.kind is Kind.DEVICE_REMOVED and "incident" not in d:
+                removed.setdefault(resource, []).append(device)
+            for holder in holders:
+                if (got := notes(holder)) is not None:
+                    target = got[0].failed if event.kind is Kind.DEVICE_REMOVED else got[0].flapping
+                    target.append(_held(resource, device, got[1]))
+        elif event.kind is Kind.DEVICE_ADDED or (event.kind is Kind.DEVICE_FLAP_ENDED and d.get("present")):
+            was = state.get(resource, {}).pop(device, None)
+            if resource in state and not state[resource]:
+                del state[resource]
+            report.resources.add(resource)
+            if event.kind is Kind.DEVICE_ADDED:
+                added.setdefault(resource, []).append(device)
+            for holder in sorted(set(was or [])):
+                if (got := notes(holder)) is not None:
+                    got[0].recovered.append(_held(resource, device, got[1]))
+        elif event.kind is Kind.DEVICE_FLAP_ENDED:  # ended missing: it stays missing
+            before = state.get(resource, {}).get(device, [])
+            state.setdefault(resource, {})[device] = sorted(set(before) | set(holders))
+            report.resources.add(resource)
+        elif event.kind is Kind.DEVICE_INCIDENT:
+            for dev in _strings(d.get("devices")):
+                state.setdefault(resource, {}).setdefault(dev, [])
+            report.resources.add(resource)
+        if event.kind in _NODE_EVENTS:
+            reason, kind = _NODE_EVENTS[event.kind]
+            report.events.append(_node_event(event.node, kind, reason, event.summary))
+    node = events[0].node if events else ""
+    for resource, devices in sorted(removed.items()):
+        hit = _pods(h for dev in devices for h in state.get(resource, {}).get(dev, []))
+        note = f"{len(devices)} {resource} device(s) left allocatable (unhealthy or unplugged): "
+        note += _listed(devices)
+        if hit:
+            note += f"; allocated to {_listed(hit)}"
+        report.events.append(_node_event(node, "Warning", "DeviceRemoved", note))
+    for resource, devices in sorted(added.items()):
+        note = f"{len(devices)} {resource} device(s) joined or came back to allocatable: {_listed(devices)}"
+        report.events.append(_node_event(node, "Normal", "DeviceAdded", note))
+    for (namespace, name), n in sorted(pods.items()):
+        regarding = Regarding("Pod", name, namespace)
+        if n.failed:
+            note = (
+                f"{len(n.failed)} device(s) allocated to this pod left the node's allocatable devices "
+                f"(failed or vanished) on node {node}: {_listed(n.failed)}"
+            )
+            report.events.append(KubeEvent(regarding, "Warning", "DeviceFailed", fit(note, MAX_NOTE_BYTES)))
+        if n.flapping:
+            note = (
+                f"device(s) allocated to this pod keep failing and coming back on node {node}: "
+                f"{_listed(n.flapping)}"
+            )
+            report.events.append(KubeEvent(regarding, "Warning", "DeviceFlapping", fit(note, MAX_NOTE_BYTES)))
+        if n.recovered:
+            note = f"device(s) allocated to this pod are back on node {node}: {_listed(n.recovered)}"
+            report.events.append(KubeEvent(regarding, "Normal", "DeviceRecovered", fit(note, MAX_NOTE_BYTES)))
+    return report
+
+
+def _held(resource: str, device: str, container: str) -> str:
+    return f"{resource} {device}" + (f" (container {container})" if container else "")
+
+
+def _node_event(node: str, kind: Literal["Normal", "Warning"], reason: str, note: str) -> KubeEvent:
+    return KubeEvent(Regarding("Node", node), kind, reason, fit(printable(note), MAX_NOTE_BYTES))
+
+
+def _reconcile(state: Missing, details: Mapping[str, Any], resources: set[str]) -> None:
+    """At start: every device resource on the node gets its condition set, and the devices the
+    inventory shows failed while allocated are missing whatever the saved state says. Devices the
+    saved state has as missing stay so: one that came back while the agent was away is reported by
+    the first re-query as device.added, which clears it."""
+    resources.update(state)
+    inventory = details.get("inventory")
+    if not isinstance(inventory, Mapping) or not inventory.get("allocatable_known"):
+        return  # the kubelet is not reachable yet, or List-only: nothing can be called missing
+    devices = inventory.get("devices")
+    if isinstance(devices, Mapping):
+        resources.update(str(r) for r in devices)
+    for m in inventory.get("missing_devices") or []:
+        if isinstance(m, Mapping):
+            resource = str(m.get("resource", ""))
+            state.setdefault(resource, {})[str(m.get("device", ""))] = _strings(m.get("allocated_to"))
+            resources.add(resource)
+
+
+def conditions_for(
+    missing: Mapping[str, Mapping[str, Sequence[str]]],
+    resources: Iterable[str],
+    overrides: Mapping[str, str] | None = None,
+) -> list[NodeCondition]:
+    """The condition of each resource in `resources`, in order of type."""
+    out = []
+    for resource in sorted(set(resources)):
+        devices = sorted(missing.get(resource, {}))
+        ctype = condition_type(resource, overrides)
+        if devices:
+            hit = _pods(h for dev in devices for h in missing[resource][dev])
+            message = f"{len(devices)} {resource} device(s) failed, missing or flapping: {_listed(devices)}"
+            message += f"; pods hit: {_listed(hit)}" if hit else "; none was allocated to a pod"
+            out.append(
+                NodeCondition(ctype, "True", "DevicesFailedOrMissing", fit(message, MAX_MESSAGE_BYTES))
+            )
+        else:
+            message = f"every {resource} device is in the kubelet's allocatable set"
+            message = fit(printable(message), MAX_MESSAGE_BYTES)
+            out.append(NodeCondition(ctype, "False", "DevicesAvailable", message))
+    return sorted(out, key=lambda c: c.type)
