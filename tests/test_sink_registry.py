@@ -88,7 +88,8 @@ def test_the_built_in_types_are_found_without_a_list(toy: SinkType[ToySinkSettin
     assert SINK_SETTINGS["file"] is FileSinkSettings
     assert registry.sink_type_of(StdoutSinkSettings()).name == "stdout"
     paging = {t.name for t in registry.sink_types() if t.capabilities.pages}
-    assert paging == {"pagerduty", "alertmanager", "kubernetes"} | ({"toy"} if toy.capabilities.pages else set())
+    toy_pages = {"toy"} if toy.capabilities.pages else set()
+    assert paging == {"pagerduty", "alertmanager", "kubernetes"} | toy_pages
 
 
 def test_a_toy_type_is_gone_after_its_test() -> None:
