@@ -226,6 +226,24 @@ def build_parser() -> argparse.ArgumentParser:
     outbox.add_argument("--sink", help="only this sink")
     outbox.add_argument("--seq", type=int, action="append", help="only this event seq (repeatable)")
 
+    kube = sub.add_parser(
+        "kubernetes",
+        help="the kubernetes sink's uninstall step: remove the Node conditions it owns",
+        description="`cleanup` removes from the node every condition the agent owns (types ending in "
+        "DevicesUnavailable), with the kubernetes sink's connection settings from the config. Run it "
+        "once per node after stopping the agent for good (a running agent writes them back at its next "
+        "change or start); `kubectl delete -k deploy/overlays/kubernetes-reporting` then removes the "
+        "RBAC and the admission policy. The sink's Events expire on their own (the API server's event "
+        "TTL, 1 h by default). Exit 0 when the node has none left, 1 when the API server could not "
+        "be reached or refused, 2 for a bad config.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    kube.add_argument("action", choices=("cleanup",))
+    kube.add_argument("--config", "-c", type=Path, required=True, help="config file with a kubernetes sink")
+    kube.add_argument("--node", help="the node to clean (default: the config's node)")
+    kube.add_argument("--sink", help="which kubernetes sink of the config (default: the only one)")
+
     audit = sub.add_parser(
         "audit",
         help="verify a tamper-evident audit log",
@@ -400,6 +418,33 @@ async def _send_test(settings: Settings, name: str) -> int:
     return 0 if all(o.delivered for o in outcomes) else 1
 
 
+async def _kubernetes_cleanup(settings: Settings, node: str | None, name: str | None) -> int:
+    from watcher.sinks.kubernetes import KubernetesError, KubernetesSinkSettings, remove_owned_conditions
+
+    configured = [s for s in settings.sinks if isinstance(s, KubernetesSinkSettings)]
+    chosen = [s for s in configured if name is None or s.name == name]
+    if len(chosen) != 1:
+        names = ", ".join(s.name for s in configured) or "none"
+        want = (
+            f"no kubernetes sink named {name!r}"
+            if name
+            else "more than one kubernetes sink: pick one with --sink"
+        )
+        return _fail(
+            f"{want if configured else 'no kubernetes sink in the config'} (kubernetes sinks: {names})", 2
+        )
+    target = node or settings.node
+    try:
+        removed = await remove_owned_conditions(chosen[0], target)
+    except KubernetesError as err:
+        return _fail(str(err))
+    if removed:
+        print(f"node {target}: removed conditions {', '.join(removed)}")
+    else:
+        print(f"node {target}: no conditions of this agent's to remove")
+    return 0
+
+
 def _check_config(path: Path) -> int:
     settings = load_settings(path)
     for warning in config_warnings(settings):
@@ -498,6 +543,8 @@ def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int
             return _outbox(args)
         if args.command == "audit":
             return _audit(args)
+        if args.command == "kubernetes":
+            return asyncio.run(_kubernetes_cleanup(_settings(args.config), args.node, args.sink))
         if args.command == "snapshot":
             return asyncio.run(_snapshot(args))
         if args.command == "fake-kubelet":
