@@ -170,6 +170,12 @@ def test_start_reconciles_from_the_inventory_and_the_saved_state() -> None:
         ("NvidiaGpuDevicesUnavailable", "False")
     ]
 
+    # Started while the kubelet warms up (no GPU allocatable yet, the pods' GPUs all absent): not a
+    # failure, whatever the pods hold; settling reports it as device.removed if it lasts.
+    warming = plan(_events([started(_inventory([], PODS), baseline="fresh", changes=0, error=None)]), {})
+    assert warming.missing == {}
+    assert [c.status for c in conditions_for(warming.missing, warming.resources)] == ["False"]
+
     # The kubelet not reachable at start: the saved state stands, nothing is invented.
     blind = plan(_events([started(None, baseline="saved", changes=0, error="x")]), {GPU: {"GPU-7": []}})
     assert blind.missing == {GPU: {"GPU-7": []}}

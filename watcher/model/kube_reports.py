@@ -329,11 +329,17 @@ def _reconcile(state: Missing, details: Mapping[str, Any], resources: set[str]) 
     if not isinstance(inventory, Mapping) or not inventory.get("allocatable_known"):
         return  # the kubelet is not reachable yet, or List-only: nothing can be called missing
     devices = inventory.get("devices")
-    if isinstance(devices, Mapping):
-        resources.update(str(r) for r in devices)
+    counts = devices if isinstance(devices, Mapping) else {}
+    resources.update(str(r) for r in counts)
     for m in inventory.get("missing_devices") or []:
-        if isinstance(m, Mapping):
-            resource = str(m.get("resource", ""))
+        if not isinstance(m, Mapping):
+            continue
+        resource = str(m.get("resource", ""))
+        # A resource with no allocatable device at all is warming up (its plugin has not registered
+        # since a kubelet restart) or its plugin is gone: the agent's settling reports that as
+        # device.removed if it lasts, so it is not called missing here. Held by a pod while its
+        # siblings are allocatable, a device is missing for real.
+        if counts.get(resource):
             state.setdefault(resource, {})[str(m.get("device", ""))] = _strings(m.get("allocated_to"))
             resources.add(resource)
 
