@@ -462,6 +462,18 @@ def test_builder_rejects_what_it_does_not_implement(tmp_path: Path) -> None:
     )
     with pytest.raises(KustomizeError, match="does not exist"):
         build(tmp_path)
+    # A generator that merges into nothing is a mistake (kustomize refuses it too).
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "configMapGenerator: [{name: x, behavior: merge, literals: [a=b]}]\n"
+    )
+    with pytest.raises(KustomizeError, match="finds nothing to merge"):
+        build(tmp_path)
+    if KUBECTL is not None:
+        result = subprocess.run(
+            [KUBECTL, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode != 0
 
 
 def test_every_file_in_the_kustomize_tree_is_used() -> None:
