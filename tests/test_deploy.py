@@ -43,6 +43,7 @@ except ImportError as err:  # pragma: no cover - a missing test dependency
 from watcher.cli import main
 from watcher.ops.http import BACKLOG, FD_OWN
 from watcher.settings import HttpSettings
+from watcher.sinks import registry
 from watcher.sinks.http import HTTP_SINK_CONNECTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +51,12 @@ DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "kubernetes"
 SELINUX = BASE / "selinux"
 MONITORING = BASE / "monitoring"
-OVERLAYS = {"selinux": DEPLOY / "overlays" / "selinux", "monitoring": DEPLOY / "overlays" / "monitoring"}
+REPORTING = BASE / "reporting"
+OVERLAYS = {
+    "selinux": DEPLOY / "overlays" / "selinux",
+    "monitoring": DEPLOY / "overlays" / "monitoring",
+    "kubernetes-reporting": DEPLOY / "overlays" / "kubernetes-reporting",
+}
 UNIT = DEPLOY / "systemd" / "pod-resources-watcher.service"
 DOCKERFILE = DEPLOY / "Dockerfile"
 
@@ -66,6 +72,15 @@ BASE_KINDS = [
     "ServiceAccount",
 ]
 MONITORING_KINDS = sorted([*BASE_KINDS, "PodMonitor", "Service"])
+REPORTING_KINDS = sorted(
+    [
+        *BASE_KINDS,
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+)
 CONFIG_MAP = "pod-resources-watcher-config"
 SECRET = "pod-resources-watcher-secrets"
 SOCKET_DIR = "/var/lib/kubelet/pod-resources"
@@ -83,6 +98,8 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "PriorityClass",
     "CustomResourceDefinition",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 # Kinds kubernetes-validate has no schema for; each has a hand-written check below.
 CRDS = {("monitoring.coreos.com/v1", "PodMonitor")}
@@ -129,7 +146,7 @@ KUSTOMIZATION_KEYS = {
     "secretGenerator",
     "patches",
 }
-GENERATOR_KEYS = {"name", "files", "literals", "envs", "type"}
+GENERATOR_KEYS = {"name", "files", "literals", "envs", "type", "namespace", "behavior"}
 
 
 class KustomizeError(AssertionError):
@@ -193,7 +210,29 @@ def _generate(directory: Path, spec: dict[str, Any], kind: str) -> dict[str, Any
         obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
     else:
         obj["data"] = data
+    if "namespace" in spec:
+        obj["metadata"]["namespace"] = spec["namespace"]
     return obj
+
+
+def _add_generated(objs: list[dict[str, Any]], spec: dict[str, Any], obj: dict[str, Any]) -> None:
+    """behavior create (the default) adds the object; merge and replace change the one of that kind,
+    name and namespace already built (a component's way to change the base's generated ConfigMap)."""
+    behavior = spec.get("behavior", "create")
+    if behavior == "create":
+        objs.append(obj)
+        return
+    if behavior not in ("merge", "replace"):
+        raise KustomizeError(f"generator behavior {behavior!r} not implemented")
+    namespace = obj["metadata"].get("namespace", "")
+    hits = [o for o in objs if _key(o) == (obj["kind"], namespace, obj["metadata"]["name"])]
+    if not hits:
+        raise KustomizeError(f"generator {spec['name']}: behavior {behavior} finds nothing to {behavior}")
+    (existing,) = hits
+    if behavior == "merge":
+        existing["data"].update(obj["data"])
+    else:
+        existing["data"] = obj["data"]
 
 
 def _pointer(path: str) -> list[str]:
@@ -264,8 +303,9 @@ def _run(directory: Path, kind: str, accumulated: list[dict[str, Any]]) -> list[
         objs += build(path) if path.is_dir() else copy.deepcopy(load_yaml_docs(path.read_text()))
     for ref in k.get("components", []):
         objs = _run(_existing(directory, ref, "component"), "Component", objs)
-    objs += [_generate(directory, g, "ConfigMap") for g in k.get("configMapGenerator", [])]
-    objs += [_generate(directory, g, "Secret") for g in k.get("secretGenerator", [])]
+    for kind, generators in (("ConfigMap", "configMapGenerator"), ("Secret", "secretGenerator")):
+        for spec in k.get(generators, []):
+            _add_generated(objs, spec, _generate(directory, spec, kind))
     for patch in k.get("patches", []):
         _apply_patch(directory, patch, objs)
     if "namespace" in k:
@@ -277,7 +317,8 @@ def _run(directory: Path, kind: str, accumulated: list[dict[str, Any]]) -> list[
 
 def build(directory: Path) -> list[dict[str, Any]]:
     """Build a kustomization directory: resources (files and directories), components, config map and
-    secret generators (without the name hash), JSON 6902 patches, namespace."""
+    secret generators (without the name hash; behavior create, merge or replace), JSON 6902 patches,
+    namespace."""
     objs = _run(directory.resolve(), "Kustomization", [])
     keys = [_key(o) for o in objs]
     duplicates = {k for k in keys if keys.count(k) > 1}
@@ -421,12 +462,24 @@ def test_builder_rejects_what_it_does_not_implement(tmp_path: Path) -> None:
     )
     with pytest.raises(KustomizeError, match="does not exist"):
         build(tmp_path)
+    # A generator that merges into nothing is a mistake (kustomize refuses it too).
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "configMapGenerator: [{name: x, behavior: merge, literals: [a=b]}]\n"
+    )
+    with pytest.raises(KustomizeError, match="finds nothing to merge"):
+        build(tmp_path)
+    if KUBECTL is not None:
+        result = subprocess.run(
+            [KUBECTL, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode != 0
 
 
 def test_every_file_in_the_kustomize_tree_is_used() -> None:
     """A file nobody references is a file that looks deployed but is not."""
     referenced = {BASE / "kustomization.yaml", SELINUX / "privileged.yaml"}  # the documented alternative
-    for directory in (BASE, SELINUX, MONITORING):
+    for directory in (BASE, SELINUX, MONITORING, REPORTING):
         k = load_yaml(directory / "kustomization.yaml")
         referenced.add(directory / "kustomization.yaml")
         for ref in k.get("resources", []):
@@ -837,6 +890,205 @@ def test_the_documented_way_to_admit_another_namespace_works(tmp_path: Path) -> 
     for objs in builds:
         selector = the(objs, "NetworkPolicy")["spec"]["ingress"][0]["from"][0]["namespaceSelector"]
         assert selector == {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}
+
+
+# --- the reporting component (the `kubernetes` sink) ------------------------------------------------
+
+SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+AGENT_USER = f"system:serviceaccount:{NAMESPACE}:pod-resources-watcher"
+# (API group, resource, verb): everything the sink needs, and everything the ClusterRole may grant.
+REPORTING_GRANTS = {
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
+    ("", "nodes/status", "get"),
+    ("", "nodes/status", "patch"),
+    ("", "pods", "get"),
+}
+
+
+def test_reporting_overlay_adds_rbac_and_the_admission_policy(built: dict[str, list[dict[str, Any]]]) -> None:
+    objs = built["kubernetes-reporting"]
+    assert kinds(objs) == REPORTING_KINDS
+    for kind in (
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ):
+        assert "namespace" not in the(objs, kind)["metadata"], f"{kind} is cluster-scoped"
+    # The base and the other variants: no RBAC, no policy, no token.
+    for variant in ("base", "selinux", "monitoring"):
+        assert not {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy"} & set(
+            kinds(built[variant])
+        )
+        pod = the(built[variant], "DaemonSet")["spec"]["template"]["spec"]
+        assert not [v for v in pod["volumes"] if "projected" in v], variant
+        assert not [s for s in _strings(pod) if s.startswith("/var/run/secrets")], variant
+
+
+def test_reporting_rbac_grants_exactly_what_the_sink_needs(built: dict[str, list[dict[str, Any]]]) -> None:
+    objs = built["kubernetes-reporting"]
+    role = the(objs, "ClusterRole")
+    grants = set()
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, "no resourceNames, no nonResourceURLs"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    grants.add((group, resource, verb))
+    assert grants == REPORTING_GRANTS
+    assert not [g for g in grants if "*" in g], "no wildcards"
+    # Bound to the agent's own ServiceAccount, the one the DaemonSet runs as.
+    binding = the(objs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = the(objs, "ServiceAccount")
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+    pod = the(objs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert (
+        f"system:serviceaccount:{account['metadata']['namespace']}:{account['metadata']['name']}"
+        == AGENT_USER
+    )
+
+
+def test_reporting_admission_policy_guards_the_agent_s_node_status_writes(
+    built: dict[str, list[dict[str, Any]]],
+) -> None:
+    objs = built["kubernetes-reporting"]
+    policy = the(objs, "ValidatingAdmissionPolicy")
+    binding = the(objs, "ValidatingAdmissionPolicyBinding")
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    # It applies to the agent's user exactly (the ServiceAccount the RBAC binds)...
+    (condition,) = spec["matchConditions"]
+    assert re.fullmatch(
+        rf"request\.userInfo\.username\s*==\s*'{re.escape(AGENT_USER)}'", condition["expression"]
+    )
+    # ...on every write to a Node it could be granted, nodes/status UPDATE (what PATCH is) included.
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == [""] and rule["apiVersions"] == ["*"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    assert set(rule["resources"]) == {"nodes", "nodes/status"}
+    # Every write the RBAC allows on nodes is one the policy sees.
+    rbac_node_writes = {r for _, r, verb in REPORTING_GRANTS if r.startswith("nodes") and verb != "get"}
+    assert rbac_node_writes <= set(rule["resources"])
+    # A denial says why: every validation has a message, and the ones that can name what changed do.
+    for validation in spec["validations"]:
+        assert validation.get("message") and "\n" not in validation["message"]
+        assert validation.get("reason") == "Forbidden"
+
+
+@pytest.mark.parametrize("version", [v for v in sorted(set(kv_utils.all_versions())) if v != SCHEMA_VERSION])
+def test_reporting_objects_validate_from_kubernetes_1_30_on(
+    version: str, built: dict[str, list[dict[str, Any]]]
+) -> None:
+    """admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy is GA in 1.30: every bundled schema
+    from 1.30 on takes the objects (the newest is checked with the rest above), older ones know no such
+    kind, which is why deploy/README.md says 1.30."""
+    objs = [
+        o
+        for o in built["kubernetes-reporting"]
+        if o["kind"]
+        in (
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "DaemonSet",
+        )
+    ]
+    if tuple(int(p) for p in version.split(".")[:2]) < (1, 30):
+        with pytest.raises(kubernetes_validate.utils.SchemaNotFoundError):
+            kubernetes_validate.validate(the(objs, "ValidatingAdmissionPolicy"), version, strict=True)
+        return
+    for obj in objs:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{_key(obj)} invalid against Kubernetes {version}: {err.message}")
+
+
+def test_reporting_mounts_a_short_lived_pod_bound_token(built: dict[str, list[dict[str, Any]]]) -> None:
+    objs = built["kubernetes-reporting"]
+    pod = the(objs, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == SERVICE_ACCOUNT_PATH]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    sources = volume["projected"]["sources"]
+    (token,) = [s["serviceAccountToken"] for s in sources if "serviceAccountToken" in s]
+    assert token["path"] == "token"
+    # At least the API's minimum (10 min), at most an hour; never 3607 s, the automounted token's
+    # value, which the API server extends to a year.
+    assert 600 <= token["expirationSeconds"] <= 3600
+    assert "audience" not in token, "the API server's own audience, or it refuses the token"
+    (ca,) = [s["configMap"] for s in sources if "configMap" in s]
+    assert ca == {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert volume["projected"]["defaultMode"] == 0o400
+    # Automounting stays off: this volume is the only token, and the base's promise holds for the base.
+    assert pod["automountServiceAccountToken"] is False
+    assert the(objs, "ServiceAccount")["automountServiceAccountToken"] is False
+    # Everything else about the pod is the base's.
+    base = copy.deepcopy(the(built["base"], "DaemonSet")["spec"]["template"]["spec"])
+    mine = copy.deepcopy(pod)
+    mine["volumes"].remove(volume)
+    mine["containers"][0]["volumeMounts"].remove(mount)
+    assert mine == base
+
+
+def _reporting_config(built: dict[str, list[dict[str, Any]]]) -> str:
+    text: str = the(built["kubernetes-reporting"], "ConfigMap")["data"]["config.toml"]
+    return text
+
+
+def test_reporting_config_is_the_base_config_plus_the_kubernetes_sink(
+    built: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The component replaces config.toml in the ConfigMap with its own copy: that copy must be the base's,
+    word for word, with one table added, or the two drift apart."""
+    base, reporting = _shipped_config(built), _reporting_config(built)
+    assert reporting == (REPORTING / "config.toml").read_text()
+    assert reporting.startswith(base), "reporting/config.toml must begin with the base's config.toml verbatim"
+    added = tomllib.loads(reporting[len(base) :])
+    assert added == {"sinks": {"kubernetes": {"type": "kubernetes"}}}
+    # Only config.toml changes; the ConfigMap keeps its name and namespace (merged, not a second one).
+    config_map = the(built["kubernetes-reporting"], "ConfigMap")
+    assert list(config_map["data"]) == ["config.toml"]
+    assert _key(config_map) == ("ConfigMap", NAMESPACE, CONFIG_MAP)
+
+
+def test_reporting_config_passes_check_config(
+    built: dict[str, list[dict[str, Any]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if registry.find("kubernetes") is None:
+        pytest.skip("the `kubernetes` sink type is not in this tree yet; the config names it")
+    for name in _secret_env():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NODE_NAME", "gpu-node-17")
+    monkeypatch.setenv("POD_IP", "10.244.3.17")
+    path = tmp_path / "config.toml"
+    path.write_text(_reporting_config(built))
+    assert main(["check-config", str(path)]) == 0
+    sinks = json.loads(capsys.readouterr().out.split("\n", 1)[1])["sinks"]
+    assert {s["name"]: s["type"] for s in sinks} == {
+        "console": "stdout",
+        "audit": "file",
+        "kubernetes": "kubernetes",
+    }
 
 
 # --- systemd --------------------------------------------------------------------------------------
