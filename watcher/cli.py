@@ -229,20 +229,32 @@ def build_parser() -> argparse.ArgumentParser:
     kube = sub.add_parser(
         "kubernetes",
         help="the kubernetes sink's uninstall step: remove the Node conditions it owns",
-        description="`cleanup` removes from the node every condition the agent owns (types ending in "
-        "DevicesUnavailable), with the kubernetes sink's connection settings from the config. Run it "
-        "once per node after stopping the agent for good (a running agent writes them back at its next "
-        "change or start); `kubectl delete -k deploy/overlays/kubernetes-reporting` then removes the "
-        "RBAC and the admission policy. The sink's Events expire on their own (the API server's event "
-        "TTL, 1 h by default). Exit 0 when the node has none left, 1 when the API server could not "
-        "be reached or refused, 2 for a bad config.",
+        description="`cleanup` removes from nodes every condition this agent owns (types ending in "
+        "DevicesUnavailable) and leaves all others. Either with a cluster admin's kubeconfig after "
+        "the agents stopped reporting (`--kubeconfig FILE --all-nodes`, or `--node NAME`, repeatable), "
+        "or with an agent's config, for its own node (`--config FILE`: the kubernetes sink's "
+        "connection). A running agent writes its conditions back at its next change or start, so "
+        "remove the sink from the agents first (deploy/README.md has the order). Events expire on "
+        "their own (the API server's event TTL, 1 h by default). Exit 0 when the nodes have none "
+        "left, 1 when the API server could not be reached or refused, 2 for bad arguments.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kube.add_argument("action", choices=("cleanup",))
-    kube.add_argument("--config", "-c", type=Path, required=True, help="config file with a kubernetes sink")
-    kube.add_argument("--node", help="the node to clean (default: the config's node)")
-    kube.add_argument("--sink", help="which kubernetes sink of the config (default: the only one)")
+    how = kube.add_mutually_exclusive_group(required=True)
+    how.add_argument("--config", "-c", type=Path, help="an agent's config file with a kubernetes sink")
+    how.add_argument("--kubeconfig", type=Path, help="a kubeconfig (e.g. a cluster admin's)")
+    kube.add_argument("--context", help="with --kubeconfig: the context to use (default: current-context)")
+    kube.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        help="a node to clean (repeatable; default with --config: its node)",
+    )
+    kube.add_argument(
+        "--all-nodes", action="store_true", help="with --kubeconfig: every node (needs list nodes)"
+    )
+    kube.add_argument("--sink", help="with --config: which kubernetes sink (default: the only one)")
 
     audit = sub.add_parser(
         "audit",
@@ -418,30 +430,40 @@ async def _send_test(settings: Settings, name: str) -> int:
     return 0 if all(o.delivered for o in outcomes) else 1
 
 
-async def _kubernetes_cleanup(settings: Settings, node: str | None, name: str | None) -> int:
+async def _kubernetes_cleanup(args: argparse.Namespace) -> int:
     from watcher.sinks.kubernetes import KubernetesError, KubernetesSinkSettings, remove_owned_conditions
 
-    configured = [s for s in settings.sinks if isinstance(s, KubernetesSinkSettings)]
-    chosen = [s for s in configured if name is None or s.name == name]
-    if len(chosen) != 1:
-        names = ", ".join(s.name for s in configured) or "none"
-        want = (
-            f"no kubernetes sink named {name!r}"
-            if name
-            else "more than one kubernetes sink: pick one with --sink"
-        )
-        return _fail(
-            f"{want if configured else 'no kubernetes sink in the config'} (kubernetes sinks: {names})", 2
-        )
-    target = node or settings.node
+    nodes: list[str] = list(args.node)
+    if args.config is not None:
+        if args.all_nodes or args.context:
+            return _fail("--all-nodes and --context go with --kubeconfig, not --config", 2)
+        settings = _settings(args.config)
+        configured = [s for s in settings.sinks if isinstance(s, KubernetesSinkSettings)]
+        chosen = [s for s in configured if args.sink is None or s.name == args.sink]
+        if len(chosen) != 1:
+            names = ", ".join(s.name for s in configured) or "none"
+            if not configured:
+                problem = "no kubernetes sink in the config"
+            elif args.sink:
+                problem = f"no kubernetes sink named {args.sink!r}"
+            else:
+                problem = "more than one kubernetes sink: pick one with --sink"
+            return _fail(f"{problem} (kubernetes sinks: {names})", 2)
+        sink = chosen[0]
+        nodes = nodes or [settings.node]
+    else:
+        if args.sink:
+            return _fail("--sink goes with --config", 2)
+        if bool(nodes) == args.all_nodes:
+            return _fail("name the nodes: --node NAME (repeatable) or --all-nodes", 2)
+        sink = KubernetesSinkSettings(name="cleanup", kubeconfig=args.kubeconfig, context=args.context)
     try:
-        removed = await remove_owned_conditions(chosen[0], target)
+        cleaned = await remove_owned_conditions(sink, nodes or None)
     except KubernetesError as err:
         return _fail(str(err))
-    if removed:
-        print(f"node {target}: removed conditions {', '.join(removed)}")
-    else:
-        print(f"node {target}: no conditions of this agent's to remove")
+    for node, removed in cleaned.items():
+        what = f"removed {', '.join(removed)}" if removed else "none of this agent's conditions"
+        print(f"node {node}: {what}")
     return 0
 
 
@@ -544,7 +566,7 @@ def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int
         if args.command == "audit":
             return _audit(args)
         if args.command == "kubernetes":
-            return asyncio.run(_kubernetes_cleanup(_settings(args.config), args.node, args.sink))
+            return asyncio.run(_kubernetes_cleanup(args))
         if args.command == "snapshot":
             return asyncio.run(_snapshot(args))
         if args.command == "fake-kubelet":

@@ -549,34 +549,60 @@ def _condition_patch(
     return out
 
 
-async def remove_owned_conditions(settings: KubernetesSinkSettings, node: str) -> list[str]:
-    """Remove every condition the agent owns (type ending in the suffix) from `node`: the uninstall
-    step. Returns the types removed. Raises KubernetesError with what went wrong."""
+async def remove_owned_conditions(
+    settings: KubernetesSinkSettings, nodes: Sequence[str] | None
+) -> dict[str, list[str]]:
+    """Remove every condition the agent owns (type ending in the suffix) from `nodes` (None: every
+    node, which needs `list` on nodes): the uninstall step. Returns node -> the types removed.
+    Raises KubernetesError saying what went wrong."""
     from lightkube.resources.core_v1 import Node
 
     client = connect(settings)
     limiter = RateLimiter(settings.api_rate)
+    out: dict[str, list[str]] = {}
     try:
-        for _ in range(CONFLICT_RETRIES):
-            got = await _call(limiter, client.get(Node.Status, node))
-            owned = sorted(t for t in _conditions_of(got) if t.endswith(CONDITION_SUFFIX))
-            if not owned:
-                return []
-            body = {
-                "metadata": {"resourceVersion": got.metadata.resourceVersion},
-                "status": {"conditions": [{"type": t, "$patch": "delete"} for t in owned]},
-            }
-            try:
-                await _call(limiter, client.patch(Node.Status, node, body, patch_type=_strategic()))
-                return owned
-            except _RefusedError as err:
-                if err.status != 409:
-                    raise
-        raise KubernetesError(f"node {node} kept changing under {CONFLICT_RETRIES} attempts to write it")
+        if nodes is None:
+            await limiter.acquire()
+            nodes = sorted(
+                [n.metadata.name async for n in client.list(Node) if n.metadata and n.metadata.name]
+            )
+        for node in nodes:
+            out[node] = await _remove_owned(client, limiter, node)
+        return out
     except _RefusedError as err:
-        raise KubernetesError(_outcome(err, f"removing the conditions of node {node}").error) from err
+        raise KubernetesError(_outcome(err, "removing the conditions").error) from err
+    except Exception as err:  # the listing's errors come unwrapped
+        import httpx2
+        from lightkube import ApiError
+
+        if isinstance(err, ApiError):
+            raise KubernetesError(f"listing the nodes: {err.status.message}") from err
+        if isinstance(err, httpx2.HTTPError | OSError):
+            raise KubernetesError(f"listing the nodes: {type(err).__name__}: {err}") from err
+        raise
     finally:
         await client.close()
+
+
+async def _remove_owned(client: AsyncClient, limiter: RateLimiter, node: str) -> list[str]:
+    from lightkube.resources.core_v1 import Node
+
+    for _ in range(CONFLICT_RETRIES):
+        got = await _call(limiter, client.get(Node.Status, node))
+        owned = sorted(t for t in _conditions_of(got) if t.endswith(CONDITION_SUFFIX))
+        if not owned:
+            return []
+        body = {
+            "metadata": {"resourceVersion": got.metadata.resourceVersion},
+            "status": {"conditions": [{"type": t, "$patch": "delete"} for t in owned]},
+        }
+        try:
+            await _call(limiter, client.patch(Node.Status, node, body, patch_type=_strategic()))
+            return owned
+        except _RefusedError as err:
+            if err.status != 409:
+                raise
+    raise _RefusedError(409, f"node {node} kept changing over {CONFLICT_RETRIES} writes")
 
 
 def _kubernetes_sink(settings: KubernetesSinkSettings, context: SinkContext) -> KubernetesSink:

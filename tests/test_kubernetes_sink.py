@@ -1,0 +1,485 @@
+"""The kubernetes sink against a contract-enforcing API server, read back with the real kubectl.
+
+The API server (watcher/sim/fake_apiserver.py) validates every object against the official OpenAPI
+schemas and the events.k8s.io rules, answers 401/403/404/409/422/429 as the real one does, grants
+the agent's service account exactly the shipped ClusterRole (deploy/kubernetes/reporting/rbac.yaml)
+and runs the shipped ValidatingAdmissionPolicy (tests/admission.py) on every write. What the agent
+wrote is read back through kubectl, a client we did not write: `kubectl get events`, `kubectl
+describe pod`, `kubectl describe node`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.admission import admit
+from watcher.sim.fake_apiserver import FakeApiServer, kubectl, rules_from_manifests
+
+from tests.agent_harness import Running, make_settings, running_agent
+from watcher.cli import main
+from watcher.model.build import from_canonical
+from watcher.model.diff import diff
+from watcher.model.events import Event, envelope
+from watcher.model.inventory import Inventory
+from watcher.model.kube_reports import CONDITION_SUFFIX
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod, default_node
+from watcher.sim.send_test import MemoryStore
+from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
+NODE = "node-a"
+GPU = "nvidia.com/gpu"
+CONDITION = "NvidiaGpuDevicesUnavailable"
+AGENT = "agent"
+SA = {
+    "username": "system:serviceaccount:pod-resources-watcher:pod-resources-watcher",
+    "extra": {"authentication.kubernetes.io/node-name": [NODE]},
+}
+
+
+def _agent_rules(drop: tuple[int, str] | None = None) -> list[dict[str, Any]]:
+    """The shipped ClusterRole's rules, optionally without one verb of one rule."""
+    import yaml
+
+    role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d and d["kind"] == "ClusterRole")
+    rules = [dict(r) for r in role["rules"]]
+    if drop is not None:
+        index, verb = drop
+        rules[index] = {**rules[index], "verbs": [v for v in rules[index]["verbs"] if v != verb]}
+    return rules
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[FakeApiServer]:
+    server = FakeApiServer(
+        tmp_path / "api",
+        users={AGENT: SA},
+        rules={AGENT: rules_from_manifests([RBAC], SA["username"])},
+        admission=admit,
+    )
+    await server.start()
+    server.add_node(NODE)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def _sink_settings(api: FakeApiServer, tmp: Path, **overrides: Any) -> KubernetesSinkSettings:
+    return KubernetesSinkSettings(
+        name="k8s", kubeconfig=api.write_kubeconfig(tmp / "agent.kubeconfig", AGENT), **overrides
+    )
+
+
+def _condition(api: FakeApiServer, ctype: str = CONDITION) -> dict[str, Any] | None:
+    found = [c for c in api.node(NODE)["status"].get("conditions", []) if c["type"] == ctype]
+    assert len(found) <= 1, f"condition {ctype} twice: {found}"
+    return found[0] if found else None
+
+
+async def _kubectl_json(api: FakeApiServer, tmp: Path, *args: str) -> Any:
+    admin = api.write_kubeconfig(tmp / "admin.kubeconfig", "admin")
+    rc, out, err = await kubectl(admin, *args, "-o", "json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+async def _describe(api: FakeApiServer, tmp: Path, *args: str) -> str:
+    admin = api.write_kubeconfig(tmp / "admin.kubeconfig", "admin")
+    rc, out, err = await kubectl(admin, "describe", *args)
+    assert rc == 0 and not err.strip(), err
+    return out
+
+
+def _pods_of(node: FakeNode) -> list[tuple[str, str]]:
+    return sorted(node.pods)
+
+
+def _held_gpu(node: FakeNode) -> tuple[str, str, str]:
+    """A GPU held by a pod: (namespace, pod, gpu)."""
+    for (ns, name), pod in sorted(node.pods.items()):
+        for c in pod.containers:
+            for gpu in c.devices.get(GPU, []):
+                return ns, name, gpu
+    raise AssertionError("the default node has no pod holding a GPU")
+
+
+# --- the agent end to end ---
+
+
+@dataclasses.dataclass
+class _World:
+    api: FakeApiServer
+    fake: FakeKubelet
+    tmp: Path
+
+
+def _agent_settings(world: _World) -> Any:
+    settings = make_settings(world.tmp)
+    sink = _sink_settings(world.api, world.tmp)
+    return dataclasses.replace(settings, sinks=(*settings.sinks, sink))
+
+
+async def _until(run: Running, predicate: Any, timeout: float = 15.0) -> None:
+    await run.recorder.until(predicate, timeout)
+
+
+def _node_writes(api: FakeApiServer) -> int:
+    return api.count(method="PATCH", path_prefix=f"/api/v1/nodes/{NODE}/status", status=200)
+
+
+async def test_a_gpu_failing_while_allocated_and_back_through_kubectl(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    node = default_node()
+    for ns, name in _pods_of(node):
+        api.add_pod(ns, name, NODE)
+    ns, pod, gpu = _held_gpu(node)
+    async with FakeKubelet(tmp_path / "kubelet", node) as fake:
+        world = _World(api, fake, tmp_path)
+        async with running_agent(_agent_settings(world), fake) as run:
+            # Reconciled at start: the node is healthy, so the condition is there and False.
+            await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
+            fake.make_unhealthy(GPU, gpu)
+            await _until(run, lambda: (_condition(api) or {}).get("status") == "True")
+            failed = _condition(api)
+            assert failed is not None and failed["reason"] == "DevicesFailedOrMissing"
+            assert gpu in failed["message"] and f"{ns}/{pod}" in failed["message"]
+
+            listed = await _kubectl_json(
+                api, tmp_path, "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={pod}"
+            )
+            warnings = [e for e in listed["items"] if e["reason"] == "DeviceFailed"]
+            assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+            assert gpu in warnings[0]["message"]
+            assert warnings[0]["involvedObject"]["uid"] == api.pod(ns, pod)["metadata"]["uid"]
+            described = await _describe(api, tmp_path, "pod", "-n", ns, pod)
+            assert "DeviceFailed" in described and gpu in described
+            described = await _describe(api, tmp_path, "node", NODE)
+            assert CONDITION in described and "DevicesFailedOrMissing" in described
+            assert "DeviceRemoved" in described  # the Node's own Event
+
+            fake.heal(GPU, gpu)
+            await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
+            back = _condition(api)
+            assert back is not None and back["reason"] == "DevicesAvailable"
+            assert back["lastTransitionTime"] >= failed["lastTransitionTime"]
+            await _until(run, lambda: any(e["reason"] == "DeviceRecovered" for e in api.events()))
+            listed = await _kubectl_json(
+                api, tmp_path, "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={pod}"
+            )
+            normal = [e for e in listed["items"] if e["reason"] == "DeviceRecovered"]
+            assert len(normal) == 1 and normal[0]["type"] == "Normal"
+            described = await _describe(api, tmp_path, "node", NODE)
+            assert "DevicesAvailable" in described
+            # Ready, the kubelet's, was never touched.
+            ready = [c for c in api.node(NODE)["status"]["conditions"] if c["type"] == "Ready"]
+            assert ready and ready[0]["status"] == "True"
+
+
+async def test_an_agent_restart_during_a_failure_neither_duplicates_nor_clears(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    node = default_node()
+    for ns, name in _pods_of(node):
+        api.add_pod(ns, name, NODE)
+    _, _, gpu = _held_gpu(node)
+    async with FakeKubelet(tmp_path / "kubelet", node) as fake:
+        world = _World(api, fake, tmp_path)
+        async with running_agent(_agent_settings(world), fake) as run:
+            await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
+            fake.make_unhealthy(GPU, gpu)
+            await _until(run, lambda: (_condition(api) or {}).get("status") == "True")
+            await _until(run, lambda: any(e["reason"] == "DeviceFailed" for e in api.events()))
+        before = _condition(api)
+        events_before = len(api.events())
+        writes_before = _node_writes(api)
+        reads_before = api.count(method="GET", path_prefix=f"/api/v1/nodes/{NODE}/status")
+        async with running_agent(_agent_settings(world), fake) as run:
+            # The restart is reconciled (watcher.started, the first delivery): the status is read...
+            await _until(
+                run, lambda: run.agent.metrics.value("deliveries_total", sink="k8s", result="delivered") > 0
+            )
+            assert api.count(method="GET", path_prefix=f"/api/v1/nodes/{NODE}/status") > reads_before
+            await run.quiet_cycle()
+        # ...and found right: not written, not cleared, not duplicated, no new Event.
+        assert _condition(api) == before
+        assert _node_writes(api) == writes_before
+        assert len(api.events()) == events_before
+
+
+async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_write(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    node = FakeNode()
+    node.cpu_ids = {0, 1, 2, 3}
+    for i in range(64):
+        node.add_device(FakeDevice(GPU, f"GPU-{i}", (i % 2,)))
+        node.add_pod(FakePod("ml", f"job-{i}", [FakeContainer("main", devices={GPU: [f"GPU-{i}"]})]))
+        api.add_pod("ml", f"job-{i}", NODE)
+    async with FakeKubelet(tmp_path / "kubelet", node) as fake:
+        world = _World(api, fake, tmp_path)
+        async with running_agent(_agent_settings(world), fake) as run:
+            await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
+            writes = _node_writes(api)
+            for d in fake.node.devices.values():
+                d.healthy = False
+            fake.write_state_files()
+            await _until(run, lambda: (_condition(api) or {}).get("status") == "True", timeout=30)
+            await _until(
+                run,
+                lambda: (
+                    len({e["regarding"]["name"] for e in api.events() if e["reason"] == "DeviceFailed"}) == 64
+                ),
+                timeout=30,
+            )
+            await run.quiet_cycle()
+        pod_events = [e for e in api.events() if e["regarding"]["kind"] == "Pod"]
+        assert len(pod_events) == 64  # one per pod, none per device beyond it
+        assert _node_writes(api) == writes + 1
+        node_events = sorted(e["reason"] for e in api.events() if e["regarding"]["kind"] == "Node")
+        assert node_events == ["DeviceIncident"]  # the 64 are named once, by the incident
+        assert "64 nvidia.com/gpu device(s)" in (_condition(api) or {})["message"]
+
+
+# --- the sink alone, on the API server's hard answers ---
+
+
+def _inventory(gpus: Sequence[str], pods: dict[str, list[str]]) -> Inventory:
+    return from_canonical(
+        {
+            "format": 3,
+            "allocatable": {
+                "known": True,
+                "devices": {GPU: {g: [0] for g in gpus}},
+                "cpu_ids": [0],
+                "memory": [],
+            },
+            "pods": [
+                {
+                    "namespace": k.split("/")[0],
+                    "name": k.split("/")[1],
+                    "cpu_ids": [],
+                    "memory": [],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "devices": {GPU: {g: [0] for g in v}},
+                            "cpu_ids": [],
+                            "memory": [],
+                            "dynamic_resources": [],
+                        }
+                    ],
+                }
+                for k, v in sorted(pods.items())
+            ],
+        }
+    )
+
+
+GPUS = [f"GPU-{i}" for i in range(4)]
+PODS = {"ml/trainer-0": ["GPU-0"], "ml/trainer-1": ["GPU-1"]}
+_seq = 0
+
+
+def _batch(before: Inventory, after: Inventory) -> list[Event]:
+    global _seq
+    out = []
+    for change in diff(before, after):
+        _seq += 1
+        out.append(envelope(change, seq=_seq, node=NODE, cycle=f"c{_seq}", before=None, after=None))
+    return out
+
+
+HEALTHY = _inventory(GPUS, PODS)
+FAILED = _inventory(GPUS[1:], PODS)  # GPU-0, held by trainer-0, failed
+
+
+async def _sink(api: FakeApiServer, tmp: Path, **overrides: Any) -> KubernetesSink:
+    for key in PODS:
+        ns, name = key.split("/")
+        if not _has_pod(api, ns, name):
+            api.add_pod(ns, name, NODE)
+    return KubernetesSink(_sink_settings(api, tmp, **overrides), node=NODE, store=MemoryStore())
+
+
+def _has_pod(api: FakeApiServer, namespace: str, name: str) -> bool:
+    try:
+        api.pod(namespace, name)
+    except KeyError:
+        return False
+    return True
+
+
+async def test_429_is_retried_after_its_retry_after_without_doubling_events(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    sink = await _sink(api, tmp_path)
+    try:
+        batch = _batch(HEALTHY, FAILED)
+        # The pod's Event goes out, then the API server starts shedding load.
+        api.fail_next(
+            429, retry_after=7, method="POST", path_prefix="/apis/events.k8s.io/v1/namespaces/default"
+        )
+        outcome = await sink.deliver(batch)
+        assert outcome.retry and outcome.retry_after == 7 and outcome.status == 429
+        outcome = await sink.deliver(batch)  # the worker's retry: same batch
+        assert outcome.delivered, outcome.error
+        reasons = sorted(e["reason"] for e in api.events())
+        assert reasons == ["DeviceFailed", "DeviceRemoved"]  # each once
+    finally:
+        await sink.close()
+
+
+async def test_409_on_the_node_is_reread_and_reapplied(tmp_path: Path, api: FakeApiServer) -> None:
+    sink = await _sink(api, tmp_path)
+    try:
+        api.fail_next(409, method="PATCH", path_prefix=f"/api/v1/nodes/{NODE}/status")
+        outcome = await sink.deliver(_batch(HEALTHY, FAILED))
+        assert outcome.delivered, outcome.error
+        assert api.count(method="PATCH", path_prefix=f"/api/v1/nodes/{NODE}/status", status=409) == 1
+        assert (_condition(api) or {}).get("status") == "True"
+    finally:
+        await sink.close()
+
+
+async def test_a_real_conflict_another_writer_between_read_and_write(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    # Another writer changes the node right after each of our next two reads of it: our patch
+    # carries the resourceVersion it read, so the server answers 409 and we read again.
+    sink = await _sink(api, tmp_path)
+    api.conflict_after_reads(NODE, 2)
+    try:
+        outcome = await sink.deliver(_batch(HEALTHY, FAILED))
+        assert outcome.delivered, outcome.error
+        assert api.count(method="PATCH", path_prefix=f"/api/v1/nodes/{NODE}/status", status=409) == 2
+        assert (_condition(api) or {}).get("status") == "True"
+    finally:
+        await sink.close()
+
+
+async def test_a_rotated_service_account_token_is_reread(tmp_path: Path, api: FakeApiServer) -> None:
+    account = api.write_service_account_dir(tmp_path / "sa", AGENT)
+    settings = KubernetesSinkSettings(name="k8s", service_account_dir=account, server=api.url)
+    for key in PODS:
+        api.add_pod("ml", key.split("/")[1], NODE)
+    sink = KubernetesSink(settings, node=NODE, store=MemoryStore())
+    try:
+        assert (await sink.deliver(_batch(HEALTHY, FAILED))).delivered
+        api.rotate_token(AGENT)  # the old token stops working now; the file has the new one
+        outcome = await sink.deliver(_batch(FAILED, HEALTHY))
+        assert outcome.delivered, outcome.error
+        assert api.count(status=401) >= 1  # the old one was refused, then the file re-read
+        assert (_condition(api) or {}).get("status") == "False"
+    finally:
+        await sink.close()
+
+
+async def test_a_repeat_updates_the_series_instead_of_a_new_event(tmp_path: Path, api: FakeApiServer) -> None:
+    sink = await _sink(api, tmp_path)
+    try:
+        for _ in range(3):
+            assert (await sink.deliver(_batch(HEALTHY, FAILED))).delivered
+            assert (await sink.deliver(_batch(FAILED, HEALTHY))).delivered
+        failed = [e for e in api.events() if e["reason"] == "DeviceFailed"]
+        assert len(failed) == 1 and failed[0]["series"]["count"] == 3
+        listed = await _kubectl_json(
+            api, tmp_path, "get", "events", "-n", "ml", "--field-selector", "involvedObject.name=trainer-0"
+        )
+        counts = {e["reason"]: e["count"] for e in listed["items"]}
+        assert counts == {"DeviceFailed": 3, "DeviceRecovered": 3}
+    finally:
+        await sink.close()
+
+
+async def test_cleanup_removes_only_the_agents_conditions(tmp_path: Path, api: FakeApiServer) -> None:
+    sink = await _sink(api, tmp_path)
+    try:
+        assert (await sink.deliver(_batch(HEALTHY, FAILED))).delivered
+    finally:
+        await sink.close()
+    assert _condition(api) is not None
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'node = "{NODE}"\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[sinks.k8s]\ntype = "kubernetes"\nkubeconfig = "{tmp_path / "agent.kubeconfig"}"\n'
+    )
+    assert main(["kubernetes", "cleanup", "--config", str(config)]) == 0
+    types = [c["type"] for c in api.node(NODE)["status"]["conditions"]]
+    assert not [t for t in types if t.endswith(CONDITION_SUFFIX)] and "Ready" in types
+    described = await _describe(api, tmp_path, "node", NODE)
+    assert CONDITION not in described and "Ready" in described
+    assert main(["kubernetes", "cleanup", "--config", str(config)]) == 0  # nothing left: still fine
+
+
+# --- least privilege ---
+
+
+def _role_verbs() -> list[tuple[int, str]]:
+    return [(i, v) for i, rule in enumerate(_agent_rules()) for v in rule["verbs"]]
+
+
+async def _story(api: FakeApiServer, tmp: Path) -> list[bool]:
+    """The sink's whole repertoire: a pod Event, a Node Event, a condition, a repeat (series)."""
+    sink = await _sink(api, tmp)
+    outcomes = []
+    try:
+        for before, after in [(HEALTHY, FAILED), (FAILED, HEALTHY), (HEALTHY, FAILED)]:
+            outcomes.append((await sink.deliver(_batch(before, after))).delivered)
+    finally:
+        await sink.close()
+    return outcomes
+
+
+@pytest.mark.parametrize("drop", _role_verbs(), ids=lambda d: f"rule{d[0]}-{d[1]}")
+async def test_every_verb_of_the_cluster_role_is_needed(tmp_path: Path, drop: tuple[int, str]) -> None:
+    server = FakeApiServer(
+        tmp_path / "api", users={AGENT: SA}, rules={AGENT: _agent_rules(drop)}, admission=admit
+    )
+    await server.start()
+    server.add_node(NODE)
+    try:
+        outcomes = await _story(server, tmp_path)
+        refused = server.count(status=403)
+        assert refused > 0, f"dropping {drop} changed nothing: the verb is not needed"
+        # A refusal is seen and said, never silently taken as success for the condition or events.
+        pod_uids = [e["regarding"].get("uid") for e in server.events() if e["regarding"]["kind"] == "Pod"]
+        assert not all(outcomes) or not all(pod_uids) or not server.events()
+    finally:
+        await server.stop()
+
+
+async def test_the_shipped_role_is_enough(tmp_path: Path, api: FakeApiServer) -> None:
+    assert await _story(api, tmp_path) == [True, True, True]
+    assert api.count(status=403) == 0
+
+
+async def test_the_agent_cannot_write_another_nodes_status(tmp_path: Path, api: FakeApiServer) -> None:
+    api.add_node("node-b")
+    agent_config = api.write_kubeconfig(tmp_path / "agent.kubeconfig", AGENT)
+    patch = json.dumps(
+        {"status": {"conditions": [{"type": CONDITION, "status": "True", "reason": "X", "message": "x"}]}}
+    )
+    rc, _, err = await kubectl(
+        agent_config, "patch", "node", "node-b", "--subresource=status", "--type=strategic", "-p", patch
+    )
+    assert rc != 0 and "node-b" in err
+    ready = json.dumps(
+        {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "X", "message": "x"}]}}
+    )
+    rc, _, err = await kubectl(
+        agent_config, "patch", "node", NODE, "--subresource=status", "--type=strategic", "-p", ready
+    )
+    assert rc != 0
+    rc, _out, err = await kubectl(
+        agent_config, "patch", "node", NODE, "--subresource=status", "--type=strategic", "-p", patch
+    )
+    assert rc == 0, err
