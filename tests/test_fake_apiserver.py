@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from watcher.sim.fake_apiserver import ADMIN, FakeApiServer, kubectl, micro_time, rules_from_manifests
+from watcher.sim.fake_apiserver_patch import PatchError, json_patch, merge_patch, strategic_merge
 
 pytestmark = pytest.mark.skipif(
     shutil.which("openssl") is None or not Path("/usr/bin/kubectl").exists(),
@@ -595,3 +596,83 @@ async def test_the_server_runs_on_the_callers_loop(api: FakeApiServer, admin: Pa
     )
     assert [rc for rc, _, _ in results] == [0, 0]
     assert "namespace/ml" in results[1][1].split()
+
+
+# --- the patch formats on their own ----------------------------------------------------------------
+
+
+def test_strategic_merge_directives() -> None:
+    keys = {("status", "conditions"): "type", ("metadata", "finalizers"): ""}
+    original = {
+        "metadata": {"labels": {"a": "1", "b": "2"}, "finalizers": ["x"]},
+        "status": {"conditions": [{"type": "A", "status": "True"}, {"type": "B", "status": "False"}]},
+    }
+    patch = {
+        "metadata": {"labels": {"a": None, "c": "3"}, "finalizers": ["y"]},
+        "status": {
+            "$setElementOrder/conditions": [{"type": "B"}, {"type": "A"}],
+            "conditions": [{"type": "A", "reason": "R"}],
+        },
+    }
+    assert strategic_merge(original, patch, keys) == {
+        "metadata": {"labels": {"b": "2", "c": "3"}, "finalizers": ["x", "y"]},
+        "status": {
+            "conditions": [{"type": "B", "status": "False"}, {"type": "A", "status": "True", "reason": "R"}]
+        },
+    }
+    replaced = strategic_merge(original, {"metadata": {"$patch": "replace", "name": "n"}}, keys)
+    assert replaced["metadata"] == {"name": "n"}
+    dropped = strategic_merge(original, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["x"]}}, keys)
+    assert dropped["metadata"]["finalizers"] == []
+    with pytest.raises(PatchError, match="merge key: type"):
+        strategic_merge(original, {"status": {"conditions": [{"status": "True"}]}}, keys)
+    assert original["metadata"]["labels"] == {"a": "1", "b": "2"}  # the original is not modified
+
+
+def test_merge_patch_and_json_patch() -> None:
+    doc = {"a": {"b": 1, "c": [1, 2]}, "d": 1}
+    assert merge_patch(doc, {"a": {"b": None, "c": [3]}, "e": {"f": 1}}) == {
+        "a": {"c": [3]},
+        "d": 1,
+        "e": {"f": 1},
+    }
+    ops = [
+        {"op": "test", "path": "/a/b", "value": 1},
+        {"op": "add", "path": "/a/c/-", "value": 3},
+        {"op": "replace", "path": "/d", "value": 2},
+        {"op": "move", "from": "/a/b", "path": "/x~1y"},
+        {"op": "remove", "path": "/a/c/0"},
+    ]
+    assert json_patch(doc, ops) == {"a": {"c": [2, 3]}, "d": 2, "x/y": 1}
+    with pytest.raises(PatchError) as failed:
+        json_patch(doc, [{"op": "test", "path": "/d", "value": 2}])
+    assert failed.value.code == 422
+    with pytest.raises(PatchError, match="missing path"):
+        json_patch(doc, [{"op": "replace", "path": "/nope", "value": 2}])
+
+
+async def test_a_json_patch_test_guards_the_write(api: FakeApiServer, client: Client) -> None:
+    ready = "/status/conditions/0"
+    ops = [
+        {"op": "test", "path": f"{ready}/type", "value": "Ready"},
+        {"op": "replace", "path": f"{ready}/status", "value": "False"},
+    ]
+    status, _, _ = await client.call("watcher", "PATCH", NODE_STATUS, ops, "application/json-patch+json")
+    assert status == 200
+    assert conditions(api)["Ready"]["status"] == "False"
+    ops[0]["value"] = "NotReady"
+    status, body, _ = await client.call("watcher", "PATCH", NODE_STATUS, ops, "application/json-patch+json")
+    assert (status, body["reason"]) == (422, "Invalid")
+    status, body, _ = await client.call("watcher", "PATCH", NODE_STATUS, {}, "application/apply-patch+yaml")
+    assert (status, body["reason"]) == (415, "UnsupportedMediaType")
+
+
+async def test_labels_are_validated(api: FakeApiServer, client: Client) -> None:
+    path = f"/api/v1/nodes/{NODE}"
+    status, body, _ = await client.call(
+        ADMIN, "PATCH", path, {"metadata": {"labels": {"a": "x" * 64}}}, MERGE
+    )
+    assert (status, body["details"]["causes"][0]["field"]) == (422, "metadata.labels")
+    status, body, _ = await client.call(ADMIN, "PATCH", path, {"metadata": {"labels": {"a": 1}}}, MERGE)
+    assert (status, body["reason"]) == (400, "BadRequest")
+    assert "a" not in api.node(NODE)["metadata"]["labels"]

@@ -25,6 +25,7 @@ _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what the real server's generateName uses
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _CONDITION_STATUSES = ("True", "False", "Unknown")
 
 
@@ -326,16 +327,45 @@ def validate_meta(meta: Json) -> list[FieldError]:
                 "FieldValueRequired", "metadata.name", "Required value: name or generateName is required"
             )
         ]
+    errors: list[FieldError] = []
     if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
-        return [
+        errors.append(
             invalid(
                 "metadata.name",
                 name,
                 "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
                 "'-' or '.', and must start and end with an alphanumeric character",
             )
-        ]
-    return []
+        )
+    for key, value in (meta.get("labels") or {}).items():
+        errors += _qualified_name_errors("metadata.labels", key)
+        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+            errors.append(
+                invalid(
+                    "metadata.labels",
+                    value,
+                    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' "
+                    "or '.', and must start and end with an alphanumeric character (at most 63)",
+                )
+            )
+    annotations = meta.get("annotations") or {}
+    for key in annotations:
+        errors += _qualified_name_errors("metadata.annotations", key)
+    if sum(len(k) + len(v) for k, v in annotations.items()) > 256 * 1024:
+        errors.append(
+            FieldError(
+                "FieldValueTooLong", "metadata.annotations", "Too long: must have at most 262144 bytes"
+            )
+        )
+    return errors
+
+
+def _field_path(parts: Sequence[Any]) -> str:
+    """A schema error's path as the real server writes a field: `status.conditions[1].type`."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
 
 
 def _qualified_name_errors(field: str, value: str) -> list[FieldError]:
@@ -535,7 +565,7 @@ def decode(kind: Kind, body: Any, validator: ModuleType | None, version: str) ->
     if validator is not None:
         err = _first_schema_error(validator, version, obj)
         if err is not None:
-            where = ".".join(str(p) for p in err.path)
+            where = _field_path(err.path)
             if err.validator == "additionalProperties":
                 unknown = sorted(set(err.instance) - set(err.schema.get("properties", {})))
                 fields = ", ".join(f'unknown field "{".".join(filter(None, [where, u]))}"' for u in unknown)
