@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import ssl
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -676,3 +678,20 @@ async def test_labels_are_validated(api: FakeApiServer, client: Client) -> None:
     status, body, _ = await client.call(ADMIN, "PATCH", path, {"metadata": {"labels": {"a": 1}}}, MERGE)
     assert (status, body["reason"]) == (400, "BadRequest")
     assert "a" not in api.node(NODE)["metadata"]["labels"]
+
+
+async def test_kubectl_reads_not_found_as_not_found(api: FakeApiServer, admin: Path) -> None:
+    rc, _, err = await kubectl(admin, "get", "node", "gpu-node-9")
+    assert (rc, err.strip()) == (1, 'Error from server (NotFound): nodes "gpu-node-9" not found')
+    rc, _, err = await kubectl(admin, "get", "events.events.k8s.io", "-n", "ml", "nope")
+    assert (rc, err.strip()) == (1, 'Error from server (NotFound): events.events.k8s.io "nope" not found')
+
+
+def test_without_kubernetes_validate_the_schema_is_off_and_says_so(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "kubernetes_validate", None)  # an import of it now fails
+    with caplog.at_level(logging.WARNING, logger="watcher.sim.fake_apiserver"):
+        server = FakeApiServer(short_tmp / "api", users={}, rules={})
+    assert server.schema_version == ""
+    assert any("schema validation is OFF" in r.getMessage() for r in caplog.records)

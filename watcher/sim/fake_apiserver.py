@@ -36,6 +36,14 @@ What it enforces:
 - an optional admission hook (a ValidatingAdmissionPolicy stand-in) after validation: a denial is
   422 Invalid, as the real server answers a policy without an explicit `reason`.
 
+Where it is stricter than the real server, on purpose (a client that passes here passes there):
+unknown fields refused whatever `fieldValidation` says; `regarding` required; a Node condition's
+status must be True/False/Unknown and its type unique; a `/status` write ignores metadata changes
+(the real Node status strategy keeps labels and annotations it is sent); a request without a token
+is refused (401) as with --anonymous-auth=false. Not served (405 or 415, saying so): watch,
+deletecollection, server-side apply, writes to core v1 Events, Pods and Namespaces, creating Nodes
+(tests set those up from Python), set-based label selectors; no managedFields, no dryRun.
+
 Public API (`FakeApiServer`):
 - `FakeApiServer(tmp_dir, *, users, rules, admission=None)`: `users` maps a handle to a user info
   (`{"username", "groups", "extra"}`; a service account's groups are filled in when absent),
@@ -596,9 +604,11 @@ class FakeApiServer:
         items = [
             self._view(kind, obj)
             for (g, r, ns, _), obj in self._objects.items()
-            if (g, r) == (group, resource) and (not namespace or ns == namespace)
+            if (g, r) == (group, resource)
+            and (not namespace or ns == namespace)
+            and match(obj)
+            and labels(obj)
         ]
-        items = [o for o in items if match(o) and labels(o)]
         return {
             "kind": f"{kind.kind}List",
             "apiVersion": kind.api_version,

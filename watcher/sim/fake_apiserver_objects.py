@@ -102,8 +102,9 @@ _EVENT_FIELDS = {
         for f in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")
     },
 }
+_SOURCE = ("deprecatedSource", "component")
 _SELECTABLE: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {
-    ("", "events"): {**_EVENT_FIELDS, "source": ("deprecatedSource", "component")},
+    ("", "events"): {**_EVENT_FIELDS, "source": _SOURCE},
     ("events.k8s.io", "events"): {
         **{k: v for k, v in _EVENT_FIELDS.items() if not k.startswith(("involvedObject.", "reporting"))},
         "reportingController": ("reportingController",),
@@ -492,7 +493,8 @@ def _validate_node(node: Json) -> list[FieldError]:
 
 
 def field_selector(kind: Kind, text: str) -> Callable[[Json], bool]:
-    """A fieldSelector (`a=b,c!=d`, `==` too) over the fields the real server lets one select."""
+    """A fieldSelector (`a=b,c!=d`, `==` too) over the fields the real server lets one select, for
+    the object as stored (an Event in its events.k8s.io form, whichever view was asked)."""
     fields = _SELECTABLE.get((kind.group, kind.resource), {})
     terms: list[tuple[tuple[str, ...], bool, str]] = []
     for term in filter(None, text.split(",")):
@@ -502,18 +504,13 @@ def field_selector(kind: Kind, text: str) -> Callable[[Json], bool]:
         label, op, value = m.groups()
         if label not in fields:
             raise bad_request(f"field label not supported: {label}")
-        path = fields[label]
-        if kind is CORE_EVENTS:  # the core view's names for the stored fields
-            path = {
-                "regarding": ("involvedObject",),
-                "reportingController": ("reportingComponent",),
-                "deprecatedSource": ("source",),
-            }.get(path[0], (path[0],)) + path[1:]
-        terms.append((path, op == "!=", value))
+        terms.append((fields[label], op == "!=", value))
 
     def match(obj: Json) -> bool:
         for path, negate, value in terms:
             found = dig(obj, path)
+            if path == _SOURCE and not found:  # the server's fallback for events without a source
+                found = obj.get("reportingController")
             text = "" if found is None else (str(found).lower() if isinstance(found, bool) else str(found))
             if (text == value) == negate:
                 return False
