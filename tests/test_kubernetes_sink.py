@@ -10,23 +10,24 @@ describe pod`, `kubectl describe node`.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.admission import admit
-from watcher.sim.fake_apiserver import FakeApiServer, kubectl, rules_from_manifests
 
+from tests.admission import review
 from tests.agent_harness import Running, make_settings, running_agent
-from watcher.cli import main
 from watcher.model.build import from_canonical
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
 from watcher.model.kube_reports import CONDITION_SUFFIX
+from watcher.sim.fake_apiserver import FakeApiServer, kubectl, rules_from_manifests
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod, default_node
 from watcher.sim.send_test import MemoryStore
@@ -61,8 +62,12 @@ async def api(tmp_path: Path) -> AsyncIterator[FakeApiServer]:
     server = FakeApiServer(
         tmp_path / "api",
         users={AGENT: SA},
-        rules={AGENT: rules_from_manifests([RBAC], SA["username"])},
-        admission=admit,
+        rules={
+            AGENT: rules_from_manifests(
+                [RBAC], service_account="pod-resources-watcher", namespace="pod-resources-watcher"
+            )
+        },
+        admission=review,
     )
     await server.start()
     server.add_node(NODE)
@@ -136,14 +141,14 @@ def _node_writes(api: FakeApiServer) -> int:
 
 
 async def test_a_gpu_failing_while_allocated_and_back_through_kubectl(
-    tmp_path: Path, api: FakeApiServer
+    tmp_path: Path, short_tmp: Path, api: FakeApiServer
 ) -> None:
     node = default_node()
     for ns, name in _pods_of(node):
         api.add_pod(ns, name, NODE)
     ns, pod, gpu = _held_gpu(node)
-    async with FakeKubelet(tmp_path / "kubelet", node) as fake:
-        world = _World(api, fake, tmp_path)
+    async with FakeKubelet(short_tmp / "kubelet", node) as fake:
+        world = _World(api, fake, short_tmp)
         async with running_agent(_agent_settings(world), fake) as run:
             # Reconciled at start: the node is healthy, so the condition is there and False.
             await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
@@ -185,14 +190,14 @@ async def test_a_gpu_failing_while_allocated_and_back_through_kubectl(
 
 
 async def test_an_agent_restart_during_a_failure_neither_duplicates_nor_clears(
-    tmp_path: Path, api: FakeApiServer
+    tmp_path: Path, short_tmp: Path, api: FakeApiServer
 ) -> None:
     node = default_node()
     for ns, name in _pods_of(node):
         api.add_pod(ns, name, NODE)
     _, _, gpu = _held_gpu(node)
-    async with FakeKubelet(tmp_path / "kubelet", node) as fake:
-        world = _World(api, fake, tmp_path)
+    async with FakeKubelet(short_tmp / "kubelet", node) as fake:
+        world = _World(api, fake, short_tmp)
         async with running_agent(_agent_settings(world), fake) as run:
             await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
             fake.make_unhealthy(GPU, gpu)
@@ -216,7 +221,7 @@ async def test_an_agent_restart_during_a_failure_neither_duplicates_nor_clears(
 
 
 async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_write(
-    tmp_path: Path, api: FakeApiServer
+    tmp_path: Path, short_tmp: Path, api: FakeApiServer
 ) -> None:
     node = FakeNode()
     node.cpu_ids = {0, 1, 2, 3}
@@ -224,8 +229,8 @@ async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_
         node.add_device(FakeDevice(GPU, f"GPU-{i}", (i % 2,)))
         node.add_pod(FakePod("ml", f"job-{i}", [FakeContainer("main", devices={GPU: [f"GPU-{i}"]})]))
         api.add_pod("ml", f"job-{i}", NODE)
-    async with FakeKubelet(tmp_path / "kubelet", node) as fake:
-        world = _World(api, fake, tmp_path)
+    async with FakeKubelet(short_tmp / "kubelet", node) as fake:
+        world = _World(api, fake, short_tmp)
         async with running_agent(_agent_settings(world), fake) as run:
             await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
             writes = _node_writes(api)
@@ -356,11 +361,17 @@ async def test_a_real_conflict_another_writer_between_read_and_write(
     # Another writer changes the node right after each of our next two reads of it: our patch
     # carries the resourceVersion it read, so the server answers 409 and we read again.
     sink = await _sink(api, tmp_path)
-    api.conflict_after_reads(NODE, 2)
     try:
+        assert (await sink.deliver(_batch(FAILED, HEALTHY))).delivered  # the node's uid is known now
+        api.conflict_after_reads(NODE, 2)
         outcome = await sink.deliver(_batch(HEALTHY, FAILED))
         assert outcome.delivered, outcome.error
         assert api.count(method="PATCH", path_prefix=f"/api/v1/nodes/{NODE}/status", status=409) == 2
+        assert (_condition(api) or {}).get("status") == "True"
+        # Given up after CONFLICT_RETRIES writes in a row: retried later, never taken as written.
+        api.conflict_after_reads(NODE, 10)
+        outcome = await sink.deliver(_batch(FAILED, HEALTHY))
+        assert outcome.retry and outcome.status == 409 and not outcome.delivered
         assert (_condition(api) or {}).get("status") == "True"
     finally:
         await sink.close()
@@ -394,7 +405,7 @@ async def test_a_repeat_updates_the_series_instead_of_a_new_event(tmp_path: Path
         listed = await _kubectl_json(
             api, tmp_path, "get", "events", "-n", "ml", "--field-selector", "involvedObject.name=trainer-0"
         )
-        counts = {e["reason"]: e["count"] for e in listed["items"]}
+        counts = {e["reason"]: (e.get("series") or {}).get("count", 1) for e in listed["items"]}
         assert counts == {"DeviceFailed": 3, "DeviceRecovered": 3}
     finally:
         await sink.close()
@@ -412,12 +423,35 @@ async def test_cleanup_removes_only_the_agents_conditions(tmp_path: Path, api: F
         f'node = "{NODE}"\nstate_dir = "{tmp_path / "state"}"\n'
         f'[sinks.k8s]\ntype = "kubernetes"\nkubeconfig = "{tmp_path / "agent.kubeconfig"}"\n'
     )
-    assert main(["kubernetes", "cleanup", "--config", str(config)]) == 0
+    assert await _cli("kubernetes", "cleanup", "--config", str(config)) == (
+        0,
+        f"node {NODE}: removed {CONDITION}",
+    )
     types = [c["type"] for c in api.node(NODE)["status"]["conditions"]]
     assert not [t for t in types if t.endswith(CONDITION_SUFFIX)] and "Ready" in types
     described = await _describe(api, tmp_path, "node", NODE)
     assert CONDITION not in described and "Ready" in described
-    assert main(["kubernetes", "cleanup", "--config", str(config)]) == 0  # nothing left: still fine
+    # Nothing left: still fine. And as an admin, for every node at once.
+    assert await _cli("kubernetes", "cleanup", "--config", str(config)) == (
+        0,
+        f"node {NODE}: none of this agent's conditions",
+    )
+    admin = api.write_kubeconfig(tmp_path / "admin.kubeconfig", "admin")
+    assert (await _cli("kubernetes", "cleanup", "--kubeconfig", str(admin), "--all-nodes"))[0] == 0
+    # The agent's token may not list nodes: a clear refusal, exit 1.
+    agent = tmp_path / "agent.kubeconfig"
+    rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(agent), "--all-nodes")
+    assert rc == 1 and "forbidden" in out and "list" in out
+
+
+async def _cli(*args: str) -> tuple[int, str]:
+    """The command line in its own process (the API server answers on this test's loop)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "watcher", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, (out.decode() + err.decode()).strip()
 
 
 # --- least privilege ---
@@ -442,7 +476,7 @@ async def _story(api: FakeApiServer, tmp: Path) -> list[bool]:
 @pytest.mark.parametrize("drop", _role_verbs(), ids=lambda d: f"rule{d[0]}-{d[1]}")
 async def test_every_verb_of_the_cluster_role_is_needed(tmp_path: Path, drop: tuple[int, str]) -> None:
     server = FakeApiServer(
-        tmp_path / "api", users={AGENT: SA}, rules={AGENT: _agent_rules(drop)}, admission=admit
+        tmp_path / "api", users={AGENT: SA}, rules={AGENT: _agent_rules(drop)}, admission=review
     )
     await server.start()
     server.add_node(NODE)

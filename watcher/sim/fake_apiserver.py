@@ -137,7 +137,8 @@ _UNKNOWN_FORMAT = "the body of the request was in an unknown format - accepted m
 _PATCH_TYPES = (
     "application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
 )
-Admission = Callable[[Json], "str | None"]
+# None allows; a denial is its message (str) or an object with `reason` and `code` besides.
+Admission = Callable[[Json], object | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +220,7 @@ class FakeApiServer:
         self._namespaces: set[str] = set()
         self._rv = 1
         self._faults: list[_Fault] = []
+        self._conflicts: dict[str, int] = {}
         self.requests: list[RequestRecord] = []
         self._validator, self.schema_version = _load_validator()
         self._runner: web.AppRunner | None = None
@@ -356,6 +358,12 @@ class FakeApiServer:
         node["metadata"].setdefault("annotations", {})["fake-apiserver/touched"] = str(self._rv)
         node["metadata"]["resourceVersion"] = self._bump()
         return copy.deepcopy(node)
+
+    def conflict_after_reads(self, name: str, count: int = 1) -> None:
+        """After each of the next `count` reads of node `name`, another writer changes it
+        (`touch_node`): a client that writes what it read, with that resourceVersion, gets a real
+        409 and must read again."""
+        self._conflicts[name] = self._conflicts.get(name, 0) + count
 
     def token(self, user: str) -> str:
         """A token of `user` that works now (the newest)."""
@@ -498,11 +506,11 @@ class FakeApiServer:
         if handle is not None:
             self._take_fault(request)
         if path in ("/version", "/healthz", "/livez", "/readyz"):
-            return web.json_response(VERSION) if path == "/version" else web.Response(text="ok")
+            return _json_response(VERSION) if path == "/version" else web.Response(text="ok")
         assert handle is not None
         discovery = self._discovery(path)
         if discovery is not None:
-            return web.json_response(discovery)
+            return _json_response(discovery)
         parts = path.strip("/").split("/")
         if parts[0] == "api" and len(parts) >= 3 and parts[1] == "v1":
             group, rest = "", parts[2:]
@@ -532,18 +540,18 @@ class FakeApiServer:
                 details["group"] = group
             raise ApiError(403, "Forbidden", forbidden_message(username, attrs), details)
         if verb in ("get", "list"):
-            return web.json_response(self._read(kind, namespace, name, query))
+            return _json_response(self._read(kind, namespace, name, query))
         if verb == "delete":
-            return web.json_response(self._delete(kind, namespace, name))
+            return _json_response(self._delete(kind, namespace, name))
         body = await _json_body(request, verb)
         if verb == "create":
             created = self._create(kind, namespace, body, handle)
-            return web.json_response(created, status=201)
+            return _json_response(created, status=201)
         if verb == "update":
-            return web.json_response(self._update(kind, namespace, name, sub, body, handle))
+            return _json_response(self._update(kind, namespace, name, sub, body, handle))
         if verb == "patch":
             ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
-            return web.json_response(self._patch(kind, namespace, name, sub, ctype, body, handle))
+            return _json_response(self._patch(kind, namespace, name, sub, ctype, body, handle))
         raise ApiError(405, "MethodNotAllowed", f"{verb} is not served by the fake API server")
 
     def _authorized(self, handle: str, a: Attributes) -> bool:
@@ -595,7 +603,12 @@ class FakeApiServer:
 
     def _read(self, kind: Kind, namespace: str, name: str, query: Mapping[str, str]) -> Json:
         if name:
-            return self._view(kind, self._get(kind, namespace, name))
+            seen = self._view(kind, self._get(kind, namespace, name))
+            if kind.resource == "nodes" and self._conflicts.get(name, 0) > 0:
+                # Another writer, right after this read: the reader's resourceVersion is stale now.
+                self._conflicts[name] -= 1
+                self.touch_node(name)
+            return seen
         if query.get("watch") in ("1", "true"):
             raise ApiError(405, "MethodNotAllowed", "watch is not served by the fake API server")
         match = field_selector(kind, query.get("fieldSelector", ""))
@@ -786,13 +799,15 @@ class FakeApiServer:
         }
         denial = self.admission(request)
         if denial is not None:
-            # A policy denial: admission.NewForbidden's wording, with the reason a
+            # A policy denial: admission.NewForbidden's wording, with the reason the policy's
+            # validation gives (a denial with `reason` and `code`), else the one a
             # ValidatingAdmissionPolicy gives when its validation sets none (Invalid, 422).
-            details: Json = {"name": name, "kind": kind.resource, "causes": [{"message": denial}]}
+            reason, code = getattr(denial, "reason", "Invalid"), getattr(denial, "code", 422)
+            details: Json = {"name": name, "kind": kind.resource, "causes": [{"message": str(denial)}]}
             if kind.group:
                 details["group"] = kind.group
             subject = f'{kind.qualified_resource} "{name}"' if name else kind.qualified_resource
-            raise ApiError(422, "Invalid", f"{subject} is forbidden: {denial}", details)
+            raise ApiError(code, reason, f"{subject} is forbidden: {denial}", details)
 
     # --- validation ------------------------------------------------------------------------------
 
@@ -854,12 +869,22 @@ async def _json_body(request: web.Request, verb: str) -> Any:
         raise bad_request(f"error decoding patch or body: {err}") from err
 
 
+def _json_response(data: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    """JSON with the real server's Content-Type: exactly `application/json`, no charset (clients
+    compare it whole: lightkube reads an error as a Status only then)."""
+    return web.Response(
+        body=json.dumps(data).encode(),
+        status=status,
+        headers={**(headers or {}), "Content-Type": "application/json"},
+    )
+
+
 def _error_response(err: ApiError) -> web.Response:
     headers = {}
     # The real server sends Retry-After whenever the Status carries retryAfterSeconds.
     if err.details and err.details.get("retryAfterSeconds"):
         headers["Retry-After"] = str(err.details["retryAfterSeconds"])
-    return web.json_response(err.status(), status=err.code, headers=headers)
+    return _json_response(err.status(), status=err.code, headers=headers)
 
 
 def _fault_error(fault: _Fault) -> ApiError:

@@ -46,6 +46,7 @@ from watcher.model.kube_reports import (
     plan,
 )
 from watcher.ratelimit import RateLimiter
+from watcher.secrets import redact
 from watcher.sinks.base import BaseSinkSettings, Capabilities, KeyValue, Outcome, SinkContext
 from watcher.sinks.http import parse_retry_after
 from watcher.sinks.registry import SinkType, register
@@ -256,14 +257,17 @@ async def _call(limiter: RateLimiter, request: Awaitable[Any]) -> Any:
         message = (err.status.message if err.status is not None else None) or str(err)
         raise _RefusedError(code, message, retry_after) from err
     except httpx2.HTTPStatusError as err:  # an error answer that is not a Status object (a proxy's)
-        raise _RefusedError(err.response.status_code, err.response.text[:200]) from err
+        response = err.response
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        raise _RefusedError(response.status_code, redact(response.text[:200]), retry_after) from err
     except (httpx2.HTTPError, OSError, ValueError) as err:
         raise _RefusedError(None, f"{type(err).__name__}: {err}") from err
 
 
 def _outcome(err: _RefusedError, what: str) -> Outcome:
     error = f"{what}: {err}"
-    if err.status is None or err.status in (401, 408, 429) or err.status >= 500:
+    # 409 reaches here only after CONFLICT_RETRIES re-reads: someone keeps writing the node; later.
+    if err.status is None or err.status in (401, 408, 409, 429) or err.status >= 500:
         return Outcome(retry=True, retry_after=err.retry_after, status=err.status, error=error)
     if err.status == 403:
         error += (
