@@ -39,6 +39,7 @@ NODE = "node-a"
 GPU = "nvidia.com/gpu"
 CONDITION = "NvidiaGpuDevicesUnavailable"
 AGENT = "agent"
+RATE = 20  # the mass failure's API rate: 64 pods' Events take ~6.5 s at it (~26 s at the default 5)
 SA = {
     "username": "system:serviceaccount:pod-resources-watcher:pod-resources-watcher",
     "extra": {"authentication.kubernetes.io/node-name": [NODE]},
@@ -79,7 +80,9 @@ async def api(tmp_path: Path) -> AsyncIterator[FakeApiServer]:
 
 def _sink_settings(api: FakeApiServer, tmp: Path, **overrides: Any) -> KubernetesSinkSettings:
     return KubernetesSinkSettings(
-        name="k8s", kubeconfig=api.write_kubeconfig(tmp / "agent.kubeconfig", AGENT), **overrides
+        name="k8s",
+        kubeconfig=api.write_kubeconfig(tmp / "agent.kubeconfig", AGENT),
+        **{"api_rate": 50.0, **overrides},
     )
 
 
@@ -126,9 +129,9 @@ class _World:
     tmp: Path
 
 
-def _agent_settings(world: _World) -> Any:
+def _agent_settings(world: _World, **sink_overrides: Any) -> Any:
     settings = make_settings(world.tmp)
-    sink = _sink_settings(world.api, world.tmp)
+    sink = _sink_settings(world.api, world.tmp, **sink_overrides)
     return dataclasses.replace(settings, sinks=(*settings.sinks, sink))
 
 
@@ -231,7 +234,7 @@ async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_
         api.add_pod("ml", f"job-{i}", NODE)
     async with FakeKubelet(short_tmp / "kubelet", node) as fake:
         world = _World(api, fake, short_tmp)
-        async with running_agent(_agent_settings(world), fake) as run:
+        async with running_agent(_agent_settings(world, api_rate=RATE), fake) as run:
             await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
             writes = _node_writes(api)
             for d in fake.node.devices.values():
@@ -252,6 +255,11 @@ async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_
         node_events = sorted(e["reason"] for e in api.events() if e["regarding"]["kind"] == "Node")
         assert node_events == ["DeviceIncident"]  # the 64 are named once, by the incident
         assert "64 nvidia.com/gpu device(s)" in (_condition(api) or {})["message"]
+        # Bounded load: never more than api_rate requests in any one second at the API server.
+        arrivals = [r.at for r in api.requests if r.user == SA["username"]]
+        assert len(arrivals) > 2 * RATE  # enough to be bounded by the rate at all
+        busiest = max(sum(1 for b in arrivals if a <= b < a + 1.0) for a in arrivals)
+        assert busiest <= RATE
 
 
 # --- the sink alone, on the API server's hard answers ---

@@ -151,6 +151,7 @@ class RequestRecord:
     content_type: str
     user: str | None  # the username, None when not authenticated
     status: int
+    at: float = 0.0  # time.monotonic() when it arrived
 
 
 @dataclasses.dataclass
@@ -453,6 +454,7 @@ class FakeApiServer:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         user: str | None = None
+        arrived = time.monotonic()
         try:
             handle = self._authenticate(request)
             user = self._users[handle]["username"] if handle else None
@@ -470,6 +472,7 @@ class FakeApiServer:
                 request.headers.get("Content-Type", ""),
                 user,
                 response.status,
+                arrived,
             )
         )
         return response

@@ -262,6 +262,10 @@ async def _call(limiter: RateLimiter, request: Awaitable[Any]) -> Any:
         raise _RefusedError(response.status_code, redact(response.text[:200]), retry_after) from err
     except (httpx2.HTTPError, OSError, ValueError) as err:
         raise _RefusedError(None, f"{type(err).__name__}: {err}") from err
+    finally:
+        # The slot counts from the answer: the server saw the request somewhere between the slot
+        # and now, and only now keeps every one-second window at the server within the rate.
+        limiter.answered(1)
 
 
 def _outcome(err: _RefusedError, what: str) -> Outcome:
@@ -326,6 +330,11 @@ class KubernetesSink:
             done: list[str] = list(progress.get("done", [])) if progress.get("batch") == batch else []
             records: dict[str, Any] = _fresh(state.get("events") or {}, self.settings.series_window)
             try:
+                # The condition first: one write, and what remediation acts on; a mass failure's
+                # Events (one per pod hit, each a read and a write at api_rate) follow.
+                if self.settings.conditions and (report.resources or report.started):
+                    wanted = conditions_for(report.missing, report.resources, self.settings.condition_types)
+                    await self._apply(wanted, prune=report.started)
                 if self.settings.events:
                     for kube_event in report.events:
                         if kube_event.key in done:
@@ -336,9 +345,6 @@ class KubernetesSink:
                             self._key,
                             {**state, "events": records, "progress": {"batch": batch, "done": done}},
                         )
-                if self.settings.conditions and (report.resources or report.started):
-                    wanted = conditions_for(report.missing, report.resources, self.settings.condition_types)
-                    await self._apply(wanted, prune=report.started)
             except _RefusedError as err:
                 return _outcome(err, "Kubernetes API")
             await self.store.kv_set(self._key, {"missing": report.missing, "events": records})
