@@ -29,6 +29,7 @@ from watcher.model.kube_reports import (
     plan,
 )
 from watcher.model.lifecycle import started
+from watcher.sim.send_test import synthetic_events
 
 NODE = "gpu-node-1"
 GPU = "nvidia.com/gpu"
@@ -271,3 +272,13 @@ def test_hostile_names_make_bounded_one_line_notes(name: str, count: int) -> Non
 def test_every_reason_is_documented_camel_case() -> None:
     for reason in [*POD_REASONS, *NODE_REASONS]:
         assert re.fullmatch(r"[A-Z][A-Za-z]+", reason), reason
+
+
+def test_send_test_events_are_one_normal_node_event_and_no_condition() -> None:
+    report = plan(synthetic_events(NODE, paging=True), {})
+    assert [(e.regarding.kind, e.type, e.reason) for e in report.events] == [
+        ("Node", "Normal", "SendTest"),
+        ("Node", "Normal", "SendTest"),
+    ]
+    assert "TEST" in report.events[0].note
+    assert report.missing == {} and report.resources == set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import json
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -27,6 +28,7 @@ from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
 from watcher.model.kube_reports import CONDITION_SUFFIX
+from watcher.sim.demo_kubernetes import run_kubernetes_demo
 from watcher.sim.fake_apiserver import FakeApiServer, kubectl, rules_from_manifests
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod, default_node
@@ -221,6 +223,15 @@ async def test_an_agent_restart_during_a_failure_neither_duplicates_nor_clears(
         assert _condition(api) == before
         assert _node_writes(api) == writes_before
         assert len(api.events()) == events_before
+        node_seen = await _kubectl_json(api, tmp_path, "get", "node", NODE)
+        ours = [c for c in node_seen["status"]["conditions"] if c["type"] == CONDITION]
+        assert [(c["status"], c["lastTransitionTime"]) for c in ours] == [
+            ("True", before["lastTransitionTime"])
+        ]
+        listed = await _kubectl_json(
+            api, tmp_path, "get", "events", "-A", "--field-selector", "reason=DeviceFailed"
+        )
+        assert len(listed["items"]) == 1
 
 
 async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_write(
@@ -251,6 +262,11 @@ async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_
             await run.quiet_cycle()
         pod_events = [e for e in api.events() if e["regarding"]["kind"] == "Pod"]
         assert len(pod_events) == 64  # one per pod, none per device beyond it
+        listed = await _kubectl_json(api, tmp_path, "get", "events", "-n", "ml")
+        assert sorted(e["involvedObject"]["name"] for e in listed["items"]) == sorted(
+            f"job-{i}" for i in range(64)
+        )
+        assert {(e["type"], e["reason"]) for e in listed["items"]} == {("Warning", "DeviceFailed")}
         assert _node_writes(api) == writes + 1
         node_events = sorted(e["reason"] for e in api.events() if e["regarding"]["kind"] == "Node")
         assert node_events == ["DeviceIncident"]  # the 64 are named once, by the incident
@@ -525,3 +541,17 @@ async def test_the_agent_cannot_write_another_nodes_status(tmp_path: Path, api: 
         agent_config, "patch", "node", NODE, "--subresource=status", "--type=strategic", "-p", patch
     )
     assert rc == 0, err
+
+
+async def test_the_kubernetes_demo_shows_the_pod_event_and_the_condition() -> None:
+    out = io.StringIO()
+    assert await run_kubernetes_demo(out=out) == 0
+    text = out.getvalue()
+    failed, healed = text.split("fails while allocated")[1].split(" heals")
+    # After the failure: the pod's Warning and the node's condition True, as kubectl shows them.
+    assert "Warning  DeviceFailed" in failed
+    assert any(line.split()[:2] == [CONDITION, "True"] for line in failed.splitlines() if CONDITION in line)
+    # After healing: the Normal Event and the condition False.
+    assert "Normal   DeviceRecovered" in healed
+    assert any(line.split()[:2] == [CONDITION, "False"] for line in healed.splitlines() if CONDITION in line)
+    assert "(0 refused)" in text

@@ -308,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--forever", action="store_true", help="after the story, keep random churn going until Ctrl-C"
     )
     demo.add_argument("--seed", type=int, default=None, help="seed for the simulated kubelet's randomness")
+    demo.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="instead: the kubernetes sink against a local fake API server; a GPU fails and heals, and "
+        "what `kubectl describe pod` / `kubectl describe node` show is printed after each step",
+    )
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -572,6 +578,10 @@ def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int
         if args.command == "fake-kubelet":
             return asyncio.run(_fake_kubelet(args))
         if args.command == "demo":
+            if args.kubernetes:
+                from watcher.sim.demo_kubernetes import run_kubernetes_demo
+
+                return asyncio.run(run_kubernetes_demo())
             return asyncio.run(run_demo(forever=args.forever, seed=args.seed))
         print(f"{PROG} {__version__}")  # the only command left: version
         return 0

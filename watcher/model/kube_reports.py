@@ -79,6 +79,7 @@ NODE_REASONS = {
     "DevicePluginRegistered": "it registered again",
     "PodResourcesApiDegraded": "part of the pod-resources API is disabled or failing",
     "InvalidDeviceText": "the kubelet's answer carried a name or id that is not valid UTF-8",
+    "SendTest": "`send-test` checked the sink: no action needed",
 }
 
 # One Node event per kind below, worded by the agent's own summary of it.
@@ -244,6 +245,10 @@ def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[st
         d = event.details
         resource, device = str(d.get("resource", "")), str(d.get("device", ""))
         holders = _strings(d.get("allocated_to"))
+        if d.get("test") is True:
+            # `send-test`: a Normal Event on the Node that says so; no condition, no pod touched.
+            report.events.append(_node_event(event.node, "Normal", "SendTest", event.summary))
+            continue
         if event.kind is Kind.WATCHER_STARTED:
             _reconcile(state, d, report.resources)
             report = Report(report.events, state, report.resources, started=True)
