@@ -130,7 +130,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ADMIN = "admin"
-KUBECTL = "/usr/bin/kubectl"
 MAX_BODY = 3 * 1024 * 1024  # the real server's request body limit
 _NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what the real server's generateName uses
 _UNKNOWN_FORMAT = "the body of the request was in an unknown format - accepted media types include: "
@@ -923,7 +922,7 @@ async def kubectl(
         "KUBECONFIG": str(config),
     }
     proc = await asyncio.create_subprocess_exec(
-        KUBECTL,
+        shutil.which("kubectl", path=env["PATH"]) or "kubectl",
         "--kubeconfig", str(config),
         "--cache-dir", str(config.parent / "kubectl-cache"),
         *args,
