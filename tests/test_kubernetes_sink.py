@@ -367,6 +367,20 @@ async def test_429_is_retried_after_its_retry_after_without_doubling_events(
         await sink.close()
 
 
+async def test_an_event_refused_for_good_is_skipped_never_blocking_the_rest(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    sink = await _sink(api, tmp_path)
+    try:
+        api.fail_next(422, method="POST", path_prefix="/apis/events.k8s.io/v1/namespaces/ml")
+        outcome = await sink.deliver(_batch(HEALTHY, FAILED))
+        assert outcome.delivered, outcome.error  # not retried for ever, not dead-lettered
+        assert [e["reason"] for e in api.events()] == ["DeviceRemoved"]  # the Node's still went out
+        assert (_condition(api) or {}).get("status") == "True"
+    finally:
+        await sink.close()
+
+
 async def test_409_on_the_node_is_reread_and_reapplied(tmp_path: Path, api: FakeApiServer) -> None:
     sink = await _sink(api, tmp_path)
     try:
