@@ -35,8 +35,9 @@ NODE = "gpu-node-1"
 GPU = "nvidia.com/gpu"
 
 
-def _inventory(gpus: Sequence[str], pods: Mapping[str, Sequence[str]]) -> Inventory:
-    """gpus: allocatable ids; pods: "ns/name" -> the GPU ids its one container holds."""
+def inventory_of(gpus: Sequence[str], pods: Mapping[str, Sequence[str]]) -> Inventory:
+    """gpus: allocatable ids; pods: "ns/name" -> the GPU ids its one container ("main") holds.
+    Also what tests/test_kubernetes_sink.py feeds the sink with."""
     return from_canonical(
         {
             "format": 3,
@@ -83,8 +84,8 @@ def _by(report_events: Sequence[Any], kind: str) -> list[Any]:
 
 
 def test_a_gpu_failing_while_allocated_warns_its_pod_and_sets_the_condition() -> None:
-    before = _inventory(ALL, PODS)
-    after = _inventory([g for g in ALL if g != "GPU-1"], PODS)
+    before = inventory_of(ALL, PODS)
+    after = inventory_of([g for g in ALL if g != "GPU-1"], PODS)
     report = plan(_events(diff(before, after)), {})
     pod = _by(report.events, "Pod")
     assert [(e.regarding.namespace, e.regarding.name, e.type, e.reason) for e in pod] == [
@@ -115,7 +116,7 @@ def test_a_gpu_failing_while_allocated_warns_its_pod_and_sets_the_condition() ->
 def test_a_mass_failure_is_one_event_per_pod_and_one_condition() -> None:
     pods = {f"ml/job-{i}": [f"GPU-{i}"] for i in range(64)}
     gpus = [f"GPU-{i}" for i in range(64)]
-    before, after = _inventory(gpus, pods), _inventory([], pods)
+    before, after = inventory_of(gpus, pods), inventory_of([], pods)
     changes = list(diff(before, after))
     assert sum(c.kind is Kind.DEVICE_REMOVED for c in changes) == 64
     report = plan(_events(changes), {})
@@ -126,7 +127,7 @@ def test_a_mass_failure_is_one_event_per_pod_and_one_condition() -> None:
     assert len(conditions_for(report.missing, report.resources)) == 1
 
     # Two failed devices of one pod in one re-query: still one Event for that pod.
-    two = plan(_events(diff(_inventory(ALL, PODS), _inventory(ALL[2:], PODS))), {})
+    two = plan(_events(diff(inventory_of(ALL, PODS), inventory_of(ALL[2:], PODS))), {})
     assert [e.regarding.name for e in _by(two.events, "Pod")] == ["trainer-0"]
     assert "2 device(s)" in _by(two.events, "Pod")[0].note
 
@@ -155,7 +156,7 @@ def test_an_incident_adds_one_node_event_and_does_not_repeat_its_devices() -> No
 
 
 def test_start_reconciles_from_the_inventory_and_the_saved_state() -> None:
-    inv = _inventory([g for g in ALL if g != "GPU-2"], PODS)  # GPU-2 failed while held by trainer-1
+    inv = inventory_of([g for g in ALL if g != "GPU-2"], PODS)  # GPU-2 failed while held by trainer-1
     start = _events([started(inv, baseline="saved", changes=0, error=None)])
     # Saved state from the last run: GPU-7 (unallocated) went missing then.
     report = plan(start, {GPU: {"GPU-7": []}})
@@ -166,14 +167,14 @@ def test_start_reconciles_from_the_inventory_and_the_saved_state() -> None:
     assert report.events == []  # a start is not news
 
     # A healthy node at start: every resource's condition is set, False.
-    healthy = plan(_events([started(_inventory(ALL, PODS), baseline="saved", changes=0, error=None)]), {})
+    healthy = plan(_events([started(inventory_of(ALL, PODS), baseline="saved", changes=0, error=None)]), {})
     assert [(c.type, c.status) for c in conditions_for(healthy.missing, healthy.resources)] == [
         ("NvidiaGpuDevicesUnavailable", "False")
     ]
 
     # Started while the kubelet warms up (no GPU allocatable yet, the pods' GPUs all absent): not a
     # failure, whatever the pods hold; settling reports it as device.removed if it lasts.
-    warming = plan(_events([started(_inventory([], PODS), baseline="fresh", changes=0, error=None)]), {})
+    warming = plan(_events([started(inventory_of([], PODS), baseline="fresh", changes=0, error=None)]), {})
     assert warming.missing == {}
     assert [c.status for c in conditions_for(warming.missing, warming.resources)] == ["False"]
 
@@ -208,8 +209,8 @@ def test_flapping_keeps_the_condition_until_it_ends_present() -> None:
 
 
 def test_allocation_and_capacity_bookkeeping_is_not_an_event() -> None:
-    before = _inventory(ALL, {"ml/a": []})
-    after = _inventory(ALL, {"ml/a": ["GPU-0"]})
+    before = inventory_of(ALL, {"ml/a": []})
+    after = inventory_of(ALL, {"ml/a": ["GPU-0"]})
     changes = diff(before, after)
     assert {c.kind for c in changes} >= {Kind.ALLOCATION_ADDED, Kind.CAPACITY_CHANGED}
     report = plan(_events(changes), {})
@@ -217,11 +218,11 @@ def test_allocation_and_capacity_bookkeeping_is_not_an_event() -> None:
 
 
 def test_repeats_have_the_same_key_and_different_words_do_not() -> None:
-    before, after = _inventory(ALL, PODS), _inventory(ALL[1:], PODS)
+    before, after = inventory_of(ALL, PODS), inventory_of(ALL[1:], PODS)
     one = plan(_events(diff(before, after)), {})
     two = plan(_events(diff(before, after), cycle="c9"), {})
     assert [e.key for e in one.events] == [e.key for e in two.events]
-    other = plan(_events(diff(before, _inventory(ALL[2:], PODS))), {})
+    other = plan(_events(diff(before, inventory_of(ALL[2:], PODS))), {})
     assert {e.key for e in _by(one.events, "Pod")}.isdisjoint({e.key for e in _by(other.events, "Pod")})
 
 

@@ -15,7 +15,7 @@ import dataclasses
 import io
 import json
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import pytest
 
 from tests.admission import review
 from tests.agent_harness import Running, make_settings, running_agent
-from watcher.model.build import from_canonical
+from tests.test_kube_reports import inventory_of
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
@@ -108,8 +108,17 @@ async def _describe(api: FakeApiServer, tmp: Path, *args: str) -> str:
     return out
 
 
-def _pods_of(node: FakeNode) -> list[tuple[str, str]]:
-    return sorted(node.pods)
+def _default_node_in(api: FakeApiServer) -> FakeNode:
+    """The fake kubelet's built-in node, its pods known to the API server (so they have uids)."""
+    node = default_node()
+    for ns, name in sorted(node.pods):
+        api.add_pod(ns, name, NODE)
+    return node
+
+
+def _status(api: FakeApiServer) -> str | None:
+    """The status of the GPU condition on the node, None while there is none."""
+    return (_condition(api) or {}).get("status")
 
 
 def _held_gpu(node: FakeNode) -> tuple[str, str, str]:
@@ -148,17 +157,15 @@ def _node_writes(api: FakeApiServer) -> int:
 async def test_a_gpu_failing_while_allocated_and_back_through_kubectl(
     tmp_path: Path, short_tmp: Path, api: FakeApiServer
 ) -> None:
-    node = default_node()
-    for ns, name in _pods_of(node):
-        api.add_pod(ns, name, NODE)
+    node = _default_node_in(api)
     ns, pod, gpu = _held_gpu(node)
     async with FakeKubelet(short_tmp / "kubelet", node) as fake:
         world = _World(api, fake, short_tmp)
         async with running_agent(_agent_settings(world), fake) as run:
             # Reconciled at start: the node is healthy, so the condition is there and False.
-            await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
+            await _until(run, lambda: _status(api) == "False")
             fake.make_unhealthy(GPU, gpu)
-            await _until(run, lambda: (_condition(api) or {}).get("status") == "True")
+            await _until(run, lambda: _status(api) == "True")
             failed = _condition(api)
             assert failed is not None and failed["reason"] == "DevicesFailedOrMissing"
             assert gpu in failed["message"] and f"{ns}/{pod}" in failed["message"]
@@ -177,7 +184,7 @@ async def test_a_gpu_failing_while_allocated_and_back_through_kubectl(
             assert "DeviceRemoved" in described  # the Node's own Event
 
             fake.heal(GPU, gpu)
-            await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
+            await _until(run, lambda: _status(api) == "False")
             back = _condition(api)
             assert back is not None and back["reason"] == "DevicesAvailable"
             assert back["lastTransitionTime"] >= failed["lastTransitionTime"]
@@ -197,16 +204,14 @@ async def test_a_gpu_failing_while_allocated_and_back_through_kubectl(
 async def test_an_agent_restart_during_a_failure_neither_duplicates_nor_clears(
     tmp_path: Path, short_tmp: Path, api: FakeApiServer
 ) -> None:
-    node = default_node()
-    for ns, name in _pods_of(node):
-        api.add_pod(ns, name, NODE)
+    node = _default_node_in(api)
     _, _, gpu = _held_gpu(node)
     async with FakeKubelet(short_tmp / "kubelet", node) as fake:
         world = _World(api, fake, short_tmp)
         async with running_agent(_agent_settings(world), fake) as run:
-            await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
+            await _until(run, lambda: _status(api) == "False")
             fake.make_unhealthy(GPU, gpu)
-            await _until(run, lambda: (_condition(api) or {}).get("status") == "True")
+            await _until(run, lambda: _status(api) == "True")
             await _until(run, lambda: any(e["reason"] == "DeviceFailed" for e in api.events()))
         before = _condition(api)
         events_before = len(api.events())
@@ -246,12 +251,12 @@ async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_
     async with FakeKubelet(short_tmp / "kubelet", node) as fake:
         world = _World(api, fake, short_tmp)
         async with running_agent(_agent_settings(world, api_rate=RATE), fake) as run:
-            await _until(run, lambda: (_condition(api) or {}).get("status") == "False")
+            await _until(run, lambda: _status(api) == "False")
             writes = _node_writes(api)
             for d in fake.node.devices.values():
                 d.healthy = False
             fake.write_state_files()
-            await _until(run, lambda: (_condition(api) or {}).get("status") == "True", timeout=30)
+            await _until(run, lambda: _status(api) == "True", timeout=30)
             await _until(
                 run,
                 lambda: (
@@ -281,38 +286,6 @@ async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_
 # --- the sink alone, on the API server's hard answers ---
 
 
-def _inventory(gpus: Sequence[str], pods: dict[str, list[str]]) -> Inventory:
-    return from_canonical(
-        {
-            "format": 3,
-            "allocatable": {
-                "known": True,
-                "devices": {GPU: {g: [0] for g in gpus}},
-                "cpu_ids": [0],
-                "memory": [],
-            },
-            "pods": [
-                {
-                    "namespace": k.split("/")[0],
-                    "name": k.split("/")[1],
-                    "cpu_ids": [],
-                    "memory": [],
-                    "containers": [
-                        {
-                            "name": "main",
-                            "devices": {GPU: {g: [0] for g in v}},
-                            "cpu_ids": [],
-                            "memory": [],
-                            "dynamic_resources": [],
-                        }
-                    ],
-                }
-                for k, v in sorted(pods.items())
-            ],
-        }
-    )
-
-
 GPUS = [f"GPU-{i}" for i in range(4)]
 PODS = {"ml/trainer-0": ["GPU-0"], "ml/trainer-1": ["GPU-1"]}
 _seq = 0
@@ -327,8 +300,8 @@ def _batch(before: Inventory, after: Inventory) -> list[Event]:
     return out
 
 
-HEALTHY = _inventory(GPUS, PODS)
-FAILED = _inventory(GPUS[1:], PODS)  # GPU-0, held by trainer-0, failed
+HEALTHY = inventory_of(GPUS, PODS)
+FAILED = inventory_of(GPUS[1:], PODS)  # GPU-0, held by trainer-0, failed
 
 
 async def _sink(api: FakeApiServer, tmp: Path, **overrides: Any) -> KubernetesSink:
@@ -376,7 +349,7 @@ async def test_an_event_refused_for_good_is_skipped_never_blocking_the_rest(
         outcome = await sink.deliver(_batch(HEALTHY, FAILED))
         assert outcome.delivered, outcome.error  # not retried for ever, not dead-lettered
         assert [e["reason"] for e in api.events()] == ["DeviceRemoved"]  # the Node's still went out
-        assert (_condition(api) or {}).get("status") == "True"
+        assert _status(api) == "True"
     finally:
         await sink.close()
 
@@ -388,7 +361,7 @@ async def test_409_on_the_node_is_reread_and_reapplied(tmp_path: Path, api: Fake
         outcome = await sink.deliver(_batch(HEALTHY, FAILED))
         assert outcome.delivered, outcome.error
         assert api.count(method="PATCH", path_prefix=f"/api/v1/nodes/{NODE}/status", status=409) == 1
-        assert (_condition(api) or {}).get("status") == "True"
+        assert _status(api) == "True"
     finally:
         await sink.close()
 
@@ -405,12 +378,12 @@ async def test_a_real_conflict_another_writer_between_read_and_write(
         outcome = await sink.deliver(_batch(HEALTHY, FAILED))
         assert outcome.delivered, outcome.error
         assert api.count(method="PATCH", path_prefix=f"/api/v1/nodes/{NODE}/status", status=409) == 2
-        assert (_condition(api) or {}).get("status") == "True"
+        assert _status(api) == "True"
         # Given up after CONFLICT_RETRIES writes in a row: retried later, never taken as written.
         api.conflict_after_reads(NODE, 10)
         outcome = await sink.deliver(_batch(FAILED, HEALTHY))
         assert outcome.retry and outcome.status == 409 and not outcome.delivered
-        assert (_condition(api) or {}).get("status") == "True"
+        assert _status(api) == "True"
     finally:
         await sink.close()
 
@@ -427,7 +400,7 @@ async def test_a_rotated_service_account_token_is_reread(tmp_path: Path, api: Fa
         outcome = await sink.deliver(_batch(FAILED, HEALTHY))
         assert outcome.delivered, outcome.error
         assert api.count(status=401) >= 1  # the old one was refused, then the file re-read
-        assert (_condition(api) or {}).get("status") == "False"
+        assert _status(api) == "False"
     finally:
         await sink.close()
 
