@@ -28,7 +28,7 @@ from watcher.model.kube_reports import (
     conditions_for,
     plan,
 )
-from watcher.model.lifecycle import started
+from watcher.model.lifecycle import snapshot, started
 from watcher.sim.send_test import synthetic_events
 
 NODE = "gpu-node-1"
@@ -156,9 +156,9 @@ def test_an_incident_adds_one_node_event_and_does_not_repeat_its_devices() -> No
 
 
 def test_start_reconciles_from_the_inventory_and_the_saved_state() -> None:
-    inv = inventory_of([g for g in ALL if g != "GPU-2"], PODS)  # GPU-2 failed while held by trainer-1
+    # GPU-2 failed while held by trainer-1; GPU-7 (unallocated) went missing in the last run.
+    inv = inventory_of([g for g in ALL if g not in ("GPU-2", "GPU-7")], PODS)
     start = _events([started(inv, baseline="saved", changes=0, error=None)])
-    # Saved state from the last run: GPU-7 (unallocated) went missing then.
     report = plan(start, {GPU: {"GPU-7": []}})
     assert report.started
     assert report.missing == {GPU: {"GPU-7": [], "GPU-2": ["ml/trainer-1/main"]}}
@@ -181,6 +181,32 @@ def test_start_reconciles_from_the_inventory_and_the_saved_state() -> None:
     # The kubelet not reachable at start: the saved state stands, nothing is invented.
     blind = plan(_events([started(None, baseline="saved", changes=0, error="x")]), {GPU: {"GPU-7": []}})
     assert blind.missing == {GPU: {"GPU-7": []}}
+    assert not blind.started and blind.resources == set()  # no condition touched, none pruned
+
+
+def test_a_device_back_at_start_is_cleared_by_its_presence_alone() -> None:
+    # The saved state has GPU-3 missing (it was flapping; or its device.added was dropped by the
+    # queue's caps), and no event will ever say it came back: the restart lost the flap state, and
+    # the saved inventory already had it. Being allocatable now is the evidence.
+    report = plan(
+        _events([started(inventory_of(ALL, PODS), baseline="saved", changes=0, error=None)]),
+        {GPU: {"GPU-3": ["ml/trainer-0/main"]}},
+    )
+    assert report.missing == {}
+    assert [c.status for c in conditions_for(report.missing, report.resources)] == ["False"]
+    # Still absent: still missing, even when nothing holds it.
+    gone = plan(
+        _events([started(inventory_of(ALL[:3], PODS), baseline="saved", changes=0, error=None)]),
+        {GPU: {"GPU-3": []}},
+    )
+    assert gone.missing == {GPU: {"GPU-3": []}}
+
+
+def test_an_inventory_snapshot_reconciles_like_a_start() -> None:
+    inv = inventory_of([g for g in ALL if g != "GPU-2"], PODS)
+    report = plan(_events([snapshot(inv)]), {GPU: {"GPU-5": []}})
+    assert report.started and report.events == []
+    assert report.missing == {GPU: {"GPU-2": ["ml/trainer-1/main"]}}
 
 
 def test_flapping_keeps_the_condition_until_it_ends_present() -> None:

@@ -239,6 +239,35 @@ async def test_an_agent_restart_during_a_failure_neither_duplicates_nor_clears(
         assert len(listed["items"]) == 1
 
 
+async def test_a_flapping_device_healthy_at_an_agent_restart_clears_the_condition(
+    tmp_path: Path, short_tmp: Path, api: FakeApiServer
+) -> None:
+    # The flap state is not saved, so after a restart no device.flap_ended will ever come, and the
+    # saved inventory already had the device: only its presence at start can clear the condition.
+    node = _default_node_in(api)
+    _, _, gpu = _held_gpu(node)
+
+    def flappy(world: _World) -> Any:
+        s = _agent_settings(world)
+        return dataclasses.replace(s, watch=dataclasses.replace(s.watch, flap_limit=2, flap_quiet=3600.0))
+
+    async with FakeKubelet(short_tmp / "kubelet", node) as fake:
+        world = _World(api, fake, short_tmp)
+        async with running_agent(flappy(world), fake) as run:
+            await _until(run, lambda: _status(api) == "False")
+            for _ in range(3):
+                fake.make_unhealthy(GPU, gpu)
+                await run.quiet_cycle()
+                fake.heal(GPU, gpu)
+                await run.quiet_cycle()
+            await _until(run, lambda: any(e["reason"] == "DeviceFlapping" for e in api.events()))
+            await _until(run, lambda: _status(api) == "True")
+        async with running_agent(flappy(world), fake) as run:
+            await _until(run, lambda: _status(api) == "False")
+        node_seen = await _kubectl_json(api, tmp_path, "get", "node", NODE)
+        assert [c["status"] for c in node_seen["status"]["conditions"] if c["type"] == CONDITION] == ["False"]
+
+
 async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_write(
     tmp_path: Path, short_tmp: Path, api: FakeApiServer
 ) -> None:
@@ -326,16 +355,21 @@ async def test_429_is_retried_after_its_retry_after_without_doubling_events(
     sink = await _sink(api, tmp_path)
     try:
         batch = _batch(HEALTHY, FAILED)
-        # The pod's Event goes out, then the API server starts shedding load.
-        api.fail_next(
-            429, retry_after=7, method="POST", path_prefix="/apis/events.k8s.io/v1/namespaces/default"
-        )
+        # The condition and the Node's Event go out, then the API server sheds load at the pod's.
+        api.fail_next(429, retry_after=7, method="POST", path_prefix="/apis/events.k8s.io/v1/namespaces/ml")
         outcome = await sink.deliver(batch)
         assert outcome.retry and outcome.retry_after == 7 and outcome.status == 429
-        outcome = await sink.deliver(batch)  # the worker's retry: same batch
+        assert [e["reason"] for e in api.events()] == ["DeviceRemoved"]
+        outcome = await sink.deliver(batch)  # the worker's retry: same batch, resumed
         assert outcome.delivered, outcome.error
         reasons = sorted(e["reason"] for e in api.events())
         assert reasons == ["DeviceFailed", "DeviceRemoved"]  # each once
+        # A 5xx at the Node's Event: retried, resumed, nothing written twice.
+        again = _batch(FAILED, HEALTHY)
+        api.fail_next(500, method="POST", path_prefix="/apis/events.k8s.io/v1/namespaces/default")
+        assert (await sink.deliver(again)).retry
+        assert (await sink.deliver(again)).delivered
+        assert sorted(e["reason"] for e in api.events()).count("DeviceRecovered") == 1
     finally:
         await sink.close()
 
@@ -352,6 +386,80 @@ async def test_an_event_refused_for_good_is_skipped_never_blocking_the_rest(
         assert _status(api) == "True"
     finally:
         await sink.close()
+
+
+async def test_a_pod_of_the_same_name_elsewhere_is_not_blamed(tmp_path: Path, api: FakeApiServer) -> None:
+    # trainer-0 was deleted and recreated on another node before the batch could be delivered.
+    api.add_node("node-b")
+    api.add_pod("ml", "trainer-0", "node-b")
+    sink = await _sink(api, tmp_path)
+    try:
+        assert (await sink.deliver(_batch(HEALTHY, FAILED))).delivered
+        assert [e["reason"] for e in api.events()] == ["DeviceRemoved"]  # the Node's; no pod blamed
+        assert _status(api) == "True"
+    finally:
+        await sink.close()
+
+
+async def test_an_event_is_dated_when_it_happened_not_when_delivered(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    sink = await _sink(api, tmp_path)
+    try:
+        batch = _batch(HEALTHY, FAILED)
+        assert (await sink.deliver(batch)).delivered
+        seen = batch[-1].time.replace("Z", "")  # milliseconds, the event's own time
+        assert {e["eventTime"][: len(seen)] for e in api.events()} == {seen}
+    finally:
+        await sink.close()
+
+
+async def test_a_redelivered_or_replayed_batch_is_not_applied_again(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    sink = await _sink(api, tmp_path)
+    try:
+        failed = _batch(HEALTHY, FAILED)
+        back = _batch(FAILED, HEALTHY)
+        assert (await sink.deliver(failed)).delivered
+        assert (await sink.deliver(failed)).delivered  # redelivered after a lost ack
+        assert all("series" not in e for e in api.events())  # not counted twice
+        assert (await sink.deliver(back)).delivered
+        writes = _node_writes(api)
+        assert (await sink.deliver(failed)).delivered  # an old dead letter put back
+        assert _status(api) == "False" and _node_writes(api) == writes
+        assert [e["reason"] for e in api.events()].count("DeviceFailed") == 1
+    finally:
+        await sink.close()
+
+
+async def test_a_refused_batch_leaves_the_state_as_the_node_says(tmp_path: Path) -> None:
+    # Events may not be created (RBAC): the batch is refused for good after its condition was
+    # written. The saved state must still say GPU-0 is missing, or a later change of another device
+    # would clear the condition while GPU-0 is still failed.
+    rules = _agent_rules(drop=(0, "create"))
+    server = FakeApiServer(tmp_path / "api", users={AGENT: SA}, rules={AGENT: rules}, admission=review)
+    await server.start()
+    server.add_node(NODE)
+    try:
+        sink = await _sink(server, tmp_path)
+        try:
+            outcome = await sink.deliver(_batch(HEALTHY, FAILED))
+            assert not outcome.delivered and not outcome.retry and outcome.status == 403
+            assert _status(server) == "True"
+            blink = [g for g in GPUS if g != "GPU-3"]
+            assert (
+                await sink.deliver(_batch(FAILED, inventory_of([g for g in blink if g != "GPU-0"], PODS)))
+            ).status
+            assert (
+                await sink.deliver(_batch(inventory_of([g for g in blink if g != "GPU-0"], PODS), FAILED))
+            ).status
+            assert _status(server) == "True"
+            assert "GPU-0" in (_condition(server) or {})["message"]
+        finally:
+            await sink.close()
+    finally:
+        await server.stop()
 
 
 async def test_409_on_the_node_is_reread_and_reapplied(tmp_path: Path, api: FakeApiServer) -> None:

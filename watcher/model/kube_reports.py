@@ -21,7 +21,8 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from watcher.model.changes import Kind
@@ -123,6 +124,8 @@ class KubeEvent:
     reason: str
     note: str
     action: str = ACTION
+    # When the agent saw it happen (the Event's eventTime): a late delivery keeps the real time.
+    observed: datetime = field(default=datetime.min.replace(tzinfo=UTC), compare=False)
 
     @property
     def key(self) -> str:
@@ -249,9 +252,17 @@ def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[st
             # `send-test`: a Normal Event on the Node that says so; no condition, no pod touched.
             report.events.append(_node_event(event.node, "Normal", "SendTest", event.summary))
             continue
-        if event.kind is Kind.WATCHER_STARTED:
-            _reconcile(state, d, report.resources)
-            report = Report(report.events, state, report.resources, started=True)
+        if event.kind in (Kind.WATCHER_STARTED, Kind.INVENTORY_SNAPSHOT):
+            if event.kind is Kind.WATCHER_STARTED:
+                reconciled = _reconcile(state, d.get("inventory"), d.get("allocatable_devices"))
+            else:
+                canonical = d.get("inventory")
+                allocatable = canonical.get("allocatable") if isinstance(canonical, Mapping) else None
+                ids = allocatable.get("devices") if isinstance(allocatable, Mapping) else None
+                reconciled = _reconcile(state, d.get("summary"), ids)
+            if reconciled is not None:
+                report.resources.update(reconciled)
+                report = Report(report.events, state, report.resources, started=True)
             continue
         if event.kind in (Kind.DEVICE_REMOVED, Kind.DEVICE_FLAPPING):
             # A flapping device counts as unavailable until its flapping ends present.
@@ -313,7 +324,18 @@ def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[st
         if n.recovered:
             note = f"device(s) allocated to this pod are back on node {node}: {_listed(n.recovered)}"
             report.events.append(KubeEvent(regarding, "Normal", "DeviceRecovered", fit(note, MAX_NOTE_BYTES)))
+    if events:
+        # One re-query's events: they were seen together, at the last one's time.
+        seen = _time_of(events[-1])
+        report.events[:] = [replace(e, observed=seen) for e in report.events]
     return report
+
+
+def _time_of(event: Event) -> datetime:
+    try:
+        return datetime.fromisoformat(event.time.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return datetime.now(UTC)  # never: the agent writes its own times
 
 
 def _held(resource: str, device: str, container: str) -> str:
@@ -324,19 +346,31 @@ def _node_event(node: str, kind: Literal["Normal", "Warning"], reason: str, note
     return KubeEvent(Regarding("Node", node), kind, reason, fit(printable(note), MAX_NOTE_BYTES))
 
 
-def _reconcile(state: Missing, details: Mapping[str, Any], resources: set[str]) -> None:
-    """At start: every device resource on the node gets its condition set, and the devices the
-    inventory shows failed while allocated are missing whatever the saved state says. Devices the
-    saved state has as missing stay so: one that came back while the agent was away is reported by
-    the first re-query as device.added, which clears it."""
-    resources.update(state)
-    inventory = details.get("inventory")
-    if not isinstance(inventory, Mapping) or not inventory.get("allocatable_known"):
-        return  # the kubelet is not reachable yet, or List-only: nothing can be called missing
-    devices = inventory.get("devices")
+def _reconcile(state: Missing, summary: Any, allocatable: Any) -> set[str] | None:
+    """From an inventory the agent reports whole (at start, and in every inventory.snapshot): every
+    device resource on the node gets its condition set, a device the saved state has as missing but
+    that is allocatable now is not missing (positive evidence only: it is there), and a device held
+    by a pod but absent from allocatable is missing whatever the saved state says. Returns the
+    resources, or None when there is no inventory to reconcile with (the kubelet not reachable yet,
+    or List-only: nothing can be called present or missing then, so nothing changes).
+
+    Clearing only on presence is what makes a restart safe both ways: the saved state may miss a
+    device.added (a flap that ended while the agent was away, events dropped by the queue's caps),
+    and a kubelet warming up lists no device at all, which clears nothing."""
+    if not isinstance(summary, Mapping) or not summary.get("allocatable_known"):
+        return None
+    devices = summary.get("devices")
     counts = devices if isinstance(devices, Mapping) else {}
-    resources.update(str(r) for r in counts)
-    for m in inventory.get("missing_devices") or []:
+    present = allocatable if isinstance(allocatable, Mapping) else {}
+    for resource in list(state):
+        ids = present.get(resource)
+        if isinstance(ids, list | tuple | Mapping):
+            for device in [d for d in state[resource] if d in ids]:
+                del state[resource][device]
+        if not state[resource]:
+            del state[resource]
+    resources = set(state) | {str(r) for r in counts}
+    for m in summary.get("missing_devices") or []:
         if not isinstance(m, Mapping):
             continue
         resource = str(m.get("resource", ""))
@@ -347,6 +381,7 @@ def _reconcile(state: Missing, details: Mapping[str, Any], resources: set[str]) 
         if counts.get(resource):
             state.setdefault(resource, {})[str(m.get("device", ""))] = _strings(m.get("allocated_to"))
             resources.add(resource)
+    return resources
 
 
 def conditions_for(

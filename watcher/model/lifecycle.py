@@ -38,6 +38,13 @@ def started(inv: Inventory | None, *, baseline: str, changes: int, error: str | 
         "kubelet": {"reachable": inv is not None, "error": error},
         "inventory": summary,
     }
+    if inv is not None and inv.allocatable_known:
+        # Which devices are there, by id: what a consumer that keeps device state (the kubernetes
+        # sink's conditions) reconciles against at every start.
+        allocatable: dict[str, list[str]] = {}
+        for d in inv.devices:
+            allocatable.setdefault(d.resource, []).append(d.id)
+        details["allocatable_devices"] = allocatable
     if summary is not None:
         devices = summary["devices"] or {}
         parts = [f"{summary['pods']} pods"] + [f"{n} {res}" for res, n in devices.items()]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -66,11 +67,20 @@ __all__ = [
 log = structlog.get_logger("watcher.sinks.kubernetes")
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# Answers worth another try later: unauthorized (a token rotating), timeout, conflict, too many requests.
+_RETRYABLE = (401, 408, 409, 429)
 # Re-reads and re-applies of the node status when someone else keeps writing it.
 CONFLICT_RETRIES = 5
 # The kinds the conditions are built from: a sink whose `kinds` left these out would report
 # conditions that never clear, so check-config refuses that.
-_NEEDED_KINDS = (Kind.WATCHER_STARTED, Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED)
+_NEEDED_KINDS = (
+    Kind.WATCHER_STARTED,
+    Kind.DEVICE_REMOVED,
+    Kind.DEVICE_ADDED,
+    Kind.DEVICE_FLAPPING,
+    Kind.DEVICE_FLAP_ENDED,
+    Kind.DEVICE_INCIDENT,
+)
 
 
 @dataclass(frozen=True)
@@ -167,8 +177,24 @@ def _check(path: str, s: KubernetesSinkSettings) -> None:
         problem = check_condition_type(ctype)
         if problem is not None:
             raise ConfigError(f"{path}.condition_types.{resource}: {problem}")
+    if s.event_namespace not in ("default", "kube-system"):
+        raise ConfigError(
+            f"{path}.event_namespace: the API server keeps Events about a Node (which has no namespace) "
+            'only in "default" or "kube-system"'
+        )
+    if not _QUALIFIED.fullmatch(s.reporting_controller):
+        raise ConfigError(
+            f"{path}.reporting_controller: not a qualified name (e.g. example.com/pod-resources-watcher)"
+        )
     if s.kubeconfig is not None and s.server is not None:
         raise ConfigError(f"{path}.server: only for in-cluster use; the kubeconfig names its server")
+
+
+# What the API server takes as an Event's reportingController: [DNS subdomain "/"] name.
+_QUALIFIED = re.compile(
+    r"(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
 
 
 class KubernetesError(Exception):
@@ -271,7 +297,7 @@ async def _call(limiter: RateLimiter, request: Awaitable[Any]) -> Any:
 def _outcome(err: _RefusedError, what: str) -> Outcome:
     error = f"{what}: {err}"
     # 409 reaches here only after CONFLICT_RETRIES re-reads: someone keeps writing the node; later.
-    if err.status is None or err.status in (401, 408, 409, 429) or err.status >= 500:
+    if err.status is None or err.status in _RETRYABLE or err.status >= 500:
         return Outcome(retry=True, retry_after=err.retry_after, status=err.status, error=error)
     if err.status == 403:
         error += (
@@ -323,38 +349,67 @@ class KubernetesSink:
             except KubernetesError as err:
                 return Outcome(retry=True, error=str(err))
             state: dict[str, Any] = dict(await self.store.kv_get(self._key) or {})
-            missing: Missing = state.get("missing") or {}
-            report = plan(events, missing)
-            batch = f"{events[0].id}:{events[-1].id}" if events else ""
+            applied = int(state.get("applied", 0))
+            fresh = [e for e in events if e.seq > applied]
+            if len(fresh) < len(events):
+                # Applied before (a redelivery after a lost ack) or older than what is applied (a
+                # dead letter put back): applying it again would say what is no longer true.
+                log.info(
+                    "events already applied or superseded are not applied again",
+                    sink=self.name,
+                    seqs=[e.seq for e in events if e.seq <= applied][:20],
+                    applied=applied,
+                )
+            if not fresh:
+                return Outcome.ok()
+            batch = f"{fresh[0].id}:{fresh[-1].id}"
             progress = state.get("progress") or {}
-            done: list[str] = list(progress.get("done", [])) if progress.get("batch") == batch else []
+            resumed = progress.get("batch") == batch
+            # A batch retried half-way is planned from the state it started from, as the first time.
+            base: Missing = (progress.get("base") if resumed else state.get("missing")) or {}
+            done: list[str] = list(progress.get("done", [])) if resumed else []
+            report = plan(fresh, base)
             records: dict[str, Any] = _fresh(state.get("events") or {}, self.settings.series_window)
+
+            async def save(**more: Any) -> None:
+                await self.store.kv_set(
+                    self._key,
+                    {
+                        "applied": applied,
+                        "missing": report.missing,
+                        "events": records,
+                        "progress": {"batch": batch, "done": done, "base": base},
+                        **more,
+                    },
+                )
+
             try:
                 # The condition first: one write, and what remediation acts on; a mass failure's
-                # Events (one per pod hit, each a read and a write at api_rate) follow.
+                # Events (one per pod hit, each a read and a write at api_rate) follow. Its state
+                # is saved at once, so the store never disagrees with what the node says.
                 if self.settings.conditions and (report.resources or report.started):
                     wanted = conditions_for(report.missing, report.resources, self.settings.condition_types)
                     await self._apply(wanted, prune=report.started)
+                await save()
                 if self.settings.events:
                     for kube_event in report.events:
                         if kube_event.key in done:
                             continue  # written before this batch was interrupted
                         await self._emit(kube_event, records, batch)
                         done.append(kube_event.key)
-                        await self.store.kv_set(
-                            self._key,
-                            {**state, "events": records, "progress": {"batch": batch, "done": done}},
-                        )
+                        await save()
             except _RefusedError as err:
                 return _outcome(err, "Kubernetes API")
-            await self.store.kv_set(self._key, {"missing": report.missing, "events": records})
+            applied = fresh[-1].seq
+            await save(progress={})
         return Outcome.ok()
 
     # -- events --
 
     async def _regarding(self, kube_event: KubeEvent) -> dict[str, Any] | None:
         """The Event's `regarding`, with the object's uid (kubectl describe matches Events by it);
-        None when the pod is gone (nobody can see an Event on it)."""
+        None when the pod it is about is not there any more: gone, or replaced by another pod of
+        the same name (elsewhere, or created after what happened), which must not be blamed."""
         from lightkube.resources.core_v1 import Node, Pod
 
         r = kube_event.regarding
@@ -364,11 +419,12 @@ class KubernetesSink:
                 self._node_uid = node.metadata.uid
             return {"apiVersion": "v1", "kind": "Node", "name": r.name, "uid": self._node_uid}
         ref = {"apiVersion": "v1", "kind": "Pod", "namespace": r.namespace, "name": r.name}
+        where = f"{r.namespace}/{r.name}"
         try:
             pod = await _call(self.limiter, self._api().get(Pod, r.name, namespace=r.namespace))
         except _RefusedError as err:
             if err.status == 404:
-                log.info("pod is gone; its Event is skipped", sink=self.name, pod=f"{r.namespace}/{r.name}")
+                log.info("pod is gone; its Event is skipped", sink=self.name, pod=where)
                 return None
             if err.status != 403:
                 raise
@@ -379,21 +435,59 @@ class KubernetesSink:
                 error=str(err),
             )
             return ref
+        node = pod.spec.nodeName if pod.spec is not None else None
+        created = pod.metadata.creationTimestamp if pod.metadata is not None else None
+        if node != self.node or (
+            isinstance(created, datetime) and created > kube_event.observed + timedelta(seconds=1)
+        ):
+            log.info(
+                "the pod of that name now is another pod (on another node, or newer than what "
+                "happened); its Event is skipped",
+                sink=self.name,
+                pod=where,
+                pod_node=node,
+            )
+            return None
         return {**ref, "uid": pod.metadata.uid}
 
     async def _emit(self, kube_event: KubeEvent, records: dict[str, Any], batch: str) -> None:
+        """Create the Event, or update its series if it is a repeat. A refusal of this one Event
+        for good (a 4xx but the retryable ones and a 403 of our permissions) is logged and skipped:
+        one pod's Event (its namespace being deleted, a name the API server will not take) never
+        holds up the rest."""
+        try:
+            await self._write_event(kube_event, records, batch)
+        except _RefusedError as err:
+            if err.status is None or err.status in _RETRYABLE or err.status >= 500:
+                raise
+            if err.status == 403 and "being terminated" not in err.message:
+                # Not this pod's namespace going away but our permissions: every Event would meet
+                # it, so the batch fails where `outbox list` shows it, not one skip at a time.
+                raise
+            log.error(
+                "the API server refused an Event for good; it is skipped",
+                sink=self.name,
+                reason=kube_event.reason,
+                regarding=f"{kube_event.regarding.namespace}/{kube_event.regarding.name}",
+                error=str(err),
+            )
+
+    async def _write_event(self, kube_event: KubeEvent, records: dict[str, Any], batch: str) -> None:
         from lightkube.resources.events_v1 import Event as ApiEvent
 
-        now = datetime.now(UTC)
-        if now.microsecond == 0:
+        # When it happened (the agent's observation), not when it is delivered: a batch that waited
+        # out an API server outage must not date the failure at its delivery.
+        seen = kube_event.observed
+        if seen.microsecond == 0:
             # lightkube's encoder drops an all-zero fraction, and the API server refuses a MicroTime
             # without its six digits: one microsecond later is the same moment to anyone reading.
-            now += timedelta(microseconds=1)
+            seen += timedelta(microseconds=1)
+        now = datetime.now(UTC).timestamp()
         record = records.get(kube_event.key)
         namespace = kube_event.regarding.namespace or self.settings.event_namespace
         if record is not None:
             count = int(record["count"]) + 1
-            patch = {"series": {"count": count, "lastObservedTime": _micro(now)}}
+            patch = {"series": {"count": count, "lastObservedTime": _micro(seen)}}
             try:
                 await _call(
                     self.limiter,
@@ -401,7 +495,7 @@ class KubernetesSink:
                         ApiEvent, record["name"], patch, namespace=record["namespace"], patch_type=_merge()
                     ),
                 )
-                records[kube_event.key] = {**record, "count": count, "last": now.timestamp()}
+                records[kube_event.key] = {**record, "count": count, "last": now}
                 return
             except _RefusedError as err:
                 if err.status != 404:
@@ -411,11 +505,12 @@ class KubernetesSink:
         if regarding is None:
             return
         # Named after the batch, so a retried batch meets its own Event (409) instead of making two.
+        # The object's part is cut to leave room and must not end in '-' or '.' (an invalid name).
         suffix = hashlib.sha256(f"{kube_event.key}:{batch}".encode()).hexdigest()[:16]
-        name = f"{kube_event.regarding.name[:200]}.{suffix}"
+        name = f"{kube_event.regarding.name[:200].rstrip('-.')}.{suffix}"
         body = {
             "metadata": {"name": name, "namespace": namespace},
-            "eventTime": _micro(now),
+            "eventTime": _micro(seen),
             "reportingController": self.settings.reporting_controller,
             "reportingInstance": self.node[:128],
             "action": kube_event.action,
@@ -427,20 +522,10 @@ class KubernetesSink:
         try:
             await _call(self.limiter, self._api().create(cast(ApiEvent, ApiEvent.from_dict(body))))
         except _RefusedError as err:
-            if err.status == 409:
-                pass  # this batch created it before it was interrupted
-            elif err.status == 422:
-                log.error(
-                    "the API server refused an Event for good; it is skipped",
-                    sink=self.name,
-                    reason=kube_event.reason,
-                    regarding=f"{kube_event.regarding.namespace}/{kube_event.regarding.name}",
-                    error=str(err),
-                )
-                return
-            else:
+            if err.status != 409:
                 raise
-        records[kube_event.key] = {"name": name, "namespace": namespace, "count": 1, "last": now.timestamp()}
+            # 409 AlreadyExists: this batch created it before it was interrupted.
+        records[kube_event.key] = {"name": name, "namespace": namespace, "count": 1, "last": now}
 
     # -- conditions --
 
