@@ -24,10 +24,12 @@ import pytest
 from tests.admission import review
 from tests.agent_harness import Running, make_settings, running_agent
 from tests.test_kube_reports import inventory_of
+from watcher.config import ConfigError
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
 from watcher.model.kube_reports import CONDITION_SUFFIX
+from watcher.settings import parse_settings
 from watcher.sim.demo_kubernetes import run_kubernetes_demo
 from watcher.sim.fake_apiserver import FakeApiServer, kubectl, rules_from_manifests
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -650,3 +652,25 @@ async def test_the_kubernetes_demo_shows_the_pod_event_and_the_condition() -> No
     assert "Normal   DeviceRecovered" in healed
     assert any(line.split()[:2] == [CONDITION, "False"] for line in healed.splitlines() if CONDITION in line)
     assert "(0 refused)" in text
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"kinds": ["device.removed", "device.added"]}, r"kinds: must let watcher\.started through"),
+        (
+            {"kinds": ["watcher.started", "device.removed", "device.added"]},
+            r"kinds: must let device\.flapping through",
+        ),
+        ({"resources": ["nvidia.com/*"]}, r'resources: must stay \["\*"\]'),
+        ({"min_severity": "warning"}, r'min_severity: must stay "info"'),
+        ({"condition_types": {GPU: "GpuBroken"}}, r"condition_types\.nvidia\.com/gpu: must end in"),
+        ({"condition_types": {GPU: "Ready"}}, r"must end in 'DevicesUnavailable'"),
+        ({"event_namespace": "ml"}, r'event_namespace: .* only in "default" or "kube-system"'),
+        ({"reporting_controller": "Pod Resources!"}, r"reporting_controller: not a qualified name"),
+        ({"kubeconfig": "/k", "server": "https://x"}, r"server: only for in-cluster use"),
+    ],
+)
+def test_check_config_refuses_what_would_break_the_conditions(table: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_settings({"sinks": {"k": {"type": "kubernetes", **table}}})

@@ -8,9 +8,11 @@ updates its series) in the outbox's key-value store, and turns the API server's 
 - 409 on the node status (someone else wrote it since we read it) is re-read and re-applied;
 - 401: the client re-reads the service-account token file (rotated about hourly) and tries again
   once; still refused, the delivery is retried later, as a rotation may be under way;
-- an Event refused for good (422: an object name the API server will not take) is logged and
-  skipped, never holding up the others; a refusal of the condition write (403, 422) is permanent and
-  its message says what to fix.
+- an Event refused for good (422: a name the API server will not take; its namespace being
+  deleted) is logged and skipped, never holding up the others; a refusal of our permissions (403) or
+  of the condition write is permanent and its message says what to fix.
+- a batch already applied (seq at or below the last one applied: redelivered, or a dead letter put
+  back) is not applied again.
 
 Requests go out at most `api_rate` per second, whatever the batch: the API server is shared by the
 whole cluster. A batch that fails half-way is retried without creating its Events twice: the keys of
