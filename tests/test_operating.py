@@ -15,6 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.agent_harness import Running, make_settings, running_agent, serve_post
 from tests.conftest import PLANTED_SECRET
@@ -102,6 +103,87 @@ async def test_metrics_pass_promtool_and_show_the_scenario(short_tmp: Path) -> N
     assert _sample(text, f"{p}_delivery_latency_seconds_count", sink="audit") == 5
     assert _sample(text, f"{p}_requery_duration_seconds_count") >= 4
     assert _sample(text, f"{p}_last_successful_requery_timestamp_seconds") > 1.7e9
+
+
+def _device_series(text: str) -> dict[tuple[str, str, str], float]:
+    """Every device_healthy sample of a scrape: (resource, device, numa) -> value."""
+    return {
+        (s.labels["resource"], s.labels["device"], s.labels["numa"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "pod_resources_watcher_device_healthy"
+    }
+
+
+async def test_device_health_shows_a_gpu_failing_while_allocated_and_healing(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        status, text = await _get(run, "/metrics")
+        assert status == 200
+        _promtool(text)
+        held = fake.node.pods[("ml", "inference-7f9c")].container("server").devices[GPU][0]
+        series = _device_series(text)
+        gpus = {k: v for k, v in series.items() if k[0] == GPU}
+        assert len(gpus) == 8 and set(gpus.values()) == {1.0}  # the built-in node's 8 healthy GPUs
+        assert next(k for k in gpus if k[1] == held)[2] in ("0", "1")  # named with its NUMA node
+        assert _sample(text, "pod_resources_watcher_device_series_omitted") == 0
+
+        mark = len(run.recorder.events)
+        fake.make_unhealthy(GPU, held)
+        await run.recorder.until(
+            lambda: "device.removed" in [str(e.kind) for e in run.recorder.events[mark:]]
+        )
+        _, text = await _get(run, "/metrics")
+        _promtool(text)
+        failed = {k: v for k, v in _device_series(text).items() if k[1] == held}
+        assert list(failed.values()) == [0.0]  # allocated, gone from allocatable: 0, not absent
+        assert sum(v for k, v in _device_series(text).items() if k[0] == GPU) == 7
+
+        mark = len(run.recorder.events)
+        fake.heal(GPU, held)
+        await run.recorder.until(lambda: "device.added" in [str(e.kind) for e in run.recorder.events[mark:]])
+        _, text = await _get(run, "/metrics")
+        assert [v for k, v in _device_series(text).items() if k[1] == held] == [1.0]
+
+
+async def test_device_health_series_are_capped_and_long_ids_bounded(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp)
+    settings = dataclasses.replace(settings, http=dataclasses.replace(settings.http, max_device_series=3))
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    long_id = "GPU-" + "x" * 300
+    fake.add_device(GPU, long_id, (0,))
+    async with fake, running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        held = fake.node.pods[("ml", "inference-7f9c")].container("server").devices[GPU][0]
+        mark = len(run.recorder.events)
+        fake.make_unhealthy(GPU, held)
+        await run.recorder.until(
+            lambda: "device.removed" in [str(e.kind) for e in run.recorder.events[mark:]]
+        )
+        _, text = await _get(run, "/metrics")
+        _promtool(text)
+        inventory = run.agent.inventory
+        assert inventory is not None
+        total = len(inventory.devices) + len(inventory.missing_devices)
+        series = _device_series(text)
+        assert len(series) == 3  # the cap holds
+        assert [v for k, v in series.items() if k[1] == held] == [0.0]  # the failed one is kept first
+        assert (
+            _sample(text, "pod_resources_watcher_device_series_omitted") == total - 3 == 16
+        )  # 9 GPUs, 6 NICs, 4 fuse
+    # Without a cap in the way, a plugin's 304-character id is cut to a bounded, distinct label.
+    uncapped = make_settings(short_tmp / "uncapped")
+    fake = FakeKubelet(short_tmp / "uncapped" / "kubelet", seed=1)
+    fake.add_device(GPU, long_id, (0,))
+    fake.add_device(GPU, long_id + "y", (0,))
+    async with fake, running_agent(uncapped, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        _, text = await _get(run, "/metrics")
+        _promtool(text)
+    long_labels = [k[1] for k in _device_series(text) if k[1].startswith("GPU-xxx")]
+    assert len(long_labels) == 2 and len(set(long_labels)) == 2
+    assert all(len(label) == 128 and label[-9] == "~" for label in long_labels)
 
 
 async def test_readyz_fails_while_the_kubelet_is_down_and_recovers(short_tmp: Path) -> None:

@@ -104,7 +104,7 @@ class Agent:
         self.started = asyncio.Event()
         self.stop = stop if stop is not None else asyncio.Event()
         self.rng = rng if rng is not None else random.Random()
-        self.metrics = Metrics()
+        self.metrics = Metrics(max_device_series=settings.http.max_device_series)
         self.outbox = Store(settings.state_dir / OUTBOX_FILE)
         self.storage = self.outbox.health
         self.storage.subscribe(lambda writable: self.metrics.state_writable.set(int(writable)))

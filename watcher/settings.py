@@ -242,6 +242,15 @@ class HttpSettings:
             max=10000,
         ),
     )
+    max_device_series: int = field(
+        default=1024,
+        metadata=field_meta(
+            "Most device_healthy series /metrics exports (failed devices first); beyond it devices are "
+            "left out, counted in device_series_omitted and logged. 0: no device_healthy at all.",
+            min=0,
+            max=100000,
+        ),
+    )
 
 
 def _default_node() -> str:

@@ -2,26 +2,95 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from watcher.model.changes import Kind
 from watcher.model.events import Event
 from watcher.model.inventory import Inventory
 from watcher.store.outbox import SinkStats
 
-__all__ = ["Metrics", "CONTENT_TYPE"]
+__all__ = ["Metrics", "CONTENT_TYPE", "DEVICE_LABEL_MAX", "device_label"]
+
+log = structlog.get_logger("watcher.ops.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 P = "pod_resources_watcher"
 HTTP_CLOSE_REASONS = ("header_timeout", "request_timeout", "idle_timeout", "evicted", "tls_handshake")
 
 
+# Device ids (and resource names) are chosen by device plugins and have no length limit: a label
+# value longer than this is cut, with a digest of the whole so that distinct ids stay distinct.
+DEVICE_LABEL_MAX = 128
+_DIGEST_CHARS = 8
+
+
 def _numa(node: int | None) -> str:
     return "none" if node is None else str(node)
+
+
+def device_label(value: str) -> str:
+    """`value` if it has at most DEVICE_LABEL_MAX characters; else its first characters, `~` and the
+    first 8 hex digits of its SHA-256, DEVICE_LABEL_MAX characters in all."""
+    if len(value) <= DEVICE_LABEL_MAX:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:_DIGEST_CHARS]
+    return f"{value[: DEVICE_LABEL_MAX - _DIGEST_CHARS - 1]}~{digest}"
+
+
+# (resource, device, numa) labels and the value (1 healthy, 0 failed or missing).
+DeviceSample = tuple[str, str, str, float]
+
+
+class _DeviceHealthCollector(Collector):
+    """Device health, replaced whole on each inventory (a scrape never sees half of one)."""
+
+    def __init__(self) -> None:
+        self.samples: tuple[DeviceSample, ...] = ()
+        self.omitted = 0
+
+    def collect(self) -> Iterator[Metric]:
+        healthy = GaugeMetricFamily(
+            f"{P}_device_healthy",
+            "1 if the device is allocatable, 0 if it is allocated to a pod but absent from allocatable "
+            "(failed or vanished in use); per resource, device and NUMA node(s).",
+            labels=["resource", "device", "numa"],
+        )
+        for resource, device, numa, value in self.samples:
+            healthy.add_metric([resource, device, numa], value)
+        omitted = GaugeMetricFamily(
+            f"{P}_device_series_omitted",
+            "Devices left out of device_healthy by [http] max_device_series (0: none).",
+        )
+        omitted.add_metric([], self.omitted)
+        yield from (healthy, omitted)
+
+
+def _device_samples(inv: Inventory) -> list[DeviceSample]:
+    """Failed devices first (an alert needs them most), then the healthy ones, each sorted, so a
+    cap keeps the same series from one inventory to the next. In List-only mode nothing is known
+    about health: no samples. A device that left allocatable and is held by no pod is no longer in
+    the inventory: its series goes (its `device.removed` event and `resource_allocatable` say it)."""
+    if not inv.allocatable_known:
+        return []
+    failed = [
+        (device_label(m.resource), device_label(m.id), _numa_set(m.numa), 0.0) for m in inv.missing_devices
+    ]
+    healthy = [
+        (device_label(d.resource), device_label(d.id), _numa_set(d.numa), 1.0)
+        for d in sorted(inv.devices, key=lambda d: (d.resource, d.id))
+    ]
+    return failed + healthy
+
+
+def _numa_set(numa: Sequence[int]) -> str:
+    return ",".join(map(str, numa)) or "none"
 
 
 class _OutboxCollector(Collector):
@@ -70,8 +139,10 @@ def _per_state(registry: CollectorRegistry, name: str, doc: str, label: str) -> 
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, *, max_device_series: int = 1024) -> None:
+        """`max_device_series`: the [http] setting of that name (its default here too)."""
         r = self.registry = CollectorRegistry()
+        self.max_device_series = max_device_series
         self.requeries = Counter(
             f"{P}_requeries", "Re-queries of the kubelet by result.", ["result"], registry=r
         )
@@ -84,6 +155,10 @@ class Metrics:
         self.kubelet_up = Gauge(f"{P}_kubelet_up", "1 if the last re-query succeeded.", registry=r)
         self.reconnects = Counter(f"{P}_reconnects", "Fresh channels dialled for a new socket.", registry=r)
         self.events = Counter(f"{P}_events", "Events emitted by kind.", ["kind"], registry=r)
+        # Every kind from 0: Prometheus' increase() cannot see a series' first increment, so an
+        # alert on the first `device.flapping` of a run needs the series to exist before it.
+        for kind in Kind:
+            self.events.labels(str(kind))
         self.deliveries = Counter(
             f"{P}_deliveries", "Events handled by sink and result.", ["sink", "result"], registry=r
         )
@@ -115,6 +190,8 @@ class Metrics:
             "resource",
         )
         self.memory = _per_state(r, "memory_{}_bytes", "Memory {} per type and NUMA node(s).", "type")
+        self.device_health = _DeviceHealthCollector()
+        r.register(self.device_health)
         self.outbox = _OutboxCollector()
         r.register(self.outbox)
         self.http_connections = Gauge(f"{P}_http_connections", "HTTP connections open now.", registry=r)
@@ -151,6 +228,22 @@ class Metrics:
             ):
                 if value is not None:
                     self.memory[state].labels(m.type, numa).set(value)
+        self._set_device_health(inv)
+
+    def _set_device_health(self, inv: Inventory) -> None:
+        samples = _device_samples(inv)
+        kept = samples[: self.max_device_series]
+        omitted = len(samples) - len(kept)
+        if omitted and not self.device_health.omitted:  # once per crossing, not per inventory
+            log.warning(
+                "more devices than [http] max_device_series: device_healthy leaves some out "
+                "(failed devices are kept first)",
+                devices=len(samples),
+                max_device_series=self.max_device_series,
+                omitted=omitted,
+            )
+        self.device_health.samples = tuple(kept)
+        self.device_health.omitted = omitted
 
     def _resource(self, resource: str, numa: str, *values: int | None) -> None:
         for state, value in zip(("allocatable", "allocated", "free"), values, strict=True):
