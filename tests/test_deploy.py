@@ -2,7 +2,8 @@
 
 - Every manifest parses (duplicate keys rejected) and validates against the Kubernetes JSON schemas
   bundled in `kubernetes-validate` (strict: unknown fields fail), newest bundled version. The PodMonitor
-  is a CRD the package has no schema for: its required fields are checked by hand.
+  and the PrometheusRule are CRDs the package has no schema for: their required fields are checked by
+  hand, and the PrometheusRule carries exactly the groups of deploy/prometheus/alerts.yaml.
 - The kustomizations build. Two builders: real kustomize (`kubectl kustomize`, kustomize v5, where
   kubectl is installed; the machine image has it), and `build()` below, a small builder for the subset
   of kustomize these files use, which runs everywhere, fails on any field it does not implement and on
@@ -71,7 +72,7 @@ BASE_KINDS = [
     "Secret",
     "ServiceAccount",
 ]
-MONITORING_KINDS = sorted([*BASE_KINDS, "PodMonitor", "Service"])
+MONITORING_KINDS = sorted([*BASE_KINDS, "PodMonitor", "PrometheusRule", "Service"])
 REPORTING_KINDS = sorted(
     [
         *BASE_KINDS,
@@ -102,7 +103,7 @@ CLUSTER_SCOPED = {
     "ValidatingAdmissionPolicyBinding",
 }
 # Kinds kubernetes-validate has no schema for; each has a hand-written check below.
-CRDS = {("monitoring.coreos.com/v1", "PodMonitor")}
+CRDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 
 
 # --- YAML -----------------------------------------------------------------------------------------
@@ -438,7 +439,7 @@ def test_overlays_add_their_component(built: dict[str, list[dict[str, Any]]]) ->
     assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
 
     assert kinds(built["monitoring"]) == MONITORING_KINDS
-    for kind in ("Service", "PodMonitor"):
+    for kind in ("Service", "PodMonitor", "PrometheusRule"):
         assert the(built["monitoring"], kind)["metadata"]["namespace"] == NAMESPACE
 
 
@@ -585,6 +586,24 @@ def test_podmonitor_required_fields_by_hand(built: dict[str, list[dict[str, Any]
     assert service["spec"]["ports"] == [
         {"name": "http-metrics", "port": HTTP_PORT, "targetPort": "http-metrics", "protocol": "TCP"}
     ]
+
+
+def test_prometheusrule_carries_the_alerts_file_by_hand(built: dict[str, list[dict[str, Any]]]) -> None:
+    """A CRD like the PodMonitor: the fields the Prometheus Operator needs, checked by hand, and the
+    same groups as deploy/prometheus/alerts.yaml (promtool checks and unit-tests that file,
+    tests/test_alerts.py), so the two cannot drift."""
+    rule = the(built["monitoring"], "PrometheusRule")
+    with pytest.raises(kubernetes_validate.utils.SchemaNotFoundError):
+        kubernetes_validate.validate(rule, SCHEMA_VERSION, strict=True)
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(rule) == {"apiVersion", "kind", "metadata", "spec"}
+    assert rule["metadata"]["name"] and rule["metadata"]["namespace"] == NAMESPACE
+    assert set(rule["spec"]) == {"groups"}
+    assert rule["spec"]["groups"] == load_yaml(DEPLOY / "prometheus" / "alerts.yaml")["groups"]
+    for group in rule["spec"]["groups"]:
+        assert set(group) <= {"name", "interval", "rules"}
+        for r in group["rules"]:
+            assert set(r) <= {"alert", "expr", "for", "labels", "annotations"}
 
 
 # --- the DaemonSet --------------------------------------------------------------------------------
