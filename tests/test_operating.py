@@ -147,6 +147,23 @@ async def test_device_health_shows_a_gpu_failing_while_allocated_and_healing(sho
         assert [v for k, v in _device_series(text).items() if k[1] == held] == [1.0]
 
 
+async def test_inventory_gauges_survive_an_agent_restart_with_nothing_changed(short_tmp: Path) -> None:
+    """The restarted agent finds the saved inventory unchanged: its gauges must still show it, or a
+    GPU that failed in use would drop out of device_healthy (and its alert resolve) on a restart."""
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    held = fake.node.pods[("ml", "inference-7f9c")].container("server").devices[GPU][0]
+    fake.make_unhealthy(GPU, held)
+    async with fake:
+        for _ in range(2):
+            async with running_agent(make_settings(short_tmp), fake) as run:
+                await run.recorder.kinds_after(0, 1)
+                await run.quiet_cycle()
+                _, text = await _get(run, "/metrics")
+            assert [v for k, v in _device_series(text).items() if k[1] == held] == [0.0]
+            assert _sample(text, "pod_resources_watcher_resource_allocatable", resource=GPU, numa="all") == 7
+    assert [str(e.kind) for e in run.recorder.events] == ["watcher.started"]  # nothing changed
+
+
 async def test_device_health_series_are_capped_and_long_ids_bounded(short_tmp: Path) -> None:
     settings = make_settings(short_tmp)
     settings = dataclasses.replace(settings, http=dataclasses.replace(settings.http, max_device_series=3))

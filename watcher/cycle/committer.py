@@ -174,7 +174,9 @@ class Committer:
         if self.storage.error is not None:
             self.log.info("events and state stored again", state_dir=str(self.settings.state_dir))
         self.storage.ok()
-        if after is not None and after is not current.inventory:
+        if after is not None:
+            # Not only when the inventory changed: after an agent restart the answer often equals
+            # the saved inventory, and the gauges must show it all the same (a failed GPU's 0).
             self.metrics.set_inventory(after)
         self.state = dataclasses.replace(draft, seq=seq, started_reported=True)
         await self.dispatcher.hand_over()

@@ -190,6 +190,7 @@ class Metrics:
             "resource",
         )
         self.memory = _per_state(r, "memory_{}_bytes", "Memory {} per type and NUMA node(s).", "type")
+        self._shown: Inventory | None = None  # what the inventory gauges show
         self.device_health = _DeviceHealthCollector()
         r.register(self.device_health)
         self.outbox = _OutboxCollector()
@@ -211,6 +212,10 @@ class Metrics:
         )
 
     def set_inventory(self, inv: Inventory) -> None:
+        """Show `inv` in the inventory gauges; nothing to do if they show it already."""
+        if inv is self._shown:
+            return
+        self._shown = inv
         for g in (*self.resource.values(), *self.memory.values()):
             g.clear()
         for cap in inv.capacity:
