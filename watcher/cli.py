@@ -28,6 +28,7 @@ from watcher.settings import Settings, config_warnings, load_settings, printable
 from watcher.sim.demo import run_demo
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node, large_node
+from watcher.sim.fake_script import ACTIONS, ScriptError, load_script, play
 from watcher.sim.send_test import MemoryStore, synthetic_events
 from watcher.sinks.audit import verify_files
 from watcher.sinks.registry import build_sink, sink_type_of
@@ -174,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: the built-in node; large: 512 CPUs, 8 NUMA nodes, 4x64 devices, 250x4 containers",
     )
     fake.add_argument("--no-shuffle", action="store_true", help="answer in a stable order (benchmarks)")
+    fake.add_argument(
+        "--script",
+        type=Path,
+        metavar="FILE",
+        help="play a scenario: one step per line, `AT ACTION ARGS` (e.g. `2s fail nvidia.com/gpu GPU-3`, "
+        "`5s restart warmup`, `9s end`); actions: "
+        + ", ".join(f"{k} {v}".rstrip() for k, v in ACTIONS.items()),
+    )
 
     run = sub.add_parser(
         "run",
@@ -341,6 +350,10 @@ async def _until_signalled() -> None:
 
 
 async def _fake_kubelet(args: argparse.Namespace) -> int:
+    try:
+        steps = load_script(args.script) if args.script is not None else None
+    except ScriptError as err:
+        return _fail(f"{args.script}: {err}", 2)
     node = large_node() if args.node == "large" else default_node()
     kubelet = FakeKubelet(
         args.root, node, seed=args.seed, rate=args.rate, burst=args.burst, shuffle=not args.no_shuffle
@@ -348,7 +361,26 @@ async def _fake_kubelet(args: argparse.Namespace) -> int:
     await kubelet.start()
     print(f"fake kubelet serving {kubelet.socket_path}; stop with Ctrl-C", file=sys.stderr, flush=True)
     try:
-        await _until_signalled()
+        if steps is not None:
+
+            def say(text: str) -> None:
+                print(f"script: {text}", file=sys.stderr, flush=True)
+
+            played = asyncio.create_task(play(kubelet, steps, say=say))
+            signalled = asyncio.create_task(_until_signalled())
+            await asyncio.wait({played, signalled}, return_when=asyncio.FIRST_COMPLETED)
+            if not played.done():  # interrupted during the scenario
+                played.cancel()
+                await asyncio.gather(played, return_exceptions=True)
+            else:
+                signalled.cancel()
+                await asyncio.gather(signalled, return_exceptions=True)
+                played.result()
+                if steps[-1].action != "end":
+                    print("script: done; serving until Ctrl-C", file=sys.stderr, flush=True)
+                    await _until_signalled()
+        else:
+            await _until_signalled()
     finally:
         await kubelet.stop(remove_socket=True)
     print("fake kubelet stopped", file=sys.stderr)

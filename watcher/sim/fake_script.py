@@ -1,0 +1,173 @@
+"""Scenario files for `fake-kubelet --script FILE`: drive the simulated kubelet without Python.
+
+One step per line, `AT ACTION ARGS...`, AT in seconds from the start (`2`, `2.5s`), steps in order
+of time; `#` starts a comment:
+
+    2s   fail      nvidia.com/gpu GPU-3          # the device turns unhealthy (leaves allocatable)
+    4s   heal      nvidia.com/gpu GPU-3
+    5s   add       nvidia.com/gpu GPU-new 1      # hot-plug, on NUMA node 1 (optional)
+    6s   remove    nvidia.com/gpu GPU-new        # unplug
+    7s   allocate  ml/job-1/main nvidia.com/gpu=GPU-4,GPU-5
+    8s   free      ml/job-1
+    9s   restart   downtime=0.5 warmup           # socket replaced; plugins re-register one by one
+    12s  end                                     # stop serving (else it serves until Ctrl-C)
+
+Parsing is pure and strict: a bad line is refused with its number and what was expected, before
+anything runs, so a typo never plays half a scenario.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_plugins import Warmup
+
+__all__ = ["Step", "ScriptError", "parse_script", "load_script", "play", "ACTIONS"]
+
+ACTIONS = {
+    "fail": "RESOURCE DEVICE",
+    "heal": "RESOURCE DEVICE",
+    "add": "RESOURCE DEVICE [NUMA]",
+    "remove": "RESOURCE DEVICE",
+    "allocate": "NAMESPACE/POD/CONTAINER RESOURCE=ID[,ID...]",
+    "free": "NAMESPACE/POD",
+    "restart": "[downtime=SECONDS] [warmup]",
+    "end": "",
+}
+_AT = re.compile(r"(\d+(?:\.\d+)?)s?")
+# Most steps in one file: a scenario is read whole before it runs.
+MAX_STEPS = 10_000
+
+
+class ScriptError(ValueError):
+    """A scenario file that cannot be played; the message names the line."""
+
+
+@dataclass(frozen=True)
+class Step:
+    at: float
+    action: str
+    args: tuple[str, ...]
+    line: int
+
+
+def parse_script(text: str) -> list[Step]:
+    steps: list[Step] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"line {number}"
+        at = _AT.fullmatch(words[0])
+        if at is None:
+            raise ScriptError(f"{where}: {words[0]!r} is not a time; expected seconds such as 2 or 2.5s")
+        if len(words) < 2 or words[1] not in ACTIONS:
+            raise ScriptError(f"{where}: expected an action, one of {', '.join(ACTIONS)}")
+        step = Step(float(at.group(1)), words[1], tuple(words[2:]), number)
+        _check(step, where)
+        if steps and step.at < steps[-1].at:
+            raise ScriptError(
+                f"{where}: at {step.at:g} s comes before the step above it; keep steps in time order"
+            )
+        steps.append(step)
+        if len(steps) > MAX_STEPS:
+            raise ScriptError(f"{where}: more than {MAX_STEPS} steps")
+    if not steps:
+        raise ScriptError("no steps: one per line, `AT ACTION ARGS`, e.g. `2s fail nvidia.com/gpu GPU-3`")
+    return steps
+
+
+def _check(step: Step, where: str) -> None:
+    usage = f"{where}: usage: AT {step.action} {ACTIONS[step.action]}".rstrip()
+    n = len(step.args)
+    if step.action in ("fail", "heal", "remove") and n != 2:
+        raise ScriptError(usage)
+    if step.action == "add" and (n not in (2, 3) or (n == 3 and not step.args[2].isdigit())):
+        raise ScriptError(usage)
+    if step.action == "allocate" and (n != 2 or step.args[0].count("/") != 2 or "=" not in step.args[1]):
+        raise ScriptError(usage)
+    if step.action == "free" and (n != 1 or step.args[0].count("/") != 1):
+        raise ScriptError(usage)
+    if step.action == "restart":
+        for arg in step.args:
+            if arg == "warmup":
+                continue
+            key, _, value = arg.partition("=")
+            if key != "downtime" or not _AT.fullmatch(value):
+                raise ScriptError(usage)
+    if step.action == "end" and n:
+        raise ScriptError(usage)
+
+
+def load_script(path: Path) -> list[Step]:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ScriptError(f"cannot read {path}: {err}") from err
+    return parse_script(text)
+
+
+async def play(
+    kubelet: FakeKubelet,
+    steps: Sequence[Step],
+    *,
+    say: Callable[[str], None] = lambda _: None,
+    clock: Callable[[], float] | None = None,
+) -> None:
+    """Play `steps` against a running `kubelet`, each at its time from now; returns after the last
+    (an `end` step returns at once). A step that names a device the node does not have says so
+    and goes on: the scenario is the user's, the node may differ."""
+    loop = asyncio.get_running_loop()
+    now = clock or loop.time
+    start = now()
+    for step in steps:
+        wait = start + step.at - now()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        say(f"{step.at:g}s {step.action} {' '.join(step.args)}".rstrip())
+        if step.action == "end":
+            return
+        try:
+            await _do(kubelet, step)
+        except KeyError as err:
+            say(f"  line {step.line}: no such {err.args[0]} on this node; step skipped")
+
+
+async def _do(kubelet: FakeKubelet, step: Step) -> None:
+    a = step.args
+    if step.action in ("fail", "heal"):
+        if (a[0], a[1]) not in kubelet.node.devices:
+            raise KeyError(f"device {a[0]} {a[1]}")
+        kubelet.set_healthy(a[0], a[1], step.action == "heal")
+    elif step.action == "add":
+        kubelet.add_device(a[0], a[1], (int(a[2]),) if len(a) == 3 else ())
+    elif step.action == "remove":
+        if (a[0], a[1]) not in kubelet.node.devices:
+            raise KeyError(f"device {a[0]} {a[1]}")
+        kubelet.remove_device(a[0], a[1])
+    elif step.action == "allocate":
+        namespace, pod, container = a[0].split("/")
+        resource, _, ids = a[1].partition("=")
+        kubelet.allocate(namespace, pod, container, devices={resource: [i for i in ids.split(",") if i]})
+    elif step.action == "free":
+        namespace, pod = a[0].split("/")
+        if (namespace, pod) not in kubelet.node.pods:
+            raise KeyError(f"pod {a[0]}")
+        kubelet.free(namespace, pod)
+    elif step.action == "restart":
+        downtime = 0.0
+        for arg in a:
+            if arg.startswith("downtime="):
+                match = _AT.fullmatch(arg.split("=", 1)[1])
+                assert match is not None  # checked when parsed
+                downtime = float(match.group(1))
+        # As a real kubelet comes back (each device plugin re-registering within a second or two,
+        # List filling in), or all at once.
+        warm = "warmup" in a
+        kubelet.plugins.warmup = Warmup(plugin_delay=(0.5, 2.0), pods_delay=(0.0, 0.5)) if warm else None
+        await kubelet.restart(downtime)
