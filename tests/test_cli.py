@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.conftest import PLANTED_SECRET
-from watcher.cli import main
+from watcher.cli import build_parser, main
 from watcher.sim.fake_kubelet import FakeKubelet
 
 T = TypeVar("T")
@@ -227,6 +229,45 @@ def test_help_everywhere(argv: list[str], capfd: pytest.CaptureFixture[str]) -> 
     assert info.value.code == 0
     out = capfd.readouterr().out
     assert out.startswith("usage: pod-resources-watcher")
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand's parser, read from the real parser: argparse offers no public accessor,
+    and a list written here would miss the next command added."""
+    (sub,) = [a for a in build_parser()._actions if isinstance(a.choices, dict)]
+    return dict(sub.choices)
+
+
+def _help_exit_codes(argv: list[str], capfd: pytest.CaptureFixture[str]) -> dict[int, str]:
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--help"])
+    assert info.value.code == 0
+    out = capfd.readouterr().out
+    assert "exit codes:" in out, argv
+    block = out[out.index("exit codes:") :]
+    return {int(m[1]): m[2] for m in re.finditer(r"^  (\d+) +(.+)$", block, re.MULTILINE)}
+
+
+def test_every_command_states_its_own_exit_codes(capfd: pytest.CaptureFixture[str]) -> None:
+    commands = subcommands()
+    assert {"run", "check-config", "outbox", "audit", "demo", "fake-kubelet", "version"} <= set(commands)
+    codes = {name: _help_exit_codes([name], capfd) for name in commands}
+    assert 0 in _help_exit_codes([], capfd)
+    for name, listed in codes.items():
+        assert 0 in listed and 2 in listed, name
+        # 2 is argparse's own answer to a bad command line, for every command.
+        with pytest.raises(SystemExit) as info:
+            main([name, "--no-such-option"])
+        assert info.value.code == 2, name
+    # Each command lists what it returns, not the program's whole set.
+    assert set(codes["check-config"]) == {0, 2}
+    assert set(codes["version"]) == {0, 2}
+    assert 3 in codes["audit"] and "gaps" in codes["audit"][3]
+    assert "kubelet" in codes["snapshot"][1]
+    assert "not delivered" in codes["send-test"][1]
+    assert "API server" in codes["kubernetes"][1]
+    for name in ("run", "fake-kubelet", "outbox"):
+        assert "kubelet could not be queried" not in codes[name].get(1, ""), name
 
 
 def test_demo_plays_the_whole_story_and_ends_by_itself(capfd: pytest.CaptureFixture[str]) -> None:

@@ -41,13 +41,68 @@ log = structlog.get_logger("watcher.cli")
 
 PROG = "pod-resources-watcher"
 
-EXIT_CODES = """\
-exit codes:
-  0  success
-  1  the kubelet could not be queried (the message on stderr says why and what to do)
-  2  bad command line or configuration
-  130  interrupted
-"""
+
+def _exit_codes(*codes: tuple[int, str]) -> str:
+    """A command's --help epilog: the exit codes that command returns, each with its meaning."""
+    return "exit codes:\n" + "".join(f"  {code:<3} {meaning}\n" for code, meaning in codes)
+
+
+_BAD_ARGS = (2, "bad command line")
+_INTERRUPTED = (130, "interrupted (Ctrl-C)")
+
+# The program's: each command's own --help says which of these it returns and what they mean there.
+EXIT_CODES = _exit_codes(
+    (0, "success"),
+    (1, "the command could not do its work (one line on stderr says why and what to do)"),
+    (2, "bad command line or configuration"),
+    (3, "audit verify: the log is intact but has gaps"),
+    _INTERRUPTED,
+)
+SNAPSHOT_EXIT_CODES = _exit_codes(
+    (0, "printed"),
+    (1, "the kubelet could not be queried (one line on stderr says why and what to do)"),
+    _BAD_ARGS,
+    _INTERRUPTED,
+)
+RUN_EXIT_CODES = _exit_codes(
+    (0, "stopped cleanly by SIGINT or SIGTERM"),
+    (1, "could not run (e.g. the state directory is unusable; one line on stderr says why)"),
+    (2, "bad command line or configuration"),
+    (130, "interrupted before the agent started"),
+)
+SEND_TEST_EXIT_CODES = _exit_codes(
+    (0, "delivered"),
+    (1, "not delivered (refused, or the receiver could not be reached)"),
+    (2, "bad command line or configuration, or no sink of that name"),
+    _INTERRUPTED,
+)
+CHECK_CONFIG_EXIT_CODES = _exit_codes(
+    (0, "the file is valid (its settings are printed)"),
+    (2, "bad command line, or the file is unreadable or invalid (one line names the key)"),
+)
+OUTBOX_EXIT_CODES = _exit_codes(
+    (0, "success"),
+    (1, "no outbox in the state directory (the watcher has not run with it)"),
+    (2, "bad command line or configuration, or no sink of that name in the outbox or config"),
+)
+KUBERNETES_EXIT_CODES = _exit_codes(
+    (0, "the nodes have none of this agent's conditions left"),
+    (1, "the API server could not be reached or refused"),
+    (2, "bad command line or configuration"),
+    _INTERRUPTED,
+)
+FAKE_KUBELET_EXIT_CODES = _exit_codes(
+    (0, "stopped by SIGINT or SIGTERM"),
+    (1, "could not serve (e.g. ROOT is not writable)"),
+    _BAD_ARGS,
+)
+DEMO_EXIT_CODES = _exit_codes(
+    (0, "the story played to its end (with --forever: stopped by Ctrl-C)"),
+    (1, "something the demo needs failed (one line on stderr says what)"),
+    _BAD_ARGS,
+    _INTERRUPTED,
+)
+VERSION_EXIT_CODES = _exit_codes((0, "printed"), _BAD_ARGS)
 
 
 AUDIT_DESCRIPTION = """\
@@ -74,13 +129,12 @@ Gaps: when the sink's queue caps (max_queue, max_age) dropped events before they
 written, the sink wrote a gap record in their place (chained like any record) naming the
 seq range and how many. An intact log with gap records is reported GAPS, each one named.
 """
-AUDIT_EXIT_CODES = """\
-exit codes:
-  0  intact and complete
-  1  broken, or keyed records that could not be checked (no --key-file)
-  2  bad command line, or an unreadable key file
-  3  intact, but with gaps: events dropped by the sink's queue caps before they were written
-"""
+AUDIT_EXIT_CODES = _exit_codes(
+    (0, "intact and complete"),
+    (1, "broken, a file missing, or keyed records that could not be checked (no --key-file)"),
+    (2, "bad command line, or an unreadable key file"),
+    (3, "intact, but with gaps: events dropped by the sink's queue caps before they were written"),
+)
 
 
 def _expectation(text: str) -> tuple[int, str]:
@@ -128,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Query GetAllocatableResources and List once and print the normalized inventory: "
         "per resource and NUMA node what is allocatable, allocated and free, CPUs, memory, and what "
         "each pod holds. `--output json` prints the canonical model and its content hash.",
-        epilog=EXIT_CODES,
+        epilog=SNAPSHOT_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     snap.add_argument(
@@ -159,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with 8 GPUs on 2 NUMA nodes, SR-IOV NICs, 92 allocatable CPUs, hugepages and a few pods. The "
         "socket is ROOT/pod-resources/kubelet.sock; the device-plugin checkpoint and CPU/memory manager "
         "state files are written under ROOT. Runs until interrupted.",
+        epilog=FAKE_KUBELET_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     fake.add_argument("--root", required=True, type=Path, help="stand-in for /var/lib/kubelet")
@@ -182,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the configured sinks, until SIGINT or SIGTERM. Without --config, the built-in defaults are "
         "used: the kubelet's default socket, state in /var/lib/pod-resources-watcher, events as JSON "
         "lines on stdout.",
-        epilog=EXIT_CODES,
+        epilog=RUN_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("--config", "-c", type=Path, help="TOML config file (see config.example.toml)")
@@ -192,8 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="send a synthetic event through one configured sink and report the answer",
         description="Deliver one synthetic event (marked as a test: 'no action needed') through the sink "
         "named SINK in the config and print the receiver's answer. For pagerduty and alertmanager sinks a "
-        "second event resolves what the first triggered. Exit 0 when delivered, 1 when not.",
-        epilog=EXIT_CODES,
+        "second event resolves what the first triggered.",
+        epilog=SEND_TEST_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     send.add_argument("sink", metavar="SINK", help="the sink's name ([sinks.NAME] in the config)")
@@ -204,10 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a config file and print the settings it gives",
         description="Load FILE as `run` would and print the resulting settings; exit 2 with one line "
         "naming the bad key if it is invalid.",
-        epilog=EXIT_CODES,
+        epilog=CHECK_CONFIG_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument("file", type=Path)
+    check.add_argument("file", type=Path, metavar="FILE")
 
     outbox = sub.add_parser(
         "outbox",
@@ -217,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         "dropped by their caps, disabled) and the dead letters; `retry` "
         "puts dead letters back on their sink's queue (same event ids; a running agent picks them up "
         "within seconds); `drop` deletes them.",
-        epilog=EXIT_CODES,
+        epilog=OUTBOX_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     outbox.add_argument("action", choices=("list", "retry", "drop"))
@@ -235,9 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
         "or with an agent's config, for its own node (`--config FILE`: the kubernetes sink's "
         "connection). A running agent writes its conditions back at its next change or start, so "
         "remove the sink from the agents first (deploy/README.md has the order). Events expire on "
-        "their own (the API server's event TTL, 1 h by default). Exit 0 when the nodes have none "
-        "left, 1 when the API server could not be reached or refused, 2 for bad arguments.",
-        epilog=EXIT_CODES,
+        "their own (the API server's event TTL, 1 h by default).",
+        epilog=KUBERNETES_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kube.add_argument("action", choices=("cleanup",))
@@ -303,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
         "hot-plugged, a GPU failing while in use, healing, a pod allocating a NIC, a kubelet restart, "
         "and a CPU change across a restart; each event is printed as it is delivered, and a summary "
         "ends it. Needs nothing but this package; everything stays on loopback and a temp directory.",
+        epilog=DEMO_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     demo.add_argument(
         "--forever", action="store_true", help="after the story, keep random churn going until Ctrl-C"
@@ -314,7 +370,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: the kubernetes sink against a local fake API server; a GPU fails and heals, and "
         "what `kubectl describe pod` / `kubectl describe node` show is printed after each step",
     )
-    sub.add_parser("version", help="print the version")
+    sub.add_parser(
+        "version",
+        help="print the version",
+        description="Print the version.",
+        epilog=VERSION_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     return parser
 
 
