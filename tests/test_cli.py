@@ -260,14 +260,49 @@ def test_every_command_states_its_own_exit_codes(capfd: pytest.CaptureFixture[st
             main([name, "--no-such-option"])
         assert info.value.code == 2, name
     # Each command lists what it returns, not the program's whole set.
-    assert set(codes["check-config"]) == {0, 2}
-    assert set(codes["version"]) == {0, 2}
+    assert set(codes["check-config"]) == {0, 2, 141}
+    assert set(codes["version"]) == {0, 2, 141}
     assert 3 in codes["audit"] and "gaps" in codes["audit"][3]
     assert "kubelet" in codes["snapshot"][1]
     assert "not delivered" in codes["send-test"][1]
     assert "API server" in codes["kubernetes"][1]
     for name in ("run", "fake-kubelet", "outbox"):
         assert "kubelet could not be queried" not in codes[name].get(1, ""), name
+
+
+def test_output_into_a_closed_pipe_stops_quietly(tmp_path: Path) -> None:
+    """`check-config FILE | head -1`: once head has its line and exits, our next write meets a
+    closed pipe. Made certain here by closing the pipe's reading end before the command starts."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'node = "n"\nstate_dir = "{tmp_path / "state"}"\n')
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "watcher", "check-config", str(config)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""
+    assert proc.returncode == 141  # as a command that SIGPIPE ended
+
+
+def test_check_config_piped_into_head(tmp_path: Path) -> None:
+    """The real pipeline, a few times over: whether head exits before or after we write, the
+    first line arrives and nothing is said on stderr."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'node = "n"\nstate_dir = "{tmp_path / "state"}"\n')
+    command = f"{sys.executable} -m watcher check-config {config} | head -1"
+    for _ in range(3):
+        proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=_env(), timeout=60)
+        assert proc.stdout == f"{config}: OK\n"
+        assert proc.stderr == ""
+        assert proc.returncode == 0
 
 
 def test_demo_plays_the_whole_story_and_ends_by_itself(capfd: pytest.CaptureFixture[str]) -> None:

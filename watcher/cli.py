@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -48,6 +49,8 @@ def _exit_codes(*codes: tuple[int, str]) -> str:
 
 
 _BAD_ARGS = (2, "bad command line")
+PIPE_CLOSED = 128 + signal.SIGPIPE
+_PIPE = (PIPE_CLOSED, "the reader of its output went away (e.g. `| head -1`); stopped quietly")
 _INTERRUPTED = (130, "interrupted (Ctrl-C)")
 
 # The program's: each command's own --help says which of these it returns and what they mean there.
@@ -57,12 +60,14 @@ EXIT_CODES = _exit_codes(
     (2, "bad command line or configuration"),
     (3, "audit verify: the log is intact but has gaps"),
     _INTERRUPTED,
+    _PIPE,
 )
 SNAPSHOT_EXIT_CODES = _exit_codes(
     (0, "printed"),
     (1, "the kubelet could not be queried (one line on stderr says why and what to do)"),
     _BAD_ARGS,
     _INTERRUPTED,
+    _PIPE,
 )
 RUN_EXIT_CODES = _exit_codes(
     (0, "stopped cleanly by SIGINT or SIGTERM"),
@@ -75,21 +80,25 @@ SEND_TEST_EXIT_CODES = _exit_codes(
     (1, "not delivered (refused, or the receiver could not be reached)"),
     (2, "bad command line or configuration, or no sink of that name"),
     _INTERRUPTED,
+    _PIPE,
 )
 CHECK_CONFIG_EXIT_CODES = _exit_codes(
     (0, "the file is valid (its settings are printed)"),
     (2, "bad command line, or the file is unreadable or invalid (one line names the key)"),
+    _PIPE,
 )
 OUTBOX_EXIT_CODES = _exit_codes(
     (0, "success"),
     (1, "no outbox in the state directory (the watcher has not run with it)"),
     (2, "bad command line or configuration, or no sink of that name in the outbox or config"),
+    _PIPE,
 )
 KUBERNETES_EXIT_CODES = _exit_codes(
     (0, "the nodes have none of this agent's conditions left"),
     (1, "the API server could not be reached or refused"),
     (2, "bad command line or configuration"),
     _INTERRUPTED,
+    _PIPE,
 )
 FAKE_KUBELET_EXIT_CODES = _exit_codes(
     (0, "stopped by SIGINT or SIGTERM"),
@@ -101,8 +110,9 @@ DEMO_EXIT_CODES = _exit_codes(
     (1, "something the demo needs failed (one line on stderr says what)"),
     _BAD_ARGS,
     _INTERRUPTED,
+    _PIPE,
 )
-VERSION_EXIT_CODES = _exit_codes((0, "printed"), _BAD_ARGS)
+VERSION_EXIT_CODES = _exit_codes((0, "printed"), _BAD_ARGS, _PIPE)
 
 
 AUDIT_DESCRIPTION = """\
@@ -134,6 +144,7 @@ AUDIT_EXIT_CODES = _exit_codes(
     (1, "broken, a file missing, or keyed records that could not be checked (no --key-file)"),
     (2, "bad command line, or an unreadable key file"),
     (3, "intact, but with gaps: events dropped by the sink's queue caps before they were written"),
+    _PIPE,
 )
 
 
@@ -614,6 +625,42 @@ def _audit(args: argparse.Namespace) -> int:
     return 0 if result.complete else 3 if result.ok else 1
 
 
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        return asyncio.run(_run(_settings(args.config), args.config))
+    if args.command == "send-test":
+        return asyncio.run(_send_test(_settings(args.config), args.sink))
+    if args.command == "check-config":
+        return _check_config(args.file)
+    if args.command == "outbox":
+        return _outbox(args)
+    if args.command == "audit":
+        return _audit(args)
+    if args.command == "kubernetes":
+        return asyncio.run(_kubernetes_cleanup(args))
+    if args.command == "snapshot":
+        return asyncio.run(_snapshot(args))
+    if args.command == "fake-kubelet":
+        return asyncio.run(_fake_kubelet(args))
+    if args.command == "demo":
+        if args.kubernetes:
+            from watcher.sim.demo_kubernetes import run_kubernetes_demo
+
+            return asyncio.run(run_kubernetes_demo())
+        return asyncio.run(run_demo(forever=args.forever, seed=args.seed))
+    print(f"{PROG} {__version__}")  # the only command left: version
+    return 0
+
+
+def _stdout_to_devnull() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's last flush of stdout at exit has nowhere
+    to fail (a failed flush there prints a traceback-like warning and exits 120)."""
+    with contextlib.suppress(OSError, ValueError):  # stdout without a descriptor (in-process callers)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int:
     """Run the command line. `hup_ignored`: the entry point ignored SIGHUP before importing
     us; `run` keeps it ignored until the agent can reload, the other commands restore the
@@ -623,30 +670,15 @@ def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int
     if hup_ignored and args.command != "run":
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
-        if args.command == "run":
-            return asyncio.run(_run(_settings(args.config), args.config))
-        if args.command == "send-test":
-            return asyncio.run(_send_test(_settings(args.config), args.sink))
-        if args.command == "check-config":
-            return _check_config(args.file)
-        if args.command == "outbox":
-            return _outbox(args)
-        if args.command == "audit":
-            return _audit(args)
-        if args.command == "kubernetes":
-            return asyncio.run(_kubernetes_cleanup(args))
-        if args.command == "snapshot":
-            return asyncio.run(_snapshot(args))
-        if args.command == "fake-kubelet":
-            return asyncio.run(_fake_kubelet(args))
-        if args.command == "demo":
-            if args.kubernetes:
-                from watcher.sim.demo_kubernetes import run_kubernetes_demo
-
-                return asyncio.run(run_kubernetes_demo())
-            return asyncio.run(run_demo(forever=args.forever, seed=args.seed))
-        print(f"{PROG} {__version__}")  # the only command left: version
-        return 0
+        code = _command(args)
+        # Flushed here, not at exit: a reader that went away must reach the handler below.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader of our output went away (`check-config FILE | head -1`): stop quietly
+        # with the status of a command that SIGPIPE ended, as other Unix tools do.
+        _stdout_to_devnull()
+        return PIPE_CLOSED
     except ConfigError as err:
         return _fail(str(err), 2)
     except errors.WatcherError as err:
@@ -658,5 +690,4 @@ def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(BrokenPipeError):
-        sys.exit(main())
+    sys.exit(main())
