@@ -468,3 +468,32 @@ def test_a_type_error_in_headers_names_the_key_never_the_value(
     assert line.startswith(f"pod-resources-watcher: error: {message}")
     assert out == ""
     assert "LeakedHeader" not in err and "Bearer" not in err and "5" not in line.rpartition(":")[2]
+
+
+def test_outbox_names_the_sinks_when_asked_for_one_that_does_not_exist(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from watcher.store.outbox import OUTBOX_FILE, OutboxDatabase
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    box = OutboxDatabase(state / OUTBOX_FILE)
+    box.open()
+    box.register(["audit", "hook"])
+    box.close()
+    for action in ("list", "retry", "drop"):
+        assert main(["outbox", action, "--state-dir", str(state), "--sink", "nosuch"]) == 2
+        out, err = capfd.readouterr()
+        assert out == ""  # no empty table, no "0 dead letter(s)"
+        assert err == (
+            "pod-resources-watcher: error: no sink named 'nosuch' in the outbox (sinks: audit, hook)\n"
+        )
+    assert main(["outbox", "list", "--state-dir", str(state), "--sink", "hook"]) == 0
+    assert [line.split()[0] for line in capfd.readouterr().out.splitlines()] == ["SINK", "hook"]
+    # A sink the config names but that has queued nothing yet is a sink, not a typo.
+    config = tmp_path / "c.toml"
+    config.write_text(f'node = "n"\nstate_dir = "{state}"\n[sinks.console]\ntype = "stdout"\n')
+    assert main(["outbox", "list", "--config", str(config), "--sink", "console"]) == 0
+    assert "console" in capfd.readouterr().out
+    assert main(["outbox", "list", "--config", str(config), "--sink", "consle"]) == 2
+    assert "(sinks: audit, console, hook)" in capfd.readouterr().err

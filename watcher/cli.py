@@ -558,13 +558,22 @@ def _check_config(path: Path) -> int:
 
 
 def _outbox(args: argparse.Namespace) -> int:
-    state_dir = args.state_dir or _settings(args.config).state_dir
+    settings = _settings(args.config) if args.config is not None else None
+    state_dir = args.state_dir or (settings or Settings()).state_dir
     path = state_dir / OUTBOX_FILE
     if not path.exists():
         return _fail(f"no outbox at {path}: has the watcher run with this state_dir?")
     box = OutboxDatabase(path)
     box.open()
     try:
+        # A sink the outbox has never seen nor the config names is a typo: without this, list
+        # prints an empty row of zeros and retry/drop report 0, as if all were well.
+        known = sorted(
+            {*box.sink_names(), *(s.name for s in settings.sinks)} if settings else box.sink_names()
+        )
+        if args.sink is not None and args.sink not in known:
+            where = "in the outbox or the config" if settings else "in the outbox"
+            return _fail(f"no sink named {args.sink!r} {where} (sinks: {', '.join(known) or 'none'})", 2)
         if args.action == "retry":
             n = box.retry_dead(args.sink, args.seq)
             print(f"{n} dead letter(s) put back on their queues")
