@@ -497,3 +497,63 @@ def test_outbox_names_the_sinks_when_asked_for_one_that_does_not_exist(
     assert "console" in capfd.readouterr().out
     assert main(["outbox", "list", "--config", str(config), "--sink", "consle"]) == 2
     assert "(sinks: audit, console, hook)" in capfd.readouterr().err
+
+
+def _check(tmp_path: Path, sink: str, capfd: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    config = tmp_path / "c.toml"
+    config.write_text(f'node = "n"\nstate_dir = "{tmp_path / "state"}"\n{sink}')
+    code = main(["check-config", str(config)])
+    return code, capfd.readouterr().err
+
+
+def test_check_config_refuses_tls_files_that_cannot_be_read(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The sink opens them only at its first delivery: unchecked, a missing CA bundle fails every
+    delivery, retried for good, while check-config says OK."""
+    hook = '[sinks.hook]\ntype = "webhook"\nurl = "https://127.0.0.1:9/"\n'
+    code, err = _check(tmp_path, hook + 'ca_file = "missing-ca.pem"\n', capfd)
+    assert code == 2
+    missing = tmp_path / "missing-ca.pem"  # relative to the config file's directory
+    assert err == (
+        "pod-resources-watcher: error: sinks.hook.ca_file: "
+        f"cannot read {missing}: No such file or directory\n"
+    )
+    (tmp_path / "ca.pem").write_text("a CA bundle\n")
+    (tmp_path / "client.pem").write_text("a certificate\n")
+    assert _check(tmp_path, hook + 'ca_file = "ca.pem"\n', capfd) == (0, "")
+    pair = 'cert_file = "client.pem"\nkey_file = "client-key.pem"\n'
+    code, err = _check(tmp_path, hook + pair, capfd)
+    assert code == 2 and "sinks.hook.key_file: cannot read" in err
+    code, err = _check(tmp_path, hook + 'ca_file = "."\n', capfd)  # a directory is no bundle
+    assert code == 2 and "sinks.hook.ca_file: cannot read" in err
+
+
+@pytest.mark.parametrize(
+    ("kinds", "suggestion"),
+    [
+        ('["devcie.*"]', "'device.*'"),
+        ('["*", "device.addd"]', "'device.added'"),
+        ('["kublet.*"]', "'kubelet.*'"),
+    ],
+)
+def test_check_config_refuses_a_kind_pattern_that_matches_no_kind(
+    kinds: str, suggestion: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _check(tmp_path, f'[sinks.s]\ntype = "stdout"\nkinds = {kinds}\n', capfd)
+    assert code == 2
+    index = kinds.count(",")  # the bad one is the last entry
+    assert err.startswith(
+        f"pod-resources-watcher: error: sinks.s.kinds[{index}]: matches no event kind; "
+        f"did you mean {suggestion}?"
+    )
+    assert "device.*" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "kinds", ['["*"]', '["device.*"]', '["device.added", "kubelet.*", "api.degraded"]', '["*.added"]']
+)
+def test_check_config_takes_kind_patterns_that_match(
+    kinds: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert _check(tmp_path, f'[sinks.s]\ntype = "stdout"\nkinds = {kinds}\n', capfd) == (0, "")
