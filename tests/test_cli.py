@@ -557,3 +557,38 @@ def test_check_config_takes_kind_patterns_that_match(
     kinds: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     assert _check(tmp_path, f'[sinks.s]\ntype = "stdout"\nkinds = {kinds}\n', capfd) == (0, "")
+
+
+def test_a_relative_file_sink_path_is_inside_state_dir(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """config.example.toml: "A relative path is inside state_dir" for a file sink's `path`, though
+    other relative paths are relative to the config file's directory."""
+    from watcher.settings import load_settings
+    from watcher.sim.send_test import MemoryStore, synthetic_events
+    from watcher.sinks.registry import build_sink
+
+    state, conf = tmp_path / "state", tmp_path / "etc"
+    state.mkdir(mode=0o700)
+    conf.mkdir()
+    config = conf / "c.toml"
+    config.write_text(
+        f'node = "n"\nstate_dir = "{state}"\n[sinks.audit]\ntype = "file"\npath = "audit.jsonl"\n'
+    )
+    settings = load_settings(config)
+    (cfg,) = settings.sinks
+
+    async def deliver() -> bool:
+        sink = build_sink(cfg, node="n", state_dir=settings.state_dir, store=MemoryStore())
+        try:
+            return (await sink.deliver(synthetic_events("n", paging=False))).delivered
+        finally:
+            await sink.close()
+
+    assert asyncio.run(deliver())
+    assert (state / "audit.jsonl").is_file()
+    assert not (conf / "audit.jsonl").exists()
+    # send-test writes its copy beside the real log, and says where that is.
+    assert main(["send-test", "audit", "--config", str(config)]) == 0
+    assert f"writing to {state / 'audit.jsonl.send-test'}," in capfd.readouterr().out
+    assert (state / "audit.jsonl.send-test").is_file()

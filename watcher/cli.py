@@ -488,7 +488,9 @@ async def _send_test(settings: Settings, name: str) -> int:
     safe = sink_type_of(cfg).for_send_test
     if safe is not None:
         cfg = safe(cfg)
-        print(f"{name}: writing to {getattr(cfg, 'path', 'a copy')}, not to the sink's own stream")
+        log_of = sink_type_of(cfg).audit_log
+        where = log_of(cfg, settings.state_dir) if log_of is not None else "a copy"
+        print(f"{name}: writing to {where}, not to the sink's own stream")
     sink = build_sink(
         cfg, node=settings.node, state_dir=settings.state_dir, store=MemoryStore(), peers=settings.sinks
     )
