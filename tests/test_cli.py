@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -331,11 +332,43 @@ def test_demo_plays_the_whole_story_and_ends_by_itself(capfd: pytest.CaptureFixt
     assert out.count("registered again") >= 4
 
 
-def test_version(capfd: pytest.CaptureFixture[str]) -> None:
+def test_version_names_the_commit_of_a_git_checkout(capfd: pytest.CaptureFixture[str]) -> None:
     from watcher import __version__
 
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert main(["version"]) == 0
-    assert capfd.readouterr().out.strip() == f"pod-resources-watcher {__version__}"
+    assert capfd.readouterr().out == f"pod-resources-watcher {__version__} (git {head})\n"
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capfd.readouterr().out == f"pod-resources-watcher {__version__} (git {head})\n"
+
+
+def test_version_outside_a_checkout_is_the_plain_version(tmp_path: Path) -> None:
+    """Copied out of the checkout, and copied into a subdirectory of another repository (as a
+    package installed into a virtualenv inside some checkout is): no commit, nobody else's."""
+    from watcher import __version__
+
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    subprocess.run(
+        ["git", "-C", str(tmp_path / "repo"), "-c", "user.name=t", "-c", "user.email=t@t", "commit",
+         "-q", "--allow-empty", "-m", "x"],
+        check=True,
+    )  # fmt: skip
+    for where in (tmp_path / "plain", tmp_path / "repo" / "lib"):
+        shutil.copytree(ROOT / "watcher", where / "watcher", ignore=shutil.ignore_patterns("__pycache__"))
+        proc = subprocess.run(
+            [sys.executable, "-m", "watcher", "version"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(where)},
+            cwd=where,
+            timeout=60,
+        )
+        assert (proc.returncode, proc.stderr) == (0, "")
+        assert proc.stdout == f"pod-resources-watcher {__version__}\n", where
 
 
 def test_demo_forever_churns_until_interrupted_then_summarises() -> None:

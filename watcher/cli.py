@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,11 +37,52 @@ from watcher.snapshot import format_json, format_table, take_snapshot
 from watcher.store.outbox import OUTBOX_FILE, OutboxDatabase
 from watcher.supervision import stop_on_signals
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "version_text"]
 
 log = structlog.get_logger("watcher.cli")
 
 PROG = "pod-resources-watcher"
+
+
+def version_text() -> str:
+    """`pod-resources-watcher 0.1.0`, with ` (git abc1234)` when the package runs from a git
+    checkout, so a report from a development tree names its commit. Only when the package's
+    parent directory is the top of that work tree: a package installed into a virtualenv that
+    sits inside some other checkout must not borrow its commit. Local and bounded: one git
+    call, at most 2 s; no git, no checkout, or any failure gives the plain version."""
+    plain = f"{PROG} {__version__}"
+    source = Path(__file__).resolve().parent.parent
+    try:
+        answer = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "--show-toplevel", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=2,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return plain
+    lines = answer.stdout.split()
+    if answer.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != source:
+        return plain
+    return f"{plain} (git {lines[1]})"
+
+
+class _PrintVersion(argparse.Action):
+    """--version, asking git only when given (every other run of the command must not)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings,
+            dest=argparse.SUPPRESS,
+            default=argparse.SUPPRESS,
+            nargs=0,
+            help="print the version",
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(version_text())
+        parser.exit()
 
 
 def _exit_codes(*codes: tuple[int, str]) -> str:
@@ -184,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--version", action=_PrintVersion)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     snap = sub.add_parser(
@@ -384,7 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "version",
         help="print the version",
-        description="Print the version.",
+        description="Print the version, and the commit when the package runs from a git checkout "
+        "(e.g. `pod-resources-watcher 0.1.0 (git abc1234)`).",
         epilog=VERSION_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -659,7 +702,7 @@ def _command(args: argparse.Namespace) -> int:
 
             return asyncio.run(run_kubernetes_demo())
         return asyncio.run(run_demo(forever=args.forever, seed=args.seed))
-    print(f"{PROG} {__version__}")  # the only command left: version
+    print(version_text())  # the only command left: version
     return 0
 
 
