@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.conftest import PLANTED_SECRET
-from watcher.cli import build_parser, main
+from watcher.cli import PROG, build_parser, main
 from watcher.sim.fake_kubelet import FakeKubelet
 
 T = TypeVar("T")
@@ -625,3 +625,41 @@ def test_a_relative_file_sink_path_is_inside_state_dir(
     assert main(["send-test", "audit", "--config", str(config)]) == 0
     assert f"writing to {state / 'audit.jsonl.send-test'}," in capfd.readouterr().out
     assert (state / "audit.jsonl.send-test").is_file()
+
+
+def _readme_commands() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Commands\n") :]
+    start = section.index("```\n") + 4
+    return section[start : section.index("\n```", start)]
+
+
+def test_the_readme_command_list_names_every_command_and_option() -> None:
+    """The README's Commands block, against the real parser: each subcommand has a line, each of
+    its long options and each choice of its positional arguments is on that command's lines,
+    its short options somewhere in the section, and no line names a command that does not exist."""
+    block = _readme_commands()
+    lines: dict[str, list[str]] = {}
+    for line in block.splitlines():
+        assert line.startswith("pod-resources-watcher "), line
+        lines.setdefault(line.split()[1], []).append(line.split("#")[0])
+    commands = subcommands()
+    assert set(lines) == set(commands)
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Commands\n") : readme.index("\n## ", readme.index("## Commands\n"))]
+    missing = []
+    for name, parser in commands.items():
+        written = " ".join(lines[name])
+        for action in parser._actions:  # argparse has no public accessor for its options
+            if isinstance(action, argparse._HelpAction):
+                continue
+            for option in action.option_strings:
+                if option.startswith("--") and not re.search(rf"{option}(?![\w-])", written):
+                    missing.append(f"{name} {option}")
+                if not option.startswith("--") and f"`{option}`" not in section:
+                    missing.append(f"{name} {option} (short)")
+            if not action.option_strings and action.choices:
+                missing += [f"{name} {choice}" for choice in action.choices if choice not in written]
+    top = [o for a in build_parser()._actions for o in a.option_strings if o not in ("-h", "--help")]
+    missing += [f"{PROG} {o}" for o in top if o not in block]
+    assert missing == []
