@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +20,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.conftest import PLANTED_SECRET
-from watcher.cli import main
+from watcher.cli import PROG, build_parser, main
 from watcher.sim.fake_kubelet import FakeKubelet
 
 T = TypeVar("T")
@@ -229,6 +232,80 @@ def test_help_everywhere(argv: list[str], capfd: pytest.CaptureFixture[str]) -> 
     assert out.startswith("usage: pod-resources-watcher")
 
 
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand's parser, read from the real parser: argparse offers no public accessor,
+    and a list written here would miss the next command added."""
+    (sub,) = [a for a in build_parser()._actions if isinstance(a.choices, dict)]
+    return dict(sub.choices)
+
+
+def _help_exit_codes(argv: list[str], capfd: pytest.CaptureFixture[str]) -> dict[int, str]:
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--help"])
+    assert info.value.code == 0
+    out = capfd.readouterr().out
+    assert "exit codes:" in out, argv
+    block = out[out.index("exit codes:") :]
+    return {int(m[1]): m[2] for m in re.finditer(r"^  (\d+) +(.+)$", block, re.MULTILINE)}
+
+
+def test_every_command_states_its_own_exit_codes(capfd: pytest.CaptureFixture[str]) -> None:
+    commands = subcommands()
+    assert {"run", "check-config", "outbox", "audit", "demo", "fake-kubelet", "version"} <= set(commands)
+    codes = {name: _help_exit_codes([name], capfd) for name in commands}
+    assert 0 in _help_exit_codes([], capfd)
+    for name, listed in codes.items():
+        assert 0 in listed and 2 in listed, name
+        # 2 is argparse's own answer to a bad command line, for every command.
+        with pytest.raises(SystemExit) as info:
+            main([name, "--no-such-option"])
+        assert info.value.code == 2, name
+    # Each command lists what it returns, not the program's whole set.
+    assert set(codes["check-config"]) == {0, 2, 141}
+    assert set(codes["version"]) == {0, 2, 141}
+    assert 3 in codes["audit"] and "gaps" in codes["audit"][3]
+    assert "kubelet" in codes["snapshot"][1]
+    assert "not delivered" in codes["send-test"][1]
+    assert "API server" in codes["kubernetes"][1]
+    for name in ("run", "fake-kubelet", "outbox"):
+        assert "kubelet could not be queried" not in codes[name].get(1, ""), name
+
+
+def test_output_into_a_closed_pipe_stops_quietly(tmp_path: Path) -> None:
+    """`check-config FILE | head -1`: once head has its line and exits, our next write meets a
+    closed pipe. Made certain here by closing the pipe's reading end before the command starts."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'node = "n"\nstate_dir = "{tmp_path / "state"}"\n')
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "watcher", "check-config", str(config)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""
+    assert proc.returncode == 141  # as a command that SIGPIPE ended
+
+
+def test_check_config_piped_into_head(tmp_path: Path) -> None:
+    """The real pipeline, a few times over: whether head exits before or after we write, the
+    first line arrives and nothing is said on stderr."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'node = "n"\nstate_dir = "{tmp_path / "state"}"\n')
+    command = f"{sys.executable} -m watcher check-config {config} | head -1"
+    for _ in range(3):
+        proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=_env(), timeout=60)
+        assert proc.stdout == f"{config}: OK\n"
+        assert proc.stderr == ""
+        assert proc.returncode == 0
+
+
 def test_demo_plays_the_whole_story_and_ends_by_itself(capfd: pytest.CaptureFixture[str]) -> None:
     started = time.monotonic()
     assert main(["demo", "--seed", "3"]) == 0
@@ -255,11 +332,43 @@ def test_demo_plays_the_whole_story_and_ends_by_itself(capfd: pytest.CaptureFixt
     assert out.count("registered again") >= 4
 
 
-def test_version(capfd: pytest.CaptureFixture[str]) -> None:
+def test_version_names_the_commit_of_a_git_checkout(capfd: pytest.CaptureFixture[str]) -> None:
     from watcher import __version__
 
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert main(["version"]) == 0
-    assert capfd.readouterr().out.strip() == f"pod-resources-watcher {__version__}"
+    assert capfd.readouterr().out == f"pod-resources-watcher {__version__} (git {head})\n"
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capfd.readouterr().out == f"pod-resources-watcher {__version__} (git {head})\n"
+
+
+def test_version_outside_a_checkout_is_the_plain_version(tmp_path: Path) -> None:
+    """Copied out of the checkout, and copied into a subdirectory of another repository (as a
+    package installed into a virtualenv inside some checkout is): no commit, nobody else's."""
+    from watcher import __version__
+
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    subprocess.run(
+        ["git", "-C", str(tmp_path / "repo"), "-c", "user.name=t", "-c", "user.email=t@t", "commit",
+         "-q", "--allow-empty", "-m", "x"],
+        check=True,
+    )  # fmt: skip
+    for where in (tmp_path / "plain", tmp_path / "repo" / "lib"):
+        shutil.copytree(ROOT / "watcher", where / "watcher", ignore=shutil.ignore_patterns("__pycache__"))
+        proc = subprocess.run(
+            [sys.executable, "-m", "watcher", "version"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(where)},
+            cwd=where,
+            timeout=60,
+        )
+        assert (proc.returncode, proc.stderr) == (0, "")
+        assert proc.stdout == f"pod-resources-watcher {__version__}\n", where
 
 
 def test_demo_forever_churns_until_interrupted_then_summarises() -> None:
@@ -392,3 +501,165 @@ def test_a_type_error_in_headers_names_the_key_never_the_value(
     assert line.startswith(f"pod-resources-watcher: error: {message}")
     assert out == ""
     assert "LeakedHeader" not in err and "Bearer" not in err and "5" not in line.rpartition(":")[2]
+
+
+def test_outbox_names_the_sinks_when_asked_for_one_that_does_not_exist(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from watcher.store.outbox import OUTBOX_FILE, OutboxDatabase
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    box = OutboxDatabase(state / OUTBOX_FILE)
+    box.open()
+    box.register(["audit", "hook"])
+    box.close()
+    for action in ("list", "retry", "drop"):
+        assert main(["outbox", action, "--state-dir", str(state), "--sink", "nosuch"]) == 2
+        out, err = capfd.readouterr()
+        assert out == ""  # no empty table, no "0 dead letter(s)"
+        assert err == (
+            "pod-resources-watcher: error: no sink named 'nosuch' in the outbox (sinks: audit, hook)\n"
+        )
+    assert main(["outbox", "list", "--state-dir", str(state), "--sink", "hook"]) == 0
+    assert [line.split()[0] for line in capfd.readouterr().out.splitlines()] == ["SINK", "hook"]
+    # A sink the config names but that has queued nothing yet is a sink, not a typo.
+    config = tmp_path / "c.toml"
+    config.write_text(f'node = "n"\nstate_dir = "{state}"\n[sinks.console]\ntype = "stdout"\n')
+    assert main(["outbox", "list", "--config", str(config), "--sink", "console"]) == 0
+    assert "console" in capfd.readouterr().out
+    assert main(["outbox", "list", "--config", str(config), "--sink", "consle"]) == 2
+    assert "(sinks: audit, console, hook)" in capfd.readouterr().err
+
+
+def _check(tmp_path: Path, sink: str, capfd: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    config = tmp_path / "c.toml"
+    config.write_text(f'node = "n"\nstate_dir = "{tmp_path / "state"}"\n{sink}')
+    code = main(["check-config", str(config)])
+    return code, capfd.readouterr().err
+
+
+def test_check_config_refuses_tls_files_that_cannot_be_read(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The sink opens them only at its first delivery: unchecked, a missing CA bundle fails every
+    delivery, retried for good, while check-config says OK."""
+    hook = '[sinks.hook]\ntype = "webhook"\nurl = "https://127.0.0.1:9/"\n'
+    code, err = _check(tmp_path, hook + 'ca_file = "missing-ca.pem"\n', capfd)
+    assert code == 2
+    missing = tmp_path / "missing-ca.pem"  # relative to the config file's directory
+    assert err == (
+        "pod-resources-watcher: error: sinks.hook.ca_file: "
+        f"cannot read {missing}: No such file or directory\n"
+    )
+    (tmp_path / "ca.pem").write_text("a CA bundle\n")
+    (tmp_path / "client.pem").write_text("a certificate\n")
+    assert _check(tmp_path, hook + 'ca_file = "ca.pem"\n', capfd) == (0, "")
+    pair = 'cert_file = "client.pem"\nkey_file = "client-key.pem"\n'
+    code, err = _check(tmp_path, hook + pair, capfd)
+    assert code == 2 and "sinks.hook.key_file: cannot read" in err
+    code, err = _check(tmp_path, hook + 'ca_file = "."\n', capfd)  # a directory is no bundle
+    assert code == 2 and "sinks.hook.ca_file: cannot read" in err
+
+
+@pytest.mark.parametrize(
+    ("kinds", "suggestion"),
+    [
+        ('["devcie.*"]', "'device.*'"),
+        ('["*", "device.addd"]', "'device.added'"),
+        ('["kublet.*"]', "'kubelet.*'"),
+    ],
+)
+def test_check_config_refuses_a_kind_pattern_that_matches_no_kind(
+    kinds: str, suggestion: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _check(tmp_path, f'[sinks.s]\ntype = "stdout"\nkinds = {kinds}\n', capfd)
+    assert code == 2
+    index = kinds.count(",")  # the bad one is the last entry
+    assert err.startswith(
+        f"pod-resources-watcher: error: sinks.s.kinds[{index}]: matches no event kind; "
+        f"did you mean {suggestion}?"
+    )
+    assert "device.*" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "kinds", ['["*"]', '["device.*"]', '["device.added", "kubelet.*", "api.degraded"]', '["*.added"]']
+)
+def test_check_config_takes_kind_patterns_that_match(
+    kinds: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert _check(tmp_path, f'[sinks.s]\ntype = "stdout"\nkinds = {kinds}\n', capfd) == (0, "")
+
+
+def test_a_relative_file_sink_path_is_inside_state_dir(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """config.example.toml: "A relative path is inside state_dir" for a file sink's `path`, though
+    other relative paths are relative to the config file's directory."""
+    from watcher.settings import load_settings
+    from watcher.sim.send_test import MemoryStore, synthetic_events
+    from watcher.sinks.registry import build_sink
+
+    state, conf = tmp_path / "state", tmp_path / "etc"
+    state.mkdir(mode=0o700)
+    conf.mkdir()
+    config = conf / "c.toml"
+    config.write_text(
+        f'node = "n"\nstate_dir = "{state}"\n[sinks.audit]\ntype = "file"\npath = "audit.jsonl"\n'
+    )
+    settings = load_settings(config)
+    (cfg,) = settings.sinks
+
+    async def deliver() -> bool:
+        sink = build_sink(cfg, node="n", state_dir=settings.state_dir, store=MemoryStore())
+        try:
+            return (await sink.deliver(synthetic_events("n", paging=False))).delivered
+        finally:
+            await sink.close()
+
+    assert asyncio.run(deliver())
+    assert (state / "audit.jsonl").is_file()
+    assert not (conf / "audit.jsonl").exists()
+    # send-test writes its copy beside the real log, and says where that is.
+    assert main(["send-test", "audit", "--config", str(config)]) == 0
+    assert f"writing to {state / 'audit.jsonl.send-test'}," in capfd.readouterr().out
+    assert (state / "audit.jsonl.send-test").is_file()
+
+
+def _readme_commands() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Commands\n") :]
+    start = section.index("```\n") + 4
+    return section[start : section.index("\n```", start)]
+
+
+def test_the_readme_command_list_names_every_command_and_option() -> None:
+    """The README's Commands block, against the real parser: each subcommand has a line, each of
+    its long options and each choice of its positional arguments is on that command's lines,
+    its short options somewhere in the section, and no line names a command that does not exist."""
+    block = _readme_commands()
+    lines: dict[str, list[str]] = {}
+    for line in block.splitlines():
+        assert line.startswith("pod-resources-watcher "), line
+        lines.setdefault(line.split()[1], []).append(line.split("#")[0])
+    commands = subcommands()
+    assert set(lines) == set(commands)
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Commands\n") : readme.index("\n## ", readme.index("## Commands\n"))]
+    missing = []
+    for name, parser in commands.items():
+        written = " ".join(lines[name])
+        for action in parser._actions:  # argparse has no public accessor for its options
+            if isinstance(action, argparse._HelpAction):
+                continue
+            for option in action.option_strings:
+                if option.startswith("--") and not re.search(rf"{option}(?![\w-])", written):
+                    missing.append(f"{name} {option}")
+                if not option.startswith("--") and f"`{option}`" not in section:
+                    missing.append(f"{name} {option} (short)")
+            if not action.option_strings and action.choices:
+                missing += [f"{name} {choice}" for choice in action.choices if choice not in written]
+    top = [o for a in build_parser()._actions for o in a.option_strings if o not in ("-h", "--help")]
+    missing += [f"{PROG} {o}" for o in top if o not in block]
+    assert missing == []

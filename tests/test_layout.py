@@ -178,3 +178,16 @@ def test_every_test_security_md_cites_exists() -> None:
         if not re.search(rf"^(async )?def {name}\(", source, re.M):
             missing.append(f"{path}::{name}")
     assert missing == [], "SECURITY.md cites tests that do not exist"
+
+
+def test_the_changelog_names_the_version_the_package_declares() -> None:
+    """CHANGELOG.md, in the Keep a Changelog form: a version bumped without an entry fails here."""
+    from watcher import __version__
+
+    changelog = (PACKAGE.parent / "CHANGELOG.md").read_text()
+    assert changelog.startswith("# Changelog\n")
+    versions = re.findall(r"^## \[([^\]]+)\](?: - (\S+))?", changelog, re.MULTILINE)
+    assert versions, "no '## [VERSION]' heading"
+    assert __version__ in {part for heading in versions for part in heading}
+    sections = set(re.findall(r"^### (\w+)$", changelog, re.MULTILINE))
+    assert sections and sections <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}

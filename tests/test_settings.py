@@ -18,6 +18,7 @@ from watcher.config import ConfigError
 from watcher.settings import Settings, load_settings, parse_settings
 from watcher.sinks.file import FileSinkSettings
 from watcher.sinks.registry import SINK_SETTINGS as SINK_TYPES
+from watcher.sinks.registry import sink_type_of
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config.example.toml"
@@ -138,14 +139,18 @@ def test_bad_values_name_the_key(doc: dict[str, object], message: str) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
+def test_relative_paths_resolve_against_the_config_file_a_file_sinks_inside_state_dir(tmp_path: Path) -> None:
     cfg = tmp_path / "w.toml"
     cfg.write_text('state_dir = "state"\n[sinks.audit]\ntype = "file"\npath = "logs/a.jsonl"\n')
     settings = load_settings(cfg)
     assert settings.state_dir == tmp_path / "state"
     sink = settings.sinks[0]
     assert isinstance(sink, FileSinkSettings)
-    assert (sink.name, sink.path) == ("audit", tmp_path / "logs" / "a.jsonl")
+    # As config.example.toml says: a file sink's relative path is inside state_dir (it was
+    # resolved against the config file's directory, against the example, before).
+    assert (sink.name, sink.path) == ("audit", Path("logs/a.jsonl"))
+    log_of = sink_type_of(sink).audit_log
+    assert log_of is not None and log_of(sink, settings.state_dir) == tmp_path / "state" / "logs" / "a.jsonl"
 
 
 def test_node_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

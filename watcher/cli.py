@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,19 +38,124 @@ from watcher.snapshot import format_json, format_table, take_snapshot
 from watcher.store.outbox import OUTBOX_FILE, OutboxDatabase
 from watcher.supervision import stop_on_signals
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "version_text"]
 
 log = structlog.get_logger("watcher.cli")
 
 PROG = "pod-resources-watcher"
 
-EXIT_CODES = """\
-exit codes:
-  0  success
-  1  the kubelet could not be queried (the message on stderr says why and what to do)
-  2  bad command line or configuration
-  130  interrupted
-"""
+
+def version_text() -> str:
+    """`pod-resources-watcher 0.1.0`, with ` (git abc1234)` when the package runs from a git
+    checkout, so a report from a development tree names its commit. Only when the package's
+    parent directory is the top of that work tree: a package installed into a virtualenv that
+    sits inside some other checkout must not borrow its commit. Local and bounded: one git
+    call, at most 2 s; no git, no checkout, or any failure gives the plain version."""
+    plain = f"{PROG} {__version__}"
+    source = Path(__file__).resolve().parent.parent
+    try:
+        answer = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "--show-toplevel", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=2,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return plain
+    lines = answer.stdout.split()
+    if answer.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != source:
+        return plain
+    return f"{plain} (git {lines[1]})"
+
+
+class _PrintVersion(argparse.Action):
+    """--version, asking git only when given (every other run of the command must not)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings,
+            dest=argparse.SUPPRESS,
+            default=argparse.SUPPRESS,
+            nargs=0,
+            help="print the version",
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(version_text())
+        parser.exit()
+
+
+def _exit_codes(*codes: tuple[int, str]) -> str:
+    """A command's --help epilog: the exit codes that command returns, each with its meaning."""
+    return "exit codes:\n" + "".join(f"  {code:<3} {meaning}\n" for code, meaning in codes)
+
+
+_BAD_ARGS = (2, "bad command line")
+PIPE_CLOSED = 128 + signal.SIGPIPE
+_PIPE = (PIPE_CLOSED, "the reader of its output went away (e.g. `| head -1`); stopped quietly")
+_INTERRUPTED = (130, "interrupted (Ctrl-C)")
+
+# The program's: each command's own --help says which of these it returns and what they mean there.
+EXIT_CODES = _exit_codes(
+    (0, "success"),
+    (1, "the command could not do its work (one line on stderr says why and what to do)"),
+    (2, "bad command line or configuration"),
+    (3, "audit verify: the log is intact but has gaps"),
+    _INTERRUPTED,
+    _PIPE,
+)
+SNAPSHOT_EXIT_CODES = _exit_codes(
+    (0, "printed"),
+    (1, "the kubelet could not be queried (one line on stderr says why and what to do)"),
+    _BAD_ARGS,
+    _INTERRUPTED,
+    _PIPE,
+)
+RUN_EXIT_CODES = _exit_codes(
+    (0, "stopped cleanly by SIGINT or SIGTERM"),
+    (1, "could not run (e.g. the state directory is unusable; one line on stderr says why)"),
+    (2, "bad command line or configuration"),
+    (130, "interrupted before the agent started"),
+)
+SEND_TEST_EXIT_CODES = _exit_codes(
+    (0, "delivered"),
+    (1, "not delivered (refused, or the receiver could not be reached)"),
+    (2, "bad command line or configuration, or no sink of that name"),
+    _INTERRUPTED,
+    _PIPE,
+)
+CHECK_CONFIG_EXIT_CODES = _exit_codes(
+    (0, "the file is valid (its settings are printed)"),
+    (2, "bad command line, or the file is unreadable or invalid (one line names the key)"),
+    _PIPE,
+)
+OUTBOX_EXIT_CODES = _exit_codes(
+    (0, "success"),
+    (1, "no outbox in the state directory (the watcher has not run with it)"),
+    (2, "bad command line or configuration, or no sink of that name in the outbox or config"),
+    _PIPE,
+)
+KUBERNETES_EXIT_CODES = _exit_codes(
+    (0, "the nodes have none of this agent's conditions left"),
+    (1, "the API server could not be reached or refused"),
+    (2, "bad command line or configuration"),
+    _INTERRUPTED,
+    _PIPE,
+)
+FAKE_KUBELET_EXIT_CODES = _exit_codes(
+    (0, "stopped by SIGINT or SIGTERM"),
+    (1, "could not serve (e.g. ROOT is not writable)"),
+    _BAD_ARGS,
+)
+DEMO_EXIT_CODES = _exit_codes(
+    (0, "the story played to its end (with --forever: stopped by Ctrl-C)"),
+    (1, "something the demo needs failed (one line on stderr says what)"),
+    _BAD_ARGS,
+    _INTERRUPTED,
+    _PIPE,
+)
+VERSION_EXIT_CODES = _exit_codes((0, "printed"), _BAD_ARGS, _PIPE)
 
 
 AUDIT_DESCRIPTION = """\
@@ -75,13 +182,13 @@ Gaps: when the sink's queue caps (max_queue, max_age) dropped events before they
 written, the sink wrote a gap record in their place (chained like any record) naming the
 seq range and how many. An intact log with gap records is reported GAPS, each one named.
 """
-AUDIT_EXIT_CODES = """\
-exit codes:
-  0  intact and complete
-  1  broken, or keyed records that could not be checked (no --key-file)
-  2  bad command line, or an unreadable key file
-  3  intact, but with gaps: events dropped by the sink's queue caps before they were written
-"""
+AUDIT_EXIT_CODES = _exit_codes(
+    (0, "intact and complete"),
+    (1, "broken, a file missing, or keyed records that could not be checked (no --key-file)"),
+    (2, "bad command line, or an unreadable key file"),
+    (3, "intact, but with gaps: events dropped by the sink's queue caps before they were written"),
+    _PIPE,
+)
 
 
 def _expectation(text: str) -> tuple[int, str]:
@@ -120,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--version", action=_PrintVersion)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     snap = sub.add_parser(
@@ -129,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Query GetAllocatableResources and List once and print the normalized inventory: "
         "per resource and NUMA node what is allocatable, allocated and free, CPUs, memory, and what "
         "each pod holds. `--output json` prints the canonical model and its content hash.",
-        epilog=EXIT_CODES,
+        epilog=SNAPSHOT_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     snap.add_argument(
@@ -160,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with 8 GPUs on 2 NUMA nodes, SR-IOV NICs, 92 allocatable CPUs, hugepages and a few pods. The "
         "socket is ROOT/pod-resources/kubelet.sock; the device-plugin checkpoint and CPU/memory manager "
         "state files are written under ROOT. Runs until interrupted.",
+        epilog=FAKE_KUBELET_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     fake.add_argument("--root", required=True, type=Path, help="stand-in for /var/lib/kubelet")
@@ -191,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the configured sinks, until SIGINT or SIGTERM. Without --config, the built-in defaults are "
         "used: the kubelet's default socket, state in /var/lib/pod-resources-watcher, events as JSON "
         "lines on stdout.",
-        epilog=EXIT_CODES,
+        epilog=RUN_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("--config", "-c", type=Path, help="TOML config file (see config.example.toml)")
@@ -201,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="send a synthetic event through one configured sink and report the answer",
         description="Deliver one synthetic event (marked as a test: 'no action needed') through the sink "
         "named SINK in the config and print the receiver's answer. For pagerduty and alertmanager sinks a "
-        "second event resolves what the first triggered. Exit 0 when delivered, 1 when not.",
-        epilog=EXIT_CODES,
+        "second event resolves what the first triggered.",
+        epilog=SEND_TEST_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     send.add_argument("sink", metavar="SINK", help="the sink's name ([sinks.NAME] in the config)")
@@ -213,10 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a config file and print the settings it gives",
         description="Load FILE as `run` would and print the resulting settings; exit 2 with one line "
         "naming the bad key if it is invalid.",
-        epilog=EXIT_CODES,
+        epilog=CHECK_CONFIG_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument("file", type=Path)
+    check.add_argument("file", type=Path, metavar="FILE")
 
     outbox = sub.add_parser(
         "outbox",
@@ -226,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
         "dropped by their caps, disabled) and the dead letters; `retry` "
         "puts dead letters back on their sink's queue (same event ids; a running agent picks them up "
         "within seconds); `drop` deletes them.",
-        epilog=EXIT_CODES,
+        epilog=OUTBOX_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     outbox.add_argument("action", choices=("list", "retry", "drop"))
@@ -244,9 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
         "or with an agent's config, for its own node (`--config FILE`: the kubernetes sink's "
         "connection). A running agent writes its conditions back at its next change or start, so "
         "remove the sink from the agents first (deploy/README.md has the order). Events expire on "
-        "their own (the API server's event TTL, 1 h by default). Exit 0 when the nodes have none "
-        "left, 1 when the API server could not be reached or refused, 2 for bad arguments.",
-        epilog=EXIT_CODES,
+        "their own (the API server's event TTL, 1 h by default).",
+        epilog=KUBERNETES_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kube.add_argument("action", choices=("cleanup",))
@@ -312,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
         "hot-plugged, a GPU failing while in use, healing, a pod allocating a NIC, a kubelet restart, "
         "and a CPU change across a restart; each event is printed as it is delivered, and a summary "
         "ends it. Needs nothing but this package; everything stays on loopback and a temp directory.",
+        epilog=DEMO_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     demo.add_argument(
         "--forever", action="store_true", help="after the story, keep random churn going until Ctrl-C"
@@ -323,7 +432,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: the kubernetes sink against a local fake API server; a GPU fails and heals, and "
         "what `kubectl describe pod` / `kubectl describe node` show is printed after each step",
     )
-    sub.add_parser("version", help="print the version")
+    sub.add_parser(
+        "version",
+        help="print the version",
+        description="Print the version, and the commit when the package runs from a git checkout "
+        "(e.g. `pod-resources-watcher 0.1.0 (git abc1234)`).",
+        epilog=VERSION_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     return parser
 
 
@@ -447,7 +563,9 @@ async def _send_test(settings: Settings, name: str) -> int:
     safe = sink_type_of(cfg).for_send_test
     if safe is not None:
         cfg = safe(cfg)
-        print(f"{name}: writing to {getattr(cfg, 'path', 'a copy')}, not to the sink's own stream")
+        log_of = sink_type_of(cfg).audit_log
+        where = log_of(cfg, settings.state_dir) if log_of is not None else "a copy"
+        print(f"{name}: writing to {where}, not to the sink's own stream")
     sink = build_sink(
         cfg, node=settings.node, state_dir=settings.state_dir, store=MemoryStore(), peers=settings.sinks
     )
@@ -517,13 +635,22 @@ def _check_config(path: Path) -> int:
 
 
 def _outbox(args: argparse.Namespace) -> int:
-    state_dir = args.state_dir or _settings(args.config).state_dir
+    settings = _settings(args.config) if args.config is not None else None
+    state_dir = args.state_dir or (settings or Settings()).state_dir
     path = state_dir / OUTBOX_FILE
     if not path.exists():
         return _fail(f"no outbox at {path}: has the watcher run with this state_dir?")
     box = OutboxDatabase(path)
     box.open()
     try:
+        # A sink the outbox has never seen nor the config names is a typo: without this, list
+        # prints an empty row of zeros and retry/drop report 0, as if all were well.
+        known = sorted(
+            {*box.sink_names(), *(s.name for s in settings.sinks)} if settings else box.sink_names()
+        )
+        if args.sink is not None and args.sink not in known:
+            where = "in the outbox or the config" if settings else "in the outbox"
+            return _fail(f"no sink named {args.sink!r} {where} (sinks: {', '.join(known) or 'none'})", 2)
         if args.action == "retry":
             n = box.retry_dead(args.sink, args.seq)
             print(f"{n} dead letter(s) put back on their queues")
@@ -584,6 +711,42 @@ def _audit(args: argparse.Namespace) -> int:
     return 0 if result.complete else 3 if result.ok else 1
 
 
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        return asyncio.run(_run(_settings(args.config), args.config))
+    if args.command == "send-test":
+        return asyncio.run(_send_test(_settings(args.config), args.sink))
+    if args.command == "check-config":
+        return _check_config(args.file)
+    if args.command == "outbox":
+        return _outbox(args)
+    if args.command == "audit":
+        return _audit(args)
+    if args.command == "kubernetes":
+        return asyncio.run(_kubernetes_cleanup(args))
+    if args.command == "snapshot":
+        return asyncio.run(_snapshot(args))
+    if args.command == "fake-kubelet":
+        return asyncio.run(_fake_kubelet(args))
+    if args.command == "demo":
+        if args.kubernetes:
+            from watcher.sim.demo_kubernetes import run_kubernetes_demo
+
+            return asyncio.run(run_kubernetes_demo())
+        return asyncio.run(run_demo(forever=args.forever, seed=args.seed))
+    print(version_text())  # the only command left: version
+    return 0
+
+
+def _stdout_to_devnull() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's last flush of stdout at exit has nowhere
+    to fail (a failed flush there prints a traceback-like warning and exits 120)."""
+    with contextlib.suppress(OSError, ValueError):  # stdout without a descriptor (in-process callers)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int:
     """Run the command line. `hup_ignored`: the entry point ignored SIGHUP before importing
     us; `run` keeps it ignored until the agent can reload, the other commands restore the
@@ -593,30 +756,15 @@ def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int
     if hup_ignored and args.command != "run":
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
-        if args.command == "run":
-            return asyncio.run(_run(_settings(args.config), args.config))
-        if args.command == "send-test":
-            return asyncio.run(_send_test(_settings(args.config), args.sink))
-        if args.command == "check-config":
-            return _check_config(args.file)
-        if args.command == "outbox":
-            return _outbox(args)
-        if args.command == "audit":
-            return _audit(args)
-        if args.command == "kubernetes":
-            return asyncio.run(_kubernetes_cleanup(args))
-        if args.command == "snapshot":
-            return asyncio.run(_snapshot(args))
-        if args.command == "fake-kubelet":
-            return asyncio.run(_fake_kubelet(args))
-        if args.command == "demo":
-            if args.kubernetes:
-                from watcher.sim.demo_kubernetes import run_kubernetes_demo
-
-                return asyncio.run(run_kubernetes_demo())
-            return asyncio.run(run_demo(forever=args.forever, seed=args.seed))
-        print(f"{PROG} {__version__}")  # the only command left: version
-        return 0
+        code = _command(args)
+        # Flushed here, not at exit: a reader that went away must reach the handler below.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader of our output went away (`check-config FILE | head -1`): stop quietly
+        # with the status of a command that SIGPIPE ended, as other Unix tools do.
+        _stdout_to_devnull()
+        return PIPE_CLOSED
     except ConfigError as err:
         return _fail(str(err), 2)
     except errors.WatcherError as err:
@@ -628,5 +776,4 @@ def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(BrokenPipeError):
-        sys.exit(main())
+    sys.exit(main())

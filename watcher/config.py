@@ -34,14 +34,24 @@ def field_meta(
     max: float | None = None,
     secret: bool = False,
     private: bool = False,
+    in_state_dir: bool = False,
 ) -> dict[str, Any]:
     """A settings field's metadata: its doc line, numeric bounds, and whether it is a secret.
 
     A secret field `x` is also settable as `x_file`, and never prints its value. A `private`
     field is the path of a file that is a secret in itself (a TLS private key): it is warned
-    about, like a secret file, when group or others may read it.
+    about, like a secret file, when group or others may read it. An `in_state_dir` path is
+    kept relative when written so (not resolved against the config file's directory): its
+    user places it inside `state_dir`, which the config file may set after it or not at all.
     """
-    return {"doc": doc, "min": min, "max": max, "secret": secret, "private": private}
+    return {
+        "doc": doc,
+        "min": min,
+        "max": max,
+        "secret": secret,
+        "private": private,
+        "in_state_dir": in_state_dir,
+    }
 
 
 def describe(value: Any) -> str:
@@ -119,7 +129,9 @@ def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], bas
     if annotation is Path:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{path}: got {describe(value)}; expected a path")
-        return Path(value) if base is None or Path(value).is_absolute() else base / value
+        if base is None or Path(value).is_absolute() or meta.get("in_state_dir"):
+            return Path(value)
+        return base / value
     raise AssertionError(f"unsupported settings type {annotation!r} at {path}")
 
 

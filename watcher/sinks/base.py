@@ -3,13 +3,15 @@ sinks) have with their generic checks, what a sink type can do, and its route.""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from watcher.config import ConfigError, field_meta
-from watcher.model.changes import Severity
+from watcher.model.changes import Kind, Severity
 from watcher.model.events import Event
 from watcher.model.gaps import Gap
 from watcher.model.routing import Route
@@ -26,6 +28,7 @@ __all__ = [
     "BaseSinkSettings",
     "HttpSinkSettings",
     "check_http_sink",
+    "check_kinds",
     "route_of",
 ]
 
@@ -220,6 +223,17 @@ def check_http_sink(path: str, settings: HttpSinkSettings) -> None:
     """
     if (settings.cert_file is None) != (settings.key_file is None):
         raise ConfigError(f"{path}.cert_file: cert_file and key_file go together")
+    for key in ("ca_file", "cert_file", "key_file"):
+        file: Path | None = getattr(settings, key)
+        if file is None:
+            continue
+        # Read now: the sink only opens them at its first delivery, and a missing CA bundle
+        # would then fail every delivery, retried forever, instead of failing check-config.
+        try:
+            with open(file, "rb"):
+                pass
+        except OSError as err:
+            raise ConfigError(f"{path}.{key}: cannot read {file}: {err.strerror or err}") from None
     urls = {"endpoint": getattr(settings, "endpoint", None), "url": getattr(settings, "url", None)}
     for key, url in urls.items():
         if isinstance(url, str):
@@ -232,6 +246,22 @@ def check_http_sink(path: str, settings: HttpSinkSettings) -> None:
             value = url.get()
             if not value.startswith(("http://", "https://")):
                 raise ConfigError(f"{path}.{key}: the value from {url.describe()} is not an http(s) URL")
+
+
+def check_kinds(path: str, settings: BaseSinkSettings) -> None:
+    """Each `kinds` glob matches at least one event kind: a typo ("devcie.*") would otherwise
+    route nothing to the sink, silently. ConfigError naming the entry and the closest pattern."""
+    known = [str(k) for k in Kind]
+    families = sorted({k.split(".")[0] + ".*" for k in known})
+    for i, pattern in enumerate(settings.kinds):
+        if any(fnmatchcase(k, pattern) for k in known):
+            continue
+        close = difflib.get_close_matches(pattern, [*families, *known], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"{path}.kinds[{i}]: matches no event kind{hint} (the kinds are {', '.join(families)}: "
+            "README, Events, lists each)"
+        )
 
 
 def route_of(

@@ -55,7 +55,10 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class FileSinkSettings(BaseSinkSettings):
-    path: Path = field(default=Path("events.jsonl"), metadata=field_meta("The JSONL audit log."))
+    path: Path = field(
+        default=Path("events.jsonl"),
+        metadata=field_meta("The JSONL audit log; a relative path is inside state_dir.", in_state_dir=True),
+    )
     fsync: Literal["event", "interval"] = field(
         default="event",
         metadata=field_meta(
@@ -391,7 +394,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _log_path(settings: FileSinkSettings, state_dir: Path) -> Path:
-    # A relative default path lives in the state directory.
+    # A relative path (the default's, or one written so: the loader keeps it relative) lives
+    # in the state directory.
     return settings.path if settings.path.is_absolute() else state_dir / settings.path
 
 

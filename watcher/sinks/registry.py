@@ -27,6 +27,7 @@ from watcher.sinks.base import (
     Sink,
     SinkContext,
     check_http_sink,
+    check_kinds,
 )
 
 __all__ = [
@@ -195,6 +196,7 @@ def parse_sink(path: str, table: Mapping[str, Any], *, base: Path | None) -> Bas
     for required in sink_type.required_secrets:
         if getattr(settings, required) is None:
             raise ConfigError(f"{path}.{required}: required for a {sink_type.name} sink (or {required}_file)")
+    check_kinds(path, settings)
     sink_type.validate(path, settings)
     if isinstance(settings, HttpSinkSettings):
         check_http_sink(path, settings)
