@@ -4,20 +4,14 @@ really exports."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.agent_harness import make_settings, running_agent
-from watcher.sim.fake_kubelet import FakeKubelet
+from tests.promql import PROMETHEUS_METRICS, metric_names, promtool, sample_names, scrape_running_agent
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yaml"
@@ -33,25 +27,6 @@ ALERTS = {
     "PodResourcesWatcherStateNotWritable",
     "PodResourcesWatcherSinkDeliveryFailing",
 }
-# What PromQL itself spells; every other word in an expression is a metric name.
-PROMQL_WORDS = {"and", "or", "unless", "bool", "offset"}
-# Prometheus' own series, not the agent's.
-PROMETHEUS_METRICS = {"up"}
-
-
-def _promtool() -> str:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not installed; .ci/run installs the prometheus package")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    return promtool
-
-
-def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [_promtool(), *map(str, args)], capture_output=True, text=True, timeout=60, check=False
-    )
 
 
 def _rules(path: Path = RULES) -> list[dict[str, Any]]:
@@ -59,13 +34,13 @@ def _rules(path: Path = RULES) -> list[dict[str, Any]]:
 
 
 def test_promtool_checks_the_rules() -> None:
-    result = _run("check", "rules", RULES)
+    result = promtool("check", "rules", RULES)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:
-    result = _run("test", "rules", UNIT_TESTS)
+    result = promtool("test", "rules", UNIT_TESTS)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
@@ -99,41 +74,20 @@ def test_the_unit_tests_catch_every_for_being_dropped(tmp_path: Path) -> None:
         rule = re.sub(r"\n +for: \S+", "", text[start:end], count=1)
         assert rule != text[start:end]
         (tmp_path / RULES.name).write_text(text[:start] + rule + text[end:])
-        result = _run("test", "rules", tmp_path / "tests" / UNIT_TESTS.name)
+        result = promtool("test", "rules", tmp_path / "tests" / UNIT_TESTS.name)
         assert result.returncode != 0, f"{alert} without its for: still passes its unit tests"
         assert f"alertname: {alert}," in result.stdout + result.stderr
 
 
-def _metric_names(expr: str) -> set[str]:
-    """The metric names an expression selects: what is left once strings, label matchers, ranges,
-    grouping clauses, functions, keywords and numbers are taken out."""
-    expr = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
-    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", expr)
-    expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)
-    expr = re.sub(r"\b[a-zA-Z_]\w*\s*\(", "(", expr)  # functions and aggregations
-    words = set(re.findall(r"\b[a-zA-Z_:][\w:]*\b", expr))
-    return words - PROMQL_WORDS
-
-
 def test_the_metric_name_extraction_is_not_fooled() -> None:
     expr = 'max by (sink) (rate(a_total{kind="or b"}[5m])) > 0 unless ignoring(result) c == bool 1e3'
-    assert _metric_names(expr) == {"a_total", "c"}
+    assert metric_names(expr) == {"a_total", "c"}
 
 
 async def test_rules_use_only_metrics_the_agent_exports(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    async with fake, running_agent(make_settings(short_tmp), fake) as run:
-        await run.recorder.kinds_after(0, 1)
-        # deliveries_total has a series once a sink delivered: wait for the audit sink's first.
-        await run.recorder.until(lambda: run.agent.metrics.value("deliveries_total", result="delivered") > 0)
-        await run.recorder.until(lambda: run.agent.http is not None and run.agent.http.bound_port is not None)
-        assert run.agent.http is not None
-        url = f"http://127.0.0.1:{run.agent.http.bound_port}/metrics"
-        async with aiohttp.ClientSession() as session, session.get(url) as response:
-            assert response.status == 200
-            text = await response.text()
-    exported = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
-    used = set().union(*(_metric_names(rule["expr"]) for rule in _rules()))
+    text = await scrape_running_agent(short_tmp)
+    exported = sample_names(text)
+    used = set().union(*(metric_names(rule["expr"]) for rule in _rules()))
     assert {"pod_resources_watcher_device_healthy", "pod_resources_watcher_kubelet_up"} <= used
     assert "pod_resources_watcher_dead_letters" in exported  # the scrape is the agent's, with a sink
     assert used - exported == PROMETHEUS_METRICS
