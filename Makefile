@@ -3,22 +3,38 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
+# What `make demo` needs: the agent and its runtime dependencies, not the dev toolchain (the dev
+# install includes them, so it stamps both).
+RUN_STAMP := $(VENV)/.installed-run
+PY_CHECK  := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
 
 .PHONY: dev demo run test lint typecheck pytest proto bench chaos clean help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
+$(RUN_STAMP): pyproject.toml
+	@$(PY_CHECK)
+	@echo "setting up $(VENV) with the agent's runtime dependencies (first run only)..."
+	@test -x $(BIN)/python || { echo "  creating the virtualenv $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "  installing the agent and what it needs to run: grpcio, protobuf, aiohttp, structlog,"
+	@echo "  prometheus-client, watchfiles, lightkube (about half a minute; make test adds the dev tools)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	@echo "  $(VENV) is ready"
+	@touch $@
+
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
-	$(PYTHON) -m venv $(VENV)
+	@$(PY_CHECK)
+	@echo "setting up $(VENV) with the agent and the dev toolchain: pytest, ruff, mypy, grpcio-tools (first run only)..."
+	@test -x $(BIN)/python || { echo "  creating the virtualenv $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	@touch $@
+	@echo "  $(VENV) is ready"
+	@touch $@ $(RUN_STAMP)
 
 dev: $(STAMP) ## create .venv with the package and every dev tool
 
-demo: $(STAMP) ## run the agent's embedded default: a simulated kubelet and its snapshot
+demo: $(RUN_STAMP) ## watch a simulated kubelet through a scripted story (installs runtime dependencies only)
 	$(BIN)/pod-resources-watcher demo
 
 test: lint typecheck pytest ## everything CI runs: lint, type check, tests
