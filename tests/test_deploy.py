@@ -410,7 +410,9 @@ def privileged_variant() -> list[dict[str, Any]]:
 
 
 def test_every_yaml_file_parses_without_duplicate_keys() -> None:
-    files = sorted(DEPLOY.rglob("*.yaml"))
+    # A Helm chart's templates are Go templates, not YAML: tests/test_helm.py parses what they render.
+    templates = set(DEPLOY.glob("helm/*/templates/*"))
+    files = sorted(set(DEPLOY.rglob("*.yaml")) - templates)
     assert len(files) >= 12
     for path in files:
         assert load_yaml_docs(path.read_text()), f"{path} is empty"
