@@ -29,7 +29,7 @@ LAYERS: list[tuple[set[str], bool]] = [
     ({"cycle"}, True),
     ({"status"}, True),
     ({"app"}, True),
-    ({"sim", "snapshot", "cli", "__main__"}, False),
+    ({"sim", "snapshot", "snapshot_html", "cli", "__main__"}, False),
 ]
 PURE = ["model", "kubelet/health.py"]
 IO_LIBRARIES = {

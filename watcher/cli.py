@@ -26,7 +26,7 @@ from watcher.kubelet.client import (
 )
 from watcher.ops.logs import configure_logging
 from watcher.secrets import Secret, SecretError, redact
-from watcher.settings import Settings, config_warnings, load_settings, printable
+from watcher.settings import Settings, config_warnings, default_node_name, load_settings, printable
 from watcher.sim.demo import run_demo
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node, large_node
@@ -35,6 +35,7 @@ from watcher.sim.send_test import MemoryStore, synthetic_events
 from watcher.sinks.audit import verify_files
 from watcher.sinks.registry import build_sink, sink_type_of
 from watcher.snapshot import format_json, format_table, take_snapshot
+from watcher.snapshot_html import render_html
 from watcher.store.outbox import OUTBOX_FILE, OutboxDatabase
 from watcher.supervision import stop_on_signals
 
@@ -235,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the node's current inventory once",
         description="Query GetAllocatableResources and List once and print the normalized inventory: "
         "per resource and NUMA node what is allocatable, allocated and free, CPUs, memory, and what "
-        "each pod holds. `--output json` prints the canonical model and its content hash.",
+        "each pod holds. `--output json` prints the canonical model and its content hash; `--output html` "
+        "a self-contained page that draws the node (NUMA nodes, devices, CPUs, memory, coloured by state).",
         epilog=SNAPSHOT_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -244,7 +246,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SOCKET,
         help=f"the kubelet's pod-resources socket (default: {DEFAULT_SOCKET})",
     )
-    snap.add_argument("--output", "-o", choices=("table", "json"), default="table", help="default: table")
+    snap.add_argument(
+        "--output",
+        "-o",
+        choices=("table", "json", "html"),
+        default="table",
+        help="default: table; html writes one page to stdout (redirect it to a file)",
+    )
+    snap.add_argument(
+        "--node",
+        default=None,
+        help="the node name in the html page's header (default: $NODE_NAME, else the hostname)",
+    )
     snap.add_argument(
         "--timeout",
         type=_positive_float,
@@ -453,9 +466,13 @@ async def _snapshot(args: argparse.Namespace) -> int:
         args.socket, timeout=args.timeout, max_receive_bytes=args.max_receive_bytes
     ) as client:
         snap = await take_snapshot(client)
-    if snap.degraded and args.output == "json":
+    if snap.degraded and args.output != "table":
         print(f"{PROG}: warning: {snap.degraded}", file=sys.stderr)
-    print(format_json(snap) if args.output == "json" else format_table(snap))
+    if args.output == "html":
+        node = args.node or default_node_name()
+        sys.stdout.write(render_html(snap, node))
+    else:
+        print(format_json(snap) if args.output == "json" else format_table(snap))
     return 0
 
 

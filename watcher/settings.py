@@ -37,6 +37,7 @@ __all__ = [
     "parse_listen",
     "printable",
     "config_warnings",
+    "default_node_name",
     "expand_listen",
 ]
 
@@ -253,7 +254,8 @@ class HttpSettings:
     )
 
 
-def _default_node() -> str:
+def default_node_name() -> str:
+    """The node this runs on: $NODE_NAME, else the hostname."""
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
@@ -264,7 +266,8 @@ def _default_sinks() -> tuple[BaseSinkSettings, ...]:
 @dataclass(frozen=True)
 class Settings:
     node: str = field(
-        default_factory=_default_node, metadata=field_meta("Node name; default $NODE_NAME, else hostname.")
+        default_factory=default_node_name,
+        metadata=field_meta("Node name; default $NODE_NAME, else hostname."),
     )
     state_dir: Path = field(
         default=Path("/var/lib/pod-resources-watcher"),
