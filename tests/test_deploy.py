@@ -581,7 +581,11 @@ def test_podmonitor_required_fields_by_hand(built: dict[str, list[dict[str, Any]
         assert re.fullmatch(r"\d+[smh]", duration)
     for relabel in endpoint["relabelings"]:
         assert set(relabel) <= {"sourceLabels", "targetLabel", "action", "regex", "replacement"}
-        assert all(label.startswith("__meta_kubernetes_pod_") for label in relabel["sourceLabels"])
+        assert all(label.startswith("__meta_kubernetes_pod_") for label in relabel.get("sourceLabels", []))
+    # The alerts find the agents by one job name, whatever the PodMonitor is called.
+    assert {"targetLabel": "job", "replacement": "pod-resources-watcher", "action": "replace"} in endpoint[
+        "relabelings"
+    ]
 
     service = the(built["monitoring"], "Service")
     assert service["spec"]["selector"] == APP_LABEL
@@ -605,7 +609,7 @@ def test_prometheusrule_carries_the_alerts_file_by_hand(built: dict[str, list[di
     for group in rule["spec"]["groups"]:
         assert set(group) <= {"name", "interval", "rules"}
         for r in group["rules"]:
-            assert set(r) <= {"alert", "expr", "for", "labels", "annotations"}
+            assert set(r) <= {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
 
 
 # --- the DaemonSet --------------------------------------------------------------------------------

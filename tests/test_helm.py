@@ -225,7 +225,9 @@ def test_servicemonitor_by_hand(rendered: dict[str, list[dict[str, Any]]]) -> No
     assert endpoint["port"] == "http-metrics" and endpoint["path"] == "/metrics"
     assert endpoint["interval"] == "30s" and endpoint["scrapeTimeout"] == "10s"
     assert endpoint["relabelings"] == [
-        {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"}
+        {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"},
+        # One job name whatever the release is called: the alerts match on it.
+        {"targetLabel": "job", "replacement": "pod-resources-watcher", "action": "replace"},
     ]
 
 

@@ -257,6 +257,9 @@ class Metrics:
 
     def set_outbox(self, stats: Mapping[str, SinkStats]) -> None:
         self.outbox.stats = dict(stats)
+        # Each sink's dead-letter count from 0, so an alert's increase() sees its first dead letter.
+        for sink in stats:
+            self.deliveries.labels(sink, "dead_letter")
 
     def observe_delivery(
         self, sink: str, result: str, events: Sequence[Event], _seconds: float = 0.0
