@@ -120,7 +120,11 @@ async def test_an_open_state_dir_and_loose_files_from_before_are_tightened_and_l
         with capture_logs() as logs:
             async with running_agent(settings, fake) as run:
                 await run.recorder.kinds_after(0, 1)
-                await run.recorder.until(lambda: verify_files([audit, audit.with_name("audit.jsonl.1")]).ok)
+                # The current log may not exist yet (it is opened at the first write after the
+                # rotation): waiting for it is part of waiting for the agent to write.
+                await run.recorder.until(
+                    lambda: audit.exists() and verify_files([audit, audit.with_name("audit.jsonl.1")]).ok
+                )
                 await run.quiet_cycle()
     assert mode(state) == 0o700
     for path in state.iterdir():
