@@ -135,16 +135,10 @@ def _held_gpu(node: FakeNode) -> tuple[str, str, str]:
 # --- the agent end to end ---
 
 
-@dataclasses.dataclass
-class _World:
-    api: FakeApiServer
-    fake: FakeKubelet
-    tmp: Path
-
-
-def _agent_settings(world: _World, **sink_overrides: Any) -> Any:
-    settings = make_settings(world.tmp)
-    sink = _sink_settings(world.api, world.tmp, **sink_overrides)
+def _agent_settings(api: FakeApiServer, root: Path, **sink_overrides: Any) -> Any:
+    """The test harness's agent under `root` (its kubelet at root/kubelet), plus the kubernetes sink."""
+    settings = make_settings(root)
+    sink = _sink_settings(api, root, **sink_overrides)
     return dataclasses.replace(settings, sinks=(*settings.sinks, sink))
 
 
@@ -161,46 +155,47 @@ async def test_a_gpu_failing_while_allocated_and_back_through_kubectl(
 ) -> None:
     node = _default_node_in(api)
     ns, pod, gpu = _held_gpu(node)
-    async with FakeKubelet(short_tmp / "kubelet", node) as fake:
-        world = _World(api, fake, short_tmp)
-        async with running_agent(_agent_settings(world), fake) as run:
-            # Reconciled at start: the node is healthy, so the condition is there and False.
-            await _until(run, lambda: _status(api) == "False")
-            fake.make_unhealthy(GPU, gpu)
-            await _until(run, lambda: _status(api) == "True")
-            failed = _condition(api)
-            assert failed is not None and failed["reason"] == "DevicesFailedOrMissing"
-            assert gpu in failed["message"] and f"{ns}/{pod}" in failed["message"]
+    async with (
+        FakeKubelet(short_tmp / "kubelet", node) as fake,
+        running_agent(_agent_settings(api, short_tmp), fake) as run,
+    ):
+        # Reconciled at start: the node is healthy, so the condition is there and False.
+        await _until(run, lambda: _status(api) == "False")
+        fake.make_unhealthy(GPU, gpu)
+        await _until(run, lambda: _status(api) == "True")
+        failed = _condition(api)
+        assert failed is not None and failed["reason"] == "DevicesFailedOrMissing"
+        assert gpu in failed["message"] and f"{ns}/{pod}" in failed["message"]
 
-            listed = await _kubectl_json(
-                api, tmp_path, "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={pod}"
-            )
-            warnings = [e for e in listed["items"] if e["reason"] == "DeviceFailed"]
-            assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
-            assert gpu in warnings[0]["message"]
-            assert warnings[0]["involvedObject"]["uid"] == api.pod(ns, pod)["metadata"]["uid"]
-            described = await _describe(api, tmp_path, "pod", "-n", ns, pod)
-            assert "DeviceFailed" in described and gpu in described
-            described = await _describe(api, tmp_path, "node", NODE)
-            assert CONDITION in described and "DevicesFailedOrMissing" in described
-            assert "DeviceRemoved" in described  # the Node's own Event
+        listed = await _kubectl_json(
+            api, tmp_path, "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={pod}"
+        )
+        warnings = [e for e in listed["items"] if e["reason"] == "DeviceFailed"]
+        assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+        assert gpu in warnings[0]["message"]
+        assert warnings[0]["involvedObject"]["uid"] == api.pod(ns, pod)["metadata"]["uid"]
+        described = await _describe(api, tmp_path, "pod", "-n", ns, pod)
+        assert "DeviceFailed" in described and gpu in described
+        described = await _describe(api, tmp_path, "node", NODE)
+        assert CONDITION in described and "DevicesFailedOrMissing" in described
+        assert "DeviceRemoved" in described  # the Node's own Event
 
-            fake.heal(GPU, gpu)
-            await _until(run, lambda: _status(api) == "False")
-            back = _condition(api)
-            assert back is not None and back["reason"] == "DevicesAvailable"
-            assert back["lastTransitionTime"] >= failed["lastTransitionTime"]
-            await _until(run, lambda: any(e["reason"] == "DeviceRecovered" for e in api.events()))
-            listed = await _kubectl_json(
-                api, tmp_path, "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={pod}"
-            )
-            normal = [e for e in listed["items"] if e["reason"] == "DeviceRecovered"]
-            assert len(normal) == 1 and normal[0]["type"] == "Normal"
-            described = await _describe(api, tmp_path, "node", NODE)
-            assert "DevicesAvailable" in described
-            # Ready, the kubelet's, was never touched.
-            ready = [c for c in api.node(NODE)["status"]["conditions"] if c["type"] == "Ready"]
-            assert ready and ready[0]["status"] == "True"
+        fake.heal(GPU, gpu)
+        await _until(run, lambda: _status(api) == "False")
+        back = _condition(api)
+        assert back is not None and back["reason"] == "DevicesAvailable"
+        assert back["lastTransitionTime"] >= failed["lastTransitionTime"]
+        await _until(run, lambda: any(e["reason"] == "DeviceRecovered" for e in api.events()))
+        listed = await _kubectl_json(
+            api, tmp_path, "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={pod}"
+        )
+        normal = [e for e in listed["items"] if e["reason"] == "DeviceRecovered"]
+        assert len(normal) == 1 and normal[0]["type"] == "Normal"
+        described = await _describe(api, tmp_path, "node", NODE)
+        assert "DevicesAvailable" in described
+        # Ready, the kubelet's, was never touched.
+        ready = [c for c in api.node(NODE)["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready and ready[0]["status"] == "True"
 
 
 async def test_an_agent_restart_during_a_failure_neither_duplicates_nor_clears(
@@ -209,8 +204,7 @@ async def test_an_agent_restart_during_a_failure_neither_duplicates_nor_clears(
     node = _default_node_in(api)
     _, _, gpu = _held_gpu(node)
     async with FakeKubelet(short_tmp / "kubelet", node) as fake:
-        world = _World(api, fake, short_tmp)
-        async with running_agent(_agent_settings(world), fake) as run:
+        async with running_agent(_agent_settings(api, short_tmp), fake) as run:
             await _until(run, lambda: _status(api) == "False")
             fake.make_unhealthy(GPU, gpu)
             await _until(run, lambda: _status(api) == "True")
@@ -219,7 +213,7 @@ async def test_an_agent_restart_during_a_failure_neither_duplicates_nor_clears(
         events_before = len(api.events())
         writes_before = _node_writes(api)
         reads_before = api.count(method="GET", path_prefix=f"/api/v1/nodes/{NODE}/status")
-        async with running_agent(_agent_settings(world), fake) as run:
+        async with running_agent(_agent_settings(api, short_tmp), fake) as run:
             # The restart is reconciled (watcher.started, the first delivery): the status is read...
             await _until(
                 run, lambda: run.agent.metrics.value("deliveries_total", sink="k8s", result="delivered") > 0
@@ -249,13 +243,12 @@ async def test_a_flapping_device_healthy_at_an_agent_restart_clears_the_conditio
     node = _default_node_in(api)
     _, _, gpu = _held_gpu(node)
 
-    def flappy(world: _World) -> Any:
-        s = _agent_settings(world)
+    def flappy() -> Any:
+        s = _agent_settings(api, short_tmp)
         return dataclasses.replace(s, watch=dataclasses.replace(s.watch, flap_limit=2, flap_quiet=3600.0))
 
     async with FakeKubelet(short_tmp / "kubelet", node) as fake:
-        world = _World(api, fake, short_tmp)
-        async with running_agent(flappy(world), fake) as run:
+        async with running_agent(flappy(), fake) as run:
             await _until(run, lambda: _status(api) == "False")
             for _ in range(3):
                 fake.make_unhealthy(GPU, gpu)
@@ -264,7 +257,7 @@ async def test_a_flapping_device_healthy_at_an_agent_restart_clears_the_conditio
                 await run.quiet_cycle()
             await _until(run, lambda: any(e["reason"] == "DeviceFlapping" for e in api.events()))
             await _until(run, lambda: _status(api) == "True")
-        async with running_agent(flappy(world), fake) as run:
+        async with running_agent(flappy(), fake) as run:
             await _until(run, lambda: _status(api) == "False")
         node_seen = await _kubectl_json(api, tmp_path, "get", "node", NODE)
         assert [c["status"] for c in node_seen["status"]["conditions"] if c["type"] == CONDITION] == ["False"]
@@ -280,8 +273,7 @@ async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_
         node.add_pod(FakePod("ml", f"job-{i}", [FakeContainer("main", devices={GPU: [f"GPU-{i}"]})]))
         api.add_pod("ml", f"job-{i}", NODE)
     async with FakeKubelet(short_tmp / "kubelet", node) as fake:
-        world = _World(api, fake, short_tmp)
-        async with running_agent(_agent_settings(world, api_rate=RATE), fake) as run:
+        async with running_agent(_agent_settings(api, short_tmp, api_rate=RATE), fake) as run:
             await _until(run, lambda: _status(api) == "False")
             writes = _node_writes(api)
             for d in fake.node.devices.values():
