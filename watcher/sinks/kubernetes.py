@@ -534,35 +534,19 @@ class KubernetesSink:
     async def _apply(self, wanted: Sequence[NodeCondition], *, prune: bool) -> None:
         """Make the node's owned conditions say `wanted`; with `prune`, owned conditions of
         resources no longer reported are removed. One write at most, none when nothing changes."""
-        from lightkube.resources.core_v1 import Node
-
-        for _ in range(CONFLICT_RETRIES):
-            node = await _call(self.limiter, self._api().get(Node.Status, self.node))
-            self._node_uid = node.metadata.uid
-            patch = _condition_patch(_conditions_of(node), wanted, prune=prune, now=datetime.now(UTC))
-            if not patch:
-                return
-            body = {
-                "metadata": {"resourceVersion": node.metadata.resourceVersion},
-                "status": {"conditions": patch},
-            }
-            try:
-                await _call(
-                    self.limiter, self._api().patch(Node.Status, self.node, body, patch_type=_strategic())
-                )
-                log.info(
-                    "node conditions written",
-                    sink=self.name,
-                    conditions={c.get("type"): c.get("status", "removed") for c in patch},
-                )
-                return
-            except _RefusedError as err:
-                if err.status != 409:
-                    raise
-                # Someone wrote the node since we read it: read again and re-apply.
-        raise _RefusedError(
-            409, f"node {self.node} kept changing under {CONFLICT_RETRIES} attempts to write it"
+        node, patch = await _write_conditions(
+            self._api(),
+            self.limiter,
+            self.node,
+            lambda current: _condition_patch(current, wanted, prune=prune, now=datetime.now(UTC)),
         )
+        self._node_uid = node.metadata.uid
+        if patch:
+            log.info(
+                "node conditions written",
+                sink=self.name,
+                conditions={c.get("type"): c.get("status", "removed") for c in patch},
+            )
 
     def _warn_once(self, what: str, message: str, **fields: Any) -> None:
         if what not in self._warned:
@@ -682,20 +666,37 @@ async def remove_owned_conditions(
 
 
 async def _remove_owned(client: AsyncClient, limiter: RateLimiter, node: str) -> list[str]:
+    def deletions(current: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+        return [{"type": t, "$patch": "delete"} for t in sorted(current) if t.endswith(CONDITION_SUFFIX)]
+
+    _, patch = await _write_conditions(client, limiter, node, deletions)
+    return [str(item["type"]) for item in patch]
+
+
+async def _write_conditions(
+    client: AsyncClient,
+    limiter: RateLimiter,
+    node: str,
+    patch_of: Callable[[Mapping[str, Mapping[str, Any]]], list[dict[str, Any]]],
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Read the node's status, patch its conditions with what `patch_of` makes of the current ones
+    (strategic merge, merged by `type`; nothing when it makes nothing), carrying the
+    resourceVersion read: if someone wrote the node in between (409), read again and re-apply.
+    Returns the node as last read and the patch written."""
     from lightkube.resources.core_v1 import Node
 
     for _ in range(CONFLICT_RETRIES):
         got = await _call(limiter, client.get(Node.Status, node))
-        owned = sorted(t for t in _conditions_of(got) if t.endswith(CONDITION_SUFFIX))
-        if not owned:
-            return []
+        patch = patch_of(_conditions_of(got))
+        if not patch:
+            return got, []
         body = {
             "metadata": {"resourceVersion": got.metadata.resourceVersion},
-            "status": {"conditions": [{"type": t, "$patch": "delete"} for t in owned]},
+            "status": {"conditions": patch},
         }
         try:
             await _call(limiter, client.patch(Node.Status, node, body, patch_type=_strategic()))
-            return owned
+            return got, patch
         except _RefusedError as err:
             if err.status != 409:
                 raise
