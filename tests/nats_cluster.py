@@ -23,6 +23,7 @@ from pathlib import Path
 
 import aiohttp
 import nats
+from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
 __all__ = ["NatsCluster", "NatsServer", "free_port", "nats_server_binary", "running_cluster"]
@@ -189,6 +190,24 @@ class NatsCluster:
                         if info.cluster is not None and info.cluster.leader:
                             return self.server(info.cluster.leader)
                     await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    async def messages(self, stream: str, timeout: float = 30.0) -> list[Msg]:
+        """Every message the stream holds now, in stream order (read with an ephemeral pull
+        consumer, so the stream is left as it was)."""
+        nc = await self.connect()
+        try:
+            js = nc.jetstream(timeout=5)
+            info = await js.stream_info(stream)
+            want = info.state.messages
+            out: list[Msg] = []
+            sub = await js.pull_subscribe("", stream=stream, durable=None)
+            async with asyncio.timeout(timeout):
+                while len(out) < want:
+                    with contextlib.suppress(nats.errors.TimeoutError):
+                        out.extend(await sub.fetch(min(500, want - len(out)), timeout=1))
+            return out
         finally:
             await nc.close()
 

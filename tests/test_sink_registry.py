@@ -25,7 +25,7 @@ from watcher.sinks.registry import SINK_SETTINGS, SinkType
 from watcher.sinks.stdout import StdoutSinkSettings
 from watcher.store.store import Store
 
-BUILT_IN = ["stdout", "file", "slack", "pagerduty", "webhook", "alertmanager", "kubernetes"]
+BUILT_IN = ["stdout", "file", "slack", "pagerduty", "webhook", "alertmanager", "kubernetes", "nats"]
 
 
 @dataclass(frozen=True)

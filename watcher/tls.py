@@ -1,4 +1,5 @@
-"""The HTTP server's TLS: its certificate, optionally client certificates, reloaded when the files change.
+"""TLS contexts: the HTTP server's (its certificate, optionally client certificates, reloaded when
+the files change) and the one a sink's client connects with (`client_context`).
 
 `ServerTls.context()` is asked for on every new connection and costs three
 `stat` calls when nothing changed, so a certificate renewed on disk (cert-manager,
@@ -13,7 +14,7 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ServerTls", "TlsError"]
+__all__ = ["ServerTls", "TlsError", "client_context"]
 
 
 class TlsError(ValueError):
@@ -86,3 +87,17 @@ def _why(err: OSError | ssl.SSLError) -> str:
     if isinstance(err, ssl.SSLError):
         return err.reason or str(err)
     return err.strerror or str(err)
+
+
+def client_context(
+    ca_file: Path | None, cert_file: Path | None, key_file: Path | None, *, verify: bool = True
+) -> ssl.SSLContext:
+    """A client's context: the system's CAs or `ca_file`, a client certificate when both files
+    are given, and verification on unless `verify` is False (tests only)."""
+    ctx = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+    if cert_file is not None and key_file is not None:
+        ctx.load_cert_chain(str(cert_file), str(key_file))
+    if not verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx

@@ -276,6 +276,17 @@ class SinkWorker:
             self.on_outbox_error(err)
             return batch
 
+    async def _split(self, batch: list[Event], outcome: Outcome, started: float) -> list[Event]:
+        """Acknowledge the events the sink delivered before it failed (`outcome.done`); what the
+        failure concerns: the event after them alone when it is permanent, else all the rest."""
+        assert outcome.done is not None
+        done = min(max(outcome.done, 0), len(batch) - 1)
+        if done:
+            await self._record("ack", self.outbox.ack, self.name, [e.seq for e in batch[:done]])
+            self._notify("delivered", batch[:done], started)
+        rest = batch[done:]
+        return rest if outcome.retry or outcome.gone else rest[:1]
+
     async def _deliver(self, batch: Batch, *, retry: bool = True) -> bool:
         """Deliver one batch (or record one gap), retrying while `retry` and not stopping; True
         when it is done with (delivered, dead-lettered, or all of it dropped meanwhile)."""
@@ -303,6 +314,8 @@ class SinkWorker:
                     self.log.info("delivered after retrying", attempts=attempt + 1, events=len(batch))
                 self._notify("delivered", batch, started)
                 return True
+            if outcome.done is not None and not isinstance(batch, Gap):
+                batch = await self._split(batch, outcome, started)
             events = [] if isinstance(batch, Gap) else batch
             if outcome.gone:
                 self.disabled = outcome.error

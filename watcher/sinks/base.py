@@ -28,6 +28,7 @@ __all__ = [
     "BaseSinkSettings",
     "HttpSinkSettings",
     "check_http_sink",
+    "check_client_files",
     "check_kinds",
     "route_of",
 ]
@@ -40,6 +41,11 @@ class Outcome:
     delivered; or retry (transient: 408, 429, 5xx, network), optionally not
     before `retry_after` seconds; or gone (410: disable the sink); or, when
     none is set, permanent (other 4xx: dead-letter the events).
+
+    `done`: a sink that delivers a batch's events one after another may say, with a failure, how
+    many of them went through first: those are acknowledged, and the failure concerns the event
+    after them alone (a permanent one dead-letters just that event; the rest stay queued). None:
+    the failure concerns the whole batch.
     """
 
     delivered: bool = False
@@ -48,6 +54,7 @@ class Outcome:
     gone: bool = False
     status: int | None = None
     error: str = ""
+    done: int | None = None
 
     @classmethod
     def ok(cls, status: int | None = None) -> Outcome:
@@ -221,19 +228,7 @@ def check_http_sink(path: str, settings: HttpSinkSettings) -> None:
     A URL that is not a secret field may still carry credentials (`https://user:pass@host`, a
     token in its query): those parts are registered as secrets, so no log line or error shows them.
     """
-    if (settings.cert_file is None) != (settings.key_file is None):
-        raise ConfigError(f"{path}.cert_file: cert_file and key_file go together")
-    for key in ("ca_file", "cert_file", "key_file"):
-        file: Path | None = getattr(settings, key)
-        if file is None:
-            continue
-        # Read now: the sink only opens them at its first delivery, and a missing CA bundle
-        # would then fail every delivery, retried forever, instead of failing check-config.
-        try:
-            with open(file, "rb"):
-                pass
-        except OSError as err:
-            raise ConfigError(f"{path}.{key}: cannot read {file}: {err.strerror or err}") from None
+    check_client_files(path, settings)
     urls = {"endpoint": getattr(settings, "endpoint", None), "url": getattr(settings, "url", None)}
     for key, url in urls.items():
         if isinstance(url, str):
@@ -246,6 +241,24 @@ def check_http_sink(path: str, settings: HttpSinkSettings) -> None:
             value = url.get()
             if not value.startswith(("http://", "https://")):
                 raise ConfigError(f"{path}.{key}: the value from {url.describe()} is not an http(s) URL")
+
+
+def check_client_files(path: str, settings: object, extra: Sequence[str] = ()) -> None:
+    """A client's TLS files (`ca_file`, `cert_file`, `key_file`, and the `extra` keys) can be read
+    now, and a client certificate comes with its key; ConfigError naming the key otherwise."""
+    if (getattr(settings, "cert_file", None) is None) != (getattr(settings, "key_file", None) is None):
+        raise ConfigError(f"{path}.cert_file: cert_file and key_file go together")
+    for key in ("ca_file", "cert_file", "key_file", *extra):
+        file: Path | None = getattr(settings, key, None)
+        if file is None:
+            continue
+        # Read now: the sink only opens them at its first delivery, and a missing CA bundle
+        # would then fail every delivery, retried forever, instead of failing check-config.
+        try:
+            with open(file, "rb"):
+                pass
+        except OSError as err:
+            raise ConfigError(f"{path}.{key}: cannot read {file}: {err.strerror or err}") from None
 
 
 def check_kinds(path: str, settings: BaseSinkSettings) -> None:

@@ -23,6 +23,7 @@ import aiohttp
 from watcher import __version__
 from watcher.secrets import redact
 from watcher.sinks.base import HttpSinkSettings, Outcome
+from watcher.tls import client_context
 
 __all__ = ["HttpClient", "HttpSink", "parse_retry_after", "outcome_of", "USER_AGENT", "HTTP_SINK_CONNECTIONS"]
 
@@ -102,13 +103,7 @@ class HttpClient:
         )
 
     def _ssl(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
-        if self.cert_file is not None and self.key_file is not None:
-            ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
-        if not self.tls_verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        return ctx
+        return client_context(self.ca_file, self.cert_file, self.key_file, verify=self.tls_verify)
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
