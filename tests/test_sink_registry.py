@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -209,3 +210,73 @@ def test_send_test_resolves_what_a_paging_toy_started(
 def test_build_sink_refuses_settings_of_no_registered_type() -> None:
     with pytest.raises(LookupError, match="ToySinkSettings belongs to no registered sink type"):
         registry.build_sink(ToySinkSettings(name="t"), node="n", state_dir=Path("/"), store=MemoryStore())
+
+
+@dataclass(frozen=True)
+class InOrderSinkSettings(ToySinkSettings):
+    type: Literal["inorder"] = "inorder"  # type: ignore[assignment]
+
+
+class InOrderSink(ToySink):
+    """Delivers a batch's events one after another and stops at the first it cannot: a seq in
+    `refuse` for good, a seq in `fail_once` once (transient); says how far it got (`done`)."""
+
+    def __init__(self, settings: ToySinkSettings, context: SinkContext) -> None:
+        super().__init__(settings, context)
+        self.refuse = {3}
+        self.fail_once = {5}
+        self.batches: list[list[int]] = []
+
+    async def deliver(self, events: Sequence[Event]) -> Outcome:
+        self.batches.append([e.seq for e in events])
+        for i, event in enumerate(events):
+            if event.seq in self.refuse:
+                return Outcome(error="too big for the receiver", done=i)
+            if event.seq in self.fail_once:
+                self.fail_once.discard(event.seq)
+                return Outcome(retry=True, error="no acknowledgement", done=i)
+            self.received.append(event)
+        return Outcome.ok()
+
+
+async def test_a_sink_that_says_how_far_it_got_loses_nothing_and_dead_letters_only_the_refused(
+    short_tmp: Path,
+) -> None:
+    sink_type = registry.register(
+        SinkType(
+            name="inorder",
+            settings=InOrderSinkSettings,
+            factory=InOrderSink,
+            capabilities=Capabilities(batches=True),
+        )
+    )
+    outbox = Store(short_tmp / "outbox.sqlite")
+    try:
+        await outbox.open()
+        cfg = InOrderSinkSettings(name="t", retry_max_delay=0.01)
+        (sink,) = registry.build_sinks([cfg], node="node-a", state_dir=short_tmp, store=outbox)
+        assert isinstance(sink, InOrderSink)
+        cycle = synthetic_events("node-a", paging=False)[0]
+        events = [dataclasses.replace(cycle, id=f"e{i}", seq=i) for i in range(1, 8)]
+        stop = asyncio.Event()
+        dispatcher = Dispatcher(outbox, [sink], stop=stop, rng=random.Random(1))
+        await outbox.commit(events, {"t": [e.seq for e in events]}, None)
+        task = asyncio.create_task(dispatcher.run())
+        try:
+            async with asyncio.timeout(10):
+                while (await outbox.stats("t")).depth:
+                    await asyncio.sleep(0.01)
+        finally:
+            stop.set()
+            await task
+            await dispatcher.close()
+        # 1 and 2 acknowledged with the refusal of 3; 3 alone dead-lettered; 4 acknowledged with
+        # 5's transient failure; the retry starts at 5, never re-sending what went through.
+        assert [e.seq for e in sink.received] == [1, 2, 4, 5, 6, 7]
+        assert sink.batches == [[1, 2, 3, 4, 5, 6, 7], [4, 5, 6, 7], [5, 6, 7]]
+        assert [d.seq for d in await outbox.dead_letters("t")] == [3]
+        stats = await outbox.stats("t")
+        assert (stats.delivered, stats.dead) == (6, 1)
+    finally:
+        registry.unregister(sink_type.name)
+        await outbox.close()

@@ -574,11 +574,17 @@ class NatsSink:
         return None
 
     async def close(self) -> None:
-        if self._nc is not None:
+        nc, self._nc, self._publisher = self._nc, None, None
+        if nc is None:
+            return
+        try:
+            async with asyncio.timeout(self.settings.timeout):
+                await nc.drain()
+        except Exception:  # the servers are gone: close without flushing
+            pass
+        if not nc.is_closed:
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(self.settings.timeout):
-                    await self._nc.drain()
-            self._nc, self._publisher = None, None
+                await nc.close()
 
 
 def _nats_sink(settings: NatsSinkSettings, context: SinkContext) -> NatsSink:
