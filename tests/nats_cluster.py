@@ -96,9 +96,12 @@ class NatsServer:
 class NatsCluster:
     """Three JetStream servers (`size` of them) routed to each other on 127.0.0.1."""
 
-    def __init__(self, root: Path, *, size: int = 3, extra: str = "") -> None:
+    def __init__(
+        self, root: Path, *, size: int = 3, extra: str = "", auth: dict[str, str] | None = None
+    ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
+        self.auth = dict(auth or {})  # how the helper itself connects, when `extra` requires auth
         ports = [(free_port(), free_port(), free_port()) for _ in range(size)]
         routes = ", ".join(f"nats-route://127.0.0.1:{c}" for _, c, _ in ports)
         self.servers: list[NatsServer] = []
@@ -186,7 +189,11 @@ class NatsCluster:
     async def connect(self, **options: object) -> nats.NATS:
         running = [s.url for s in self.servers if s.running]
         return await nats.connect(
-            servers=running, connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.2, **options
+            servers=running,
+            connect_timeout=2,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2,
+            **{**self.auth, **options},
         )
 
     async def add_stream(
@@ -244,8 +251,10 @@ class NatsCluster:
 
 
 @asynccontextmanager
-async def running_cluster(root: Path, *, size: int = 3, extra: str = "") -> AsyncIterator[NatsCluster]:
-    cluster = NatsCluster(root, size=size, extra=extra)
+async def running_cluster(
+    root: Path, *, size: int = 3, extra: str = "", auth: dict[str, str] | None = None
+) -> AsyncIterator[NatsCluster]:
+    cluster = NatsCluster(root, size=size, extra=extra, auth=auth)
     try:
         await cluster.start()
         yield cluster

@@ -29,6 +29,7 @@ from tests.nats_cluster import NatsCluster, running_cluster
 from watcher.config import ConfigError
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, new_cycle_id
+from watcher.secrets import Secret
 from watcher.settings import Settings, parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
@@ -388,3 +389,57 @@ async def test_a_sigkill_between_publish_and_outbox_ack_is_deduplicated_by_the_s
         stored = _stored(await cluster.messages(STREAM))
         assert len({i for _, _, i in stored}) == len(stored), "a re-publish was stored twice"
         assert sorted(s for _, s, _ in stored)[: len(seqs)] == sorted(seqs)
+
+
+AGENT_PERMISSIONS = """authorization {
+  users: [
+    { user: admin, password: admin-pass-0123 }
+    { user: node-agent, password: agent-pass-0123, permissions: {
+        publish: { allow: ["pod-resources.node-a.>", "$JS.API.STREAM.INFO.POD_RESOURCES"] }
+        subscribe: { allow: ["_INBOX.>"] } } }
+  ]
+}"""
+
+
+async def test_the_least_privilege_the_readme_grants_is_enough_and_no_more(tmp_path: Path) -> None:
+    from nats.js.api import StreamConfig
+
+    admin_auth = {"user": "admin", "password": "admin-pass-0123"}
+    async with running_cluster(
+        tmp_path / "nats", size=1, extra=AGENT_PERMISSIONS, auth=admin_auth
+    ) as cluster:
+        admin = await cluster.connect()
+        try:
+            js = admin.jetstream(timeout=5)
+            await js.add_stream(
+                StreamConfig(name=STREAM, subjects=["pod-resources.>"], duplicate_window=86400)
+            )
+            events = synthetic_events("node-a", paging=True)
+            agent = _sink(
+                cluster, create_stream=False, user="node-agent", password=Secret(value="agent-pass-0123")
+            )
+            sink = NatsSink(agent, node="node-a")
+            try:
+                assert (await sink.deliver(events)).delivered
+            finally:
+                await sink.close()
+            # Creating the stream is not granted: a sink told to create a missing one is refused.
+            creating = NatsSink(dataclasses.replace(agent, stream="OTHER", create_stream=True), node="node-a")
+            try:
+                refused = await creating.deliver(events)
+            finally:
+                await creating.close()
+            assert refused.retry and not refused.delivered
+            assert "permissions violation" in refused.error and "stream.info.other" in refused.error
+            # Nor is publishing as another node, with a user per node.
+            elsewhere = NatsSink(agent, node="node-b")
+            try:
+                refused = await elsewhere.deliver(synthetic_events("node-b", paging=False))
+            finally:
+                await elsewhere.close()
+            assert refused.retry and "permissions violation" in refused.error
+            assert "pod-resources.node-b.send-test" in refused.error
+            info = await js.stream_info(STREAM)
+            assert info.state.messages == len(events)
+        finally:
+            await admin.close()

@@ -56,6 +56,7 @@ __all__ = [
     "Publisher",
     "Published",
     "StreamError",
+    "ServerNotes",
     "connect",
     "ensure_stream",
     "node_token",
@@ -377,7 +378,17 @@ class _Run:
 _MAX_MSG_SIZE = 10054
 
 
-async def connect(settings: NatsSinkSettings, *, name: str) -> nats.aio.client.Client:
+class ServerNotes:
+    """What the server said asynchronously that explains a later timeout: a permissions
+    violation is sent as an error line and the request it refused just never gets an answer."""
+
+    def __init__(self) -> None:
+        self.last = ""
+
+
+async def connect(
+    settings: NatsSinkSettings, *, name: str, notes: ServerNotes | None = None
+) -> nats.aio.client.Client:
     """A connected client that reconnects on its own for good; raises on the first connect's failure."""
     from nats.aio.client import Client
 
@@ -402,13 +413,25 @@ async def connect(settings: NatsSinkSettings, *, name: str) -> nats.aio.client.C
     quiet = {"down": False, "attempts": 0, "closing": False}
 
     async def on_error(err: Exception) -> None:
+        text = redact(f"{type(err).__name__}: {err}")
+        if "permissions violation" in text.lower():
+            # Not an outage: the connection stays up, and the refused request times out.
+            if notes is not None and notes.last != text:
+                notes.last = text
+                log.error(
+                    "the NATS server refused a request of this agent's user: grant it (README, NATS: "
+                    "least privilege)",
+                    sink=settings.name,
+                    error=text,
+                )
+            return
         quiet["attempts"] += 1
         if not quiet["down"] and not quiet["closing"]:
             quiet["down"] = True
             log.warning(
                 "NATS connection error; the client keeps reconnecting on its own (logged once per outage)",
                 sink=settings.name,
-                error=redact(f"{type(err).__name__}: {err}"),
+                error=text,
             )
 
     async def on_disconnected() -> None:
@@ -524,6 +547,7 @@ class NatsSink:
         self._nc: nats.aio.client.Client | None = None
         self._publisher: Publisher | None = None
         self._lock = asyncio.Lock()
+        self._notes = ServerNotes()
 
     async def _ready(self) -> Publisher:
         if self._nc is not None and self._nc.is_closed:
@@ -532,7 +556,7 @@ class NatsSink:
             return self._publisher
         s = self.settings
         if self._nc is None:
-            self._nc = await connect(s, name=f"pod-resources-watcher/{self.node}")
+            self._nc = await connect(s, name=f"pod-resources-watcher/{self.node}", notes=self._notes)
         js = self._nc.jetstream(timeout=s.timeout)
         await ensure_stream(js, s, self.node)
         self._publisher = Publisher(
@@ -549,13 +573,18 @@ class NatsSink:
         import nats.errors
 
         async with self._lock:
+            self._notes.last = ""
             try:
                 publisher = await self._ready()
             except StreamError as err:
                 return Outcome(retry=True, error=str(err))
             except (nats.errors.Error, OSError, TimeoutError) as err:
                 why = str(err) or type(err).__name__
-                return Outcome(retry=True, error=redact(f"cannot reach NATS ({why}): retried"))
+                if self._nc is not None and self._nc.is_connected:
+                    problem = f"no answer from the stream's API ({why})"
+                else:
+                    problem = f"cannot reach NATS ({why})"
+                return Outcome(retry=True, error=redact(self._explained(f"{problem}: retried")))
             result = await publisher.publish(events)
         if result.duplicates:
             log.info(
@@ -567,8 +596,12 @@ class NatsSink:
         if result.done == len(events):
             return Outcome.ok()
         # Nothing is refused for good but an event too big for the server: the rest (no leader,
-        # no stream yet, a full stream) is retried until it clears.
-        return Outcome(retry=not result.oversized, error=result.error, done=result.done)
+        # no stream yet, a full stream, a permission not granted yet) is retried until it clears.
+        return Outcome(retry=not result.oversized, error=self._explained(result.error), done=result.done)
+
+    def _explained(self, error: str) -> str:
+        """`error`, with what the server said meanwhile that explains it (a refused permission)."""
+        return f"{error}; the server said: {self._notes.last}" if self._notes.last else error
 
     def background(self) -> None:
         return None
