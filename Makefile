@@ -18,7 +18,7 @@ $(RUN_STAMP): pyproject.toml
 	@echo "setting up $(VENV) with the agent's runtime dependencies (first run only)..."
 	@test -x $(BIN)/python || { echo "  creating the virtualenv $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "  installing the agent and what it needs to run: grpcio, protobuf, aiohttp, structlog,"
-	@echo "  prometheus-client, watchfiles, lightkube (about half a minute; make test adds the dev tools)"
+	@echo "  prometheus-client, watchfiles, lightkube, nats-py (about half a minute; make test adds the dev tools)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
 	@echo "  $(VENV) is ready"
 	@touch $@
