@@ -521,6 +521,13 @@ async def ensure_stream(js: nats.js.client.JetStreamContext, settings: NatsSinkS
             replicas=s.stream_replicas,
             duplicate_window_s=s.duplicate_window,
         )
+    # A replicated stream answers publishes only once its replicas elect a leader (just created,
+    # or mid-election): wait for that, bounded, rather than fail a delivery with "no responders".
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + s.timeout
+    while info.cluster is not None and not info.cluster.leader and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+        info = await js.stream_info(s.stream)
     subjects = info.config.subjects or []
     if not any(_takes(p, probe) for p in subjects):
         raise StreamError(
