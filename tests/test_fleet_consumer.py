@@ -3,9 +3,9 @@ real three-node JetStream cluster (tests/nats_cluster.py).
 
 Its input is the agent's own events: built by the agent's model as the committer builds them
 (`watcher.started` first, then `diff` of the kubelet's answers before and after each change, wrapped
-by `envelope` with the node's next seq), published in the sink's format: subject
-`<prefix>.<node with '.' as '_'>.<kind>`, the `Nats-Msg-Id` and `Prw-*` headers, the envelope as
-compact JSON.
+by `envelope` with the node's next seq), published by the NATS sink's own `Publisher`
+(subject `<prefix>.<node with '.' as '_'>.<kind>`, `Nats-Msg-Id` and `Prw-*` headers, the envelope
+as compact JSON), so the example reads exactly what the sink writes.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from watcher.model import lifecycle
 from watcher.model.build import build
 from watcher.model.changes import Change
 from watcher.model.diff import diff
-from watcher.model.events import SCHEMA_VERSION, Event, envelope, new_cycle_id
+from watcher.model.events import Event, envelope, new_cycle_id
 from watcher.model.inventory import Inventory
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
+from watcher.sinks.nats import Publisher
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fleet_consumer.py"
 STREAM, PREFIX = "POD_RESOURCES", "pod-resources"
@@ -95,18 +96,15 @@ def _heal(gpu: str) -> Callable[[FakeKubelet], object]:
     return lambda k: k.heal(GPU, gpu)
 
 
-async def _publish(nc: NatsClient, events: Sequence[Event], prefix: str = PREFIX) -> None:
-    js = nc.jetstream(timeout=10)
-    for e in events:
-        headers = {
-            "Nats-Msg-Id": e.id,
-            "Prw-Schema": SCHEMA_VERSION,
-            "Prw-Seq": str(e.seq),
-            "Prw-Node": e.node,
-            "Prw-Kind": str(e.kind),
-        }
-        subject = f"{prefix}.{e.node.replace('.', '_')}.{e.kind}"
-        await js.publish(subject, e.to_json().encode(), headers=headers)
+async def _publish(
+    nc: NatsClient, events: Sequence[Event], stream: str = STREAM, prefix: str = PREFIX
+) -> None:
+    """As the sink publishes them; every one newly stored (none dropped as a duplicate)."""
+    publisher = Publisher(
+        nc.jetstream(), stream=stream, prefix=prefix, timeout=10, max_in_flight=16, max_payload=nc.max_payload
+    )
+    published = await publisher.publish(events)
+    assert (published.done, published.duplicates, published.error) == (len(events), 0, "")
 
 
 async def _once(servers: list[str], db: Path, *args: str) -> tuple[str, str]:
@@ -180,9 +178,9 @@ async def test_the_fleet_shows_a_failed_gpu_and_its_pod_until_healed_in_any_orde
             everything = seven.events + eight.events
             await cluster.add_stream("SHUFFLED", ["shuffled.>"], duplicate_window=0.1)
             await cluster.stream_leader("SHUFFLED")
-            await _publish(nc, everything[::-1], prefix="shuffled")
+            await _publish(nc, everything[::-1], "SHUFFLED", "shuffled")
             await asyncio.sleep(0.25)  # past the dedup window (100 ms, the server's least)
-            await _publish(nc, random.Random(17).sample(everything, len(everything)), prefix="shuffled")
+            await _publish(nc, random.Random(17).sample(everything, len(everything)), "SHUFFLED", "shuffled")
             info = await nc.jetstream().stream_info("SHUFFLED")
             assert info.state.messages == 2 * len(everything)
             other = tmp_path / "shuffled.sqlite3"
