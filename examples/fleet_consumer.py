@@ -97,6 +97,8 @@ def apply_batch(db: sqlite3.Connection, messages: list[Any]) -> tuple[int, int]:
                 event = {}
             if event.get("schema") != SCHEMA:
                 print(f"skipping a message that is not a {SCHEMA} event", file=sys.stderr)
+            elif event["details"].get("test") is True:
+                continue  # from `send-test`: nothing happened on that node
             elif apply(db, event):
                 applied += 1
             else:
@@ -131,7 +133,9 @@ async def say(err: Exception) -> None:  # one line per connection error, not nat
 
 
 async def consume(args: argparse.Namespace, db: sqlite3.Connection, auth: dict[str, Any]) -> tuple[int, int]:
-    nc = await nats.connect(servers=args.servers.split(","), connect_timeout=5, error_cb=say, **auth)
+    # --once fails within seconds when no server answers; a long-running consumer keeps trying.
+    tries = 2 if args.once else -1
+    nc = await nats.connect(args.servers.split(","), error_cb=say, max_reconnect_attempts=tries, **auth)
     try:
         config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=args.ack_wait)
         sub = await nc.jetstream().pull_subscribe(
