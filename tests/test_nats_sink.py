@@ -35,7 +35,7 @@ from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
 from watcher.sim.send_test import synthetic_events
 from watcher.sinks.file import FileSinkSettings
-from watcher.sinks.nats import NatsSink, NatsSinkSettings, node_token, subject_for
+from watcher.sinks.nats import NatsSink, NatsSinkSettings, Publisher, message_headers, node_token, subject_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -160,6 +160,95 @@ def _toml(text: str) -> dict[str, object]:
     import tomllib
 
     return tomllib.loads(text)
+
+
+class FakeJetStream:
+    """publish_async as nats-py's: a future per publish, which the test resolves (or not) in any
+    order; and a check that no more than the bound are ever outstanding."""
+
+    def __init__(self, bound: int, *, raise_at: int | None = None) -> None:
+        self.futures: list[asyncio.Future[object]] = []
+        self.bound = bound
+        self.raise_at = raise_at
+        self.on_publish: object = None
+
+    async def publish_async(self, subject: str, payload: bytes, **_: object) -> asyncio.Future[object]:
+        outstanding = sum(not f.done() for f in self.futures)
+        assert outstanding < self.bound, f"{outstanding + 1} publishes outstanding, bound {self.bound}"
+        if self.raise_at is not None and len(self.futures) == self.raise_at:
+            raise OSError("the reconnect buffer is full")
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
+        if callable(self.on_publish):
+            self.on_publish(len(self.futures) - 1, future)
+        return future
+
+
+def _ack(duplicate: bool = False) -> object:
+    from nats.js.api import PubAck
+
+    return PubAck(stream=STREAM, seq=1, duplicate=duplicate)
+
+
+def _publisher(js: FakeJetStream, in_flight: int, timeout: float = 0.3) -> Publisher:
+    return Publisher(
+        js,  # type: ignore[arg-type]
+        stream=STREAM,
+        prefix="p",
+        timeout=timeout,
+        max_in_flight=in_flight,
+        max_payload=1 << 20,
+    )
+
+
+def _events(count: int) -> list[Event]:
+    first = synthetic_events("node-a", paging=False)[0]
+    details = {**first.details, "test": False}
+    return [dataclasses.replace(first, id=f"e{i}", seq=i, details=details) for i in range(1, count + 1)]
+
+
+async def test_done_is_the_unbroken_run_of_acknowledgements_from_the_start() -> None:
+    from nats.js.errors import APIError
+
+    # Acks arriving out of order; the third publish refused: done is 2, whatever came after it.
+    js = FakeJetStream(bound=4)
+    loop = asyncio.get_running_loop()
+
+    def answer(i: int, future: asyncio.Future[object]) -> None:
+        if i == 2:
+            loop.call_later(0.01, future.set_exception, APIError(code=503, description="no leader"))
+        else:
+            loop.call_later(0.05 - i * 0.005, future.set_result, _ack(duplicate=i == 0))
+
+    js.on_publish = answer
+    result = await _publisher(js, 4).publish(_events(6))
+    assert (result.done, result.duplicates) == (2, 1) and "no leader" in result.error
+    assert len(js.futures) <= 4  # nothing published once the failure was seen, beyond the window
+
+    # One never acknowledged: it times out, is cancelled (its slot freed), and stops the run there.
+    js = FakeJetStream(bound=2)
+    js.on_publish = lambda i, f: None if i == 1 else loop.call_soon(f.set_result, _ack())
+    result = await _publisher(js, 2).publish(_events(5))
+    assert result.done == 1 and "no acknowledgement within 0.3 s" in result.error
+    assert js.futures[1].cancelled()
+
+    # The client raises mid-batch: the acks already on their way still count, and the context
+    # is to be made afresh (nats-py keeps the slot of a publish that raised).
+    js = FakeJetStream(bound=8, raise_at=3)
+    js.on_publish = lambda i, f: loop.call_later(0.02, f.set_result, _ack())
+    result = await _publisher(js, 8).publish(_events(6))
+    assert (result.done, result.stale) == (3, True) and "reconnect buffer is full" in result.error
+
+    # With max_in_flight 1 the next is published only once the one before is acknowledged.
+    js = FakeJetStream(bound=1)
+    js.on_publish = lambda i, f: loop.call_later(0.01, f.set_result, _ack())
+    assert (await _publisher(js, 1).publish(_events(5))).done == 5
+
+
+def test_a_send_test_event_is_marked_in_every_header_a_consumer_may_route_on() -> None:
+    test, real = synthetic_events("node-a", paging=False)[0], _events(1)[0]
+    assert message_headers(test)["Prw-Kind"] == "send-test" and message_headers(test)["Prw-Test"] == "true"
+    assert message_headers(real)["Prw-Kind"] == "device.removed" and "Prw-Test" not in message_headers(real)
 
 
 # --- against the cluster ---
@@ -313,7 +402,12 @@ async def test_an_event_over_the_servers_max_payload_is_dead_lettered_alone(tmp_
             change = Change(Kind.DEVICE_ADDED, Severity.INFO, summary, {"resource": GPU, "device": f"d{seq}"})
             return envelope(change, seq=seq, node="node-a", cycle=cycle, before=None, after=None)
 
-        batch = [event(1, "small"), event(2, "small"), event(3, "x" * 5000), event(4, "small")]
+        # Its payload alone is under the limit: the headers, which the server counts too, are not.
+        big = event(3, "")
+        filler = 4096 - len(json.dumps(big.to_dict(), separators=(",", ":"))) - 40
+        big = event(3, "x" * filler)
+        assert len(json.dumps(big.to_dict(), separators=(",", ":"))) < 4096
+        batch = [event(1, "small"), event(2, "small"), big, event(4, "small")]
         try:
             outcome = await sink.deliver(batch)
             assert not outcome.delivered and not outcome.retry

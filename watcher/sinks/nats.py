@@ -56,7 +56,7 @@ __all__ = [
     "Publisher",
     "Published",
     "StreamError",
-    "ServerNotes",
+    "ConnectionLog",
     "connect",
     "ensure_stream",
     "node_token",
@@ -122,7 +122,7 @@ class NatsSinkSettings(BaseSinkSettings):
             "in the stream even across a failover; more is faster, and a retried event may then land "
             "after later ones (consumers order by the Prw-Seq header).",
             min=1,
-            max=10000,
+            max=4000,
         ),
     )
     timeout: float = field(
@@ -228,26 +228,42 @@ def node_token(node: str) -> str:
     if _DNS_TOKEN.fullmatch(node) and len(node) <= 253:
         return node.replace(".", "_")
     safe = re.sub(r"[^A-Za-z0-9-]", "-", node)[:64]
-    return f"{safe}-{hashlib.sha256(node.encode()).hexdigest()[:12]}"
+    digest = hashlib.sha256(node.encode(errors="backslashreplace")).hexdigest()[:12]
+    return f"{safe}-{digest}"
 
 
 def subject_for(prefix: str, event: Event) -> str:
-    last = "send-test" if event.details.get("test") is True else str(event.kind)
+    last = "send-test" if _is_test(event) else str(event.kind)
     return f"{prefix}.{node_token(event.node)}.{last}"
 
 
 _HEADER_UNSAFE = re.compile(r"[^\x20-\x7e]")
 
 
+def _is_test(event: Event) -> bool:
+    return event.details.get("test") is True
+
+
 def message_headers(event: Event) -> dict[str, str]:
-    return {
+    headers = {
         "Nats-Msg-Id": event.id,
         "Prw-Schema": SCHEMA_VERSION,
         "Prw-Seq": str(event.seq),
         # The node name is the operator's, but a header line must stay one line whatever it is.
         "Prw-Node": _HEADER_UNSAFE.sub("?", event.node),
-        "Prw-Kind": str(event.kind),
+        # A consumer routing on this header must not take send-test's device.removed for one.
+        "Prw-Kind": "send-test" if _is_test(event) else str(event.kind),
     }
+    if _is_test(event):
+        headers["Prw-Test"] = "true"
+    return headers
+
+
+def wire_size(headers: dict[str, str], payload: bytes) -> int:
+    """What the server counts against its max_payload: the header block as the client writes it
+    (`NATS/1.0`, one `Key: value` line each, a blank line) and the payload."""
+    block = len(b"NATS/1.0\r\n\r\n") + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+    return block + len(payload)
 
 
 class StreamError(Exception):
@@ -264,6 +280,9 @@ class Published:
     duplicates: int = 0
     error: str = ""
     oversized: bool = False
+    # The JetStream context should be made afresh: a publish raised after the client had taken a
+    # slot for it (never given back), or no stream answered (deleted? check it again).
+    stale: bool = False
 
 
 _RETRYABLE_HINT = "the cluster may be electing a stream leader or unreachable; retried"
@@ -297,37 +316,50 @@ class Publisher:
         loop = asyncio.get_running_loop()
         window: deque[tuple[asyncio.Future[Any], float]] = deque()
         run = _Run()
+        raised = ""
         try:
             for event in events:
                 payload = json.dumps(event.to_dict(), separators=(",", ":"), ensure_ascii=False).encode()
-                if len(payload) > self.max_payload:
+                headers = message_headers(event)
+                size = wire_size({**headers, "Nats-Expected-Stream": self.stream}, payload)
+                if size > self.max_payload:
                     # Settle what went before it, then say it can never go as it is.
                     while window:
                         await self._settle(window.popleft(), run)
                     run.fail(
-                        f"event seq {event.seq} is {len(payload)} bytes, over the server's "
+                        f"event seq {event.seq} is {size} bytes with its headers, over the server's "
                         f"max_payload of {self.max_payload}",
                         oversized=True,
                     )
                     break
                 while len(window) >= self.max_in_flight:
                     await self._settle(window.popleft(), run)
-                if run.error:
-                    break
+                if run.error or any(f.done() and (f.cancelled() or f.exception()) for f, _ in window):
+                    break  # a failure in the window: publishing more would only be sent again
                 future = await self.js.publish_async(
                     subject_for(self.prefix, event),
                     payload,
                     wait_stall=self.timeout,
                     stream=self.stream,
-                    headers=message_headers(event),
+                    headers=headers,
                 )
                 window.append((future, loop.time() + self.timeout))
         except Exception as err:  # the client's: closed, its buffer full while reconnecting
-            run.fail(redact(f"could not publish: {type(err).__name__}: {err}"))
+            raised = redact(f"could not publish: {type(err).__name__}: {err}")
         finally:
+            # The acknowledgements already on their way still count.
             while window:
                 await self._settle(window.popleft(), run)
-        return Published(done=run.done, duplicates=run.duplicates, error=run.error, oversized=run.oversized)
+        if raised:
+            run.fail(raised)
+            run.stale = True
+        return Published(
+            done=run.done,
+            duplicates=run.duplicates,
+            error=run.error,
+            oversized=run.oversized,
+            stale=run.stale,
+        )
 
     async def _settle(self, sent: tuple[asyncio.Future[Any], float], run: _Run) -> None:
         """Wait for one publish's acknowledgement (until its deadline) and count it in `run`."""
@@ -343,6 +375,7 @@ class Publisher:
             run.fail(f"no acknowledgement within {self.timeout:g} s: {_RETRYABLE_HINT}")
         except nats.js.errors.NoStreamResponseError:
             run.fail(f"no stream answered (no responders): {_RETRYABLE_HINT}")
+            run.stale = True
         except nats.js.errors.APIError as err:
             run.fail(
                 redact(f"the stream refused it: {err.description} (code {err.err_code})"),
@@ -363,6 +396,7 @@ class _Run:
     duplicates: int = 0
     error: str = ""
     oversized: bool = False
+    stale: bool = False
 
     def stored(self, duplicate: bool) -> None:
         if not self.error:
@@ -378,16 +412,20 @@ class _Run:
 _MAX_MSG_SIZE = 10054
 
 
-class ServerNotes:
-    """What the server said asynchronously that explains a later timeout: a permissions
-    violation is sent as an error line and the request it refused just never gets an answer."""
+class ConnectionLog:
+    """One sink's connection story across its clients: whether an outage was already logged (one
+    line per outage, not one per reconnect attempt or per failed first connect), and what the
+    server said asynchronously that explains a later timeout (a permissions violation is sent as
+    an error line, and the request it refused just never gets an answer)."""
 
     def __init__(self) -> None:
         self.last = ""
+        self.down = False
+        self.attempts = 0
 
 
 async def connect(
-    settings: NatsSinkSettings, *, name: str, notes: ServerNotes | None = None
+    settings: NatsSinkSettings, *, name: str, notes: ConnectionLog | None = None
 ) -> nats.aio.client.Client:
     """A connected client that reconnects on its own for good; raises on the first connect's failure."""
     from nats.aio.client import Client
@@ -409,15 +447,15 @@ async def connect(
     if s.creds_file is not None:
         options["user_credentials"] = str(s.creds_file)
 
-    # One line per outage, not one per reconnect attempt (every second, to every server).
-    quiet = {"down": False, "attempts": 0, "closing": False}
+    state = notes if notes is not None else ConnectionLog()
+    closing = False
 
     async def on_error(err: Exception) -> None:
         text = redact(f"{type(err).__name__}: {err}")
         if "permissions violation" in text.lower():
             # Not an outage: the connection stays up, and the refused request times out.
-            if notes is not None and notes.last != text:
-                notes.last = text
+            if state.last != text:
+                state.last = text
                 log.error(
                     "the NATS server refused a request of this agent's user: grant it (README, NATS: "
                     "least privilege)",
@@ -425,9 +463,9 @@ async def connect(
                     error=text,
                 )
             return
-        quiet["attempts"] += 1
-        if not quiet["down"] and not quiet["closing"]:
-            quiet["down"] = True
+        state.attempts += 1
+        if not state.down and not closing:
+            state.down = True
             log.warning(
                 "NATS connection error; the client keeps reconnecting on its own (logged once per outage)",
                 sink=settings.name,
@@ -436,8 +474,8 @@ async def connect(
 
     async def on_disconnected() -> None:
         # Our own close (drain) disconnects too: nothing to report then.
-        if not quiet["down"] and not quiet["closing"] and not (nc.is_draining or nc.is_closed):
-            quiet["down"] = True
+        if not state.down and not closing and not (nc.is_draining or nc.is_closed):
+            state.down = True
             log.warning("disconnected from NATS; reconnecting on its own", sink=settings.name)
 
     async def on_reconnected() -> None:
@@ -446,9 +484,9 @@ async def connect(
             "reconnected to NATS",
             sink=settings.name,
             server=redact_url(url.geturl()) if url else None,
-            failed_attempts=quiet["attempts"],
+            failed_attempts=state.attempts,
         )
-        quiet["down"], quiet["attempts"] = False, 0
+        state.down, state.attempts = False, 0
 
     nc = Client()
     try:
@@ -468,12 +506,14 @@ async def connect(
                 **options,
             )
     except BaseException:
-        quiet["closing"] = True
+        closing = True
         with contextlib.suppress(Exception):
             await nc.close()
         raise
     nc.options["max_reconnect_attempts"] = -1
-    quiet["down"], quiet["attempts"] = False, 0
+    if state.down:
+        log.info("connected to NATS", sink=settings.name, failed_attempts=state.attempts)
+    state.down, state.attempts = False, 0
     return nc
 
 
@@ -554,7 +594,7 @@ class NatsSink:
         self._nc: nats.aio.client.Client | None = None
         self._publisher: Publisher | None = None
         self._lock = asyncio.Lock()
-        self._notes = ServerNotes()
+        self._notes = ConnectionLog()
 
     async def _ready(self) -> Publisher:
         if self._nc is not None and self._nc.is_closed:
@@ -564,7 +604,8 @@ class NatsSink:
         s = self.settings
         if self._nc is None:
             self._nc = await connect(s, name=f"pod-resources-watcher/{self.node}", notes=self._notes)
-        js = self._nc.jetstream(timeout=s.timeout)
+        # The client's own bound on publishes awaiting acknowledgement is ours: never more.
+        js = self._nc.jetstream(timeout=s.timeout, publish_async_max_pending=s.max_in_flight)
         await ensure_stream(js, s, self.node)
         self._publisher = Publisher(
             js,
@@ -578,6 +619,7 @@ class NatsSink:
 
     async def deliver(self, events: Sequence[Event]) -> Outcome:
         import nats.errors
+        import nats.js.errors
 
         async with self._lock:
             self._notes.last = ""
@@ -585,6 +627,14 @@ class NatsSink:
                 publisher = await self._ready()
             except StreamError as err:
                 return Outcome(retry=True, error=str(err))
+            except nats.js.errors.APIError as err:
+                why = f"{err.description} (code {err.err_code})"
+                return Outcome(retry=True, error=redact(f"the stream's API refused: {why}: retried"))
+            except nats.errors.AuthorizationError:
+                return Outcome(
+                    retry=True,
+                    error="the NATS servers refused this agent's credentials (authorization): retried",
+                )
             except (nats.errors.Error, OSError, TimeoutError) as err:
                 why = str(err) or type(err).__name__
                 if self._nc is not None and self._nc.is_connected:
@@ -592,7 +642,16 @@ class NatsSink:
                 else:
                     problem = f"cannot reach NATS ({why})"
                 return Outcome(retry=True, error=redact(self._explained(f"{problem}: retried")))
+            assert self._nc is not None
+            if not self._nc.is_connected:
+                # Publishing now would only fill the client's reconnect buffer with copies that
+                # the retry sends again anyway.
+                return Outcome(
+                    retry=True, error="not connected to NATS (the client is reconnecting): retried"
+                )
             result = await publisher.publish(events)
+            if result.stale:
+                self._publisher = None  # a fresh context, and the stream checked again, next time
         if result.duplicates:
             log.info(
                 "the stream already had some of these events (a re-publish after a lost "
