@@ -1,4 +1,5 @@
-"""Shared fixtures: short socket directories, a running fake kubelet, and a task-leak guard."""
+"""Shared fixtures: short socket directories, a running fake kubelet, a task-leak guard, and
+certificates for TLS tests."""
 
 from __future__ import annotations
 
@@ -186,3 +187,52 @@ def failing_disk(short_tmp: Path) -> Iterator[FailingDisk]:
         yield disk
     finally:
         subprocess.run(["umount", "-l", str(disk.path)], check=False)
+
+
+# --- certificates (the `openssl` command) ---
+
+
+def _openssl(cwd: Path, *args: str) -> None:
+    result = subprocess.run(
+        ["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate from it; and a client
+    certificate from another CA."""
+    if shutil.which("openssl") is None:
+        if os.environ.get("CI"):  # .ci/run installs it: a skip there would hide a lost test
+            pytest.fail("the openssl command is not installed (.ci/run should have installed it)")
+        pytest.skip("the openssl command is not installed")
+    d = tmp_path_factory.mktemp("pki")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for ca in ("ca", "other-ca"):
+        _openssl(
+            d,
+            "req",
+            "-x509",
+            *ec,
+            "-keyout",
+            f"{ca}.key",
+            "-out",
+            f"{ca}.crt",
+            "-subj",
+            f"/CN={ca}",
+            "-days",
+            "2",
+        )
+    for name, ca, ext in (
+        ("server", "ca", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+        ("client", "ca", "extendedKeyUsage=clientAuth\n"),
+        ("rogue", "other-ca", "extendedKeyUsage=clientAuth\n"),
+    ):
+        _openssl(d, "req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        (d / f"{name}.ext").write_text(ext)
+        _openssl(
+            d, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+            "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext",
+        )  # fmt: skip
+    return d

@@ -207,7 +207,7 @@ def _check(path: str, s: NatsSinkSettings) -> None:
         raise ConfigError(f"{path}: one way to authenticate, not {' and '.join(methods)}")
     if (s.user is None) != (s.password is None):
         raise ConfigError(f"{path}.user: user and password go together")
-    if s.nkey_seed is not None and not s.nkey_seed.get().strip().startswith("SU"):
+    if s.nkey_seed is not None and not _is_user_seed(s.nkey_seed.get().strip()):
         raise ConfigError(f"{path}.nkey_seed: not an NKey user seed (those start with SU)")
     check_client_files(path, s, extra=("creds_file",))
     if s.create_stream and s.duplicate_window < s.max_age:
@@ -216,6 +216,18 @@ def _check(path: str, s: NatsSinkSettings) -> None:
             f"({s.max_age:g} s): an event re-published after that long would be stored twice; "
             "raise duplicate_window or lower max_age"
         )
+
+
+def _is_user_seed(seed: str) -> bool:
+    """Whether `seed` decodes as an NKey user seed: one that is not (a typo, a truncated paste)
+    would make every connect raise instead of failing here, naming the key."""
+    import nkeys  # type: ignore[import-untyped]  # nats-py's own dependency for NKeys, untyped
+
+    try:
+        prefix, key = nkeys.decode_seed(bytearray(seed.encode()))
+    except (nkeys.NkeysError, ValueError):
+        return False
+    return bool(prefix == nkeys.PREFIX_BYTE_USER and len(key) == 32)
 
 
 _DNS_TOKEN = re.compile(r"[a-z0-9-]+(?:\.[a-z0-9-]+)*")
@@ -424,11 +436,41 @@ class ConnectionLog:
         self.attempts = 0
 
 
+def _client(*, tls: bool) -> nats.aio.client.Client:
+    """A client; with `tls`, one that connects with TLS or not at all. nats-py upgrades to TLS only
+    when the server's INFO asks for it, so a server without TLS (or anyone in between rewriting its
+    INFO) would be sent the credentials in the clear, tls:// URL and ca_file notwithstanding. Asking
+    for the upgrade ourselves makes the handshake fail there instead, before CONNECT is sent."""
+    from nats.aio.client import Client
+
+    if not tls:
+        return Client()
+
+    class TlsOnlyClient(Client):
+        async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+            info["tls_required"] = True
+            await super()._process_info(info, initial_connection)
+
+    return TlsOnlyClient()
+
+
+def _connect_error(errors: Sequence[Exception], err: BaseException) -> BaseException:
+    """Why a first connect failed, where nats-py says only "no servers available" (`err`): a
+    refused credential if an attempt was refused (the server closes at once, so another attempt may
+    end in a reset instead), else the last attempt's error (a certificate that does not verify...)."""
+    import nats.errors
+
+    if any("authorization violation" in str(e).lower() for e in errors):
+        return nats.errors.AuthorizationError()
+    last = errors[-1]
+    return last if isinstance(last, (nats.errors.Error, OSError, TimeoutError)) else err
+
+
 async def connect(
     settings: NatsSinkSettings, *, name: str, notes: ConnectionLog | None = None
 ) -> nats.aio.client.Client:
     """A connected client that reconnects on its own for good; raises on the first connect's failure."""
-    from nats.aio.client import Client
+    import nats.errors
 
     s = settings
     options: dict[str, Any] = {}
@@ -449,6 +491,7 @@ async def connect(
 
     state = notes if notes is not None else ConnectionLog()
     closing = False
+    failures: deque[Exception] = deque(maxlen=8)  # the latest, to say why a first connect failed
 
     async def on_error(err: Exception) -> None:
         text = redact(f"{type(err).__name__}: {err}")
@@ -463,6 +506,7 @@ async def connect(
                     error=text,
                 )
             return
+        failures.append(err)
         state.attempts += 1
         if not state.down and not closing:
             state.down = True
@@ -488,7 +532,7 @@ async def connect(
         )
         state.down, state.attempts = False, 0
 
-    nc = Client()
+    nc = _client(tls="tls" in options)
     try:
         async with asyncio.timeout(s.timeout * max(1, len(s.servers)) + 1):
             await nc.connect(
@@ -505,10 +549,14 @@ async def connect(
                 reconnected_cb=on_reconnected,
                 **options,
             )
-    except BaseException:
+    except BaseException as err:
         closing = True
         with contextlib.suppress(Exception):
             await nc.close()
+        if failures and isinstance(err, (nats.errors.NoServersError, TimeoutError)):
+            why = _connect_error(failures, err)
+            if why is not err:
+                raise why from err
         raise
     nc.options["max_reconnect_attempts"] = -1
     if state.down:
@@ -631,10 +679,8 @@ class NatsSink:
                 why = f"{err.description} (code {err.err_code})"
                 return Outcome(retry=True, error=redact(f"the stream's API refused: {why}: retried"))
             except nats.errors.AuthorizationError:
-                return Outcome(
-                    retry=True,
-                    error="the NATS servers refused this agent's credentials (authorization): retried",
-                )
+                why = "NATS refused the sink's credentials (authorization failed): retried"
+                return Outcome(retry=True, error=why)
             except (nats.errors.Error, OSError, TimeoutError) as err:
                 why = str(err) or type(err).__name__
                 if self._nc is not None and self._nc.is_connected:
