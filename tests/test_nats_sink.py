@@ -18,7 +18,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,21 @@ def _assert_in_seq_order(stored: Sequence[tuple[str, int, str]]) -> None:
 
 async def _until(run: Running, predicate: object, timeout: float = 30.0) -> None:
     await run.recorder.until(predicate, timeout)
+
+
+@asynccontextmanager
+async def _delivering(
+    cluster: NatsCluster, root: Path, **sink: object
+) -> AsyncIterator[tuple[FakeKubelet, Running, Delivered]]:
+    """An agent with the nats sink watching a fake kubelet, once what it saw at start is delivered."""
+    async with (
+        FakeKubelet(root / "kubelet") as fake,
+        running_agent(_agent(root, _sink(cluster, **sink)), fake) as run,
+    ):
+        got = Delivered(run)
+        await run.settled()
+        await _until(run, lambda: len(got.ids) == len(run.recorder.events))
+        yield fake, run, got
 
 
 def _held_gpus(count: int) -> list[str]:
@@ -302,14 +318,7 @@ async def test_the_stream_leader_killed_during_a_burst_loses_nothing_and_stores_
     tmp_path: Path, short_tmp: Path, in_flight: int
 ) -> None:
     async with running_cluster(tmp_path / "nats") as cluster:
-        sink = _sink(cluster, max_in_flight=in_flight, max_batch=20)
-        async with (
-            FakeKubelet(short_tmp / "kubelet") as fake,
-            running_agent(_agent(short_tmp, sink), fake) as run,
-        ):
-            got = Delivered(run)
-            await run.settled()
-            await _until(run, lambda: len(got.ids) == len(run.recorder.events))
+        async with _delivering(cluster, short_tmp, max_in_flight=in_flight, max_batch=20) as (fake, run, got):
             leader = await cluster.stream_leader(STREAM)
             killed_at: list[int] = []
 
@@ -346,14 +355,7 @@ async def test_the_whole_cluster_down_events_wait_in_the_outbox_and_arrive(
 ) -> None:
     gpu = _held_gpus(1)[0]
     async with running_cluster(tmp_path / "nats") as cluster:
-        sink = _sink(cluster)
-        async with (
-            FakeKubelet(short_tmp / "kubelet") as fake,
-            running_agent(_agent(short_tmp, sink), fake) as run,
-        ):
-            got = Delivered(run)
-            await run.settled()
-            await _until(run, lambda: len(got.ids) == len(run.recorder.events))
+        async with _delivering(cluster, short_tmp) as (fake, run, got):
             cluster.close()
             before = len(run.recorder.events)
             fake.make_unhealthy(GPU, gpu)
