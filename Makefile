@@ -55,7 +55,7 @@ chaos: $(STAMP) ## the long reliability suites: 200 kubelet restarts, 50 warm-up
 	$(BIN)/pytest -p no:cacheprovider tests/test_chaos.py tests/test_sink_chaos.py \
 	    tests/test_settling.py::test_restarts_with_warm_up_and_no_change_report_only_the_restarts
 
-bench: $(STAMP) ## measure the speed claims side by side and write BENCHMARKS.md (~25 min; bench/run.py --only NAME for one section)
+bench: $(STAMP) ## measure the speed claims side by side and write BENCHMARKS.md (~28 min; bench/run.py --only NAME for one section)
 	$(BIN)/python bench/run.py
 
 proto: $(STAMP) ## regenerate watcher/kubeletapi from proto/

@@ -17,6 +17,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.count = 0
+        self.receipts = 0  # every event received, a copy of one already seen included
         self.ids: dict[str, float] = {}  # event id -> time.monotonic() of its first receipt
         self.done = asyncio.Event()
         self.want = 0  # set `done` once this many distinct events arrived (0: never)
@@ -26,6 +27,7 @@ class Receiver:
         now = time.monotonic()
         for item in body if isinstance(body, list) else [body]:
             self.ids.setdefault(item["id"], now)
+            self.receipts += 1
         self.count = len(self.ids)
         if self.want and self.count >= self.want:
             self.done.set()

@@ -15,7 +15,7 @@ import grpc
 from watcher import __version__
 from watcher.settings import WatchSettings
 
-__all__ = ["report", "pct", "ms", "verdict", "machine"]
+__all__ = ["report", "pct", "ms", "verdict", "machine", "capacity_goal_row"]
 
 Results = dict[str, Any]
 
@@ -504,6 +504,228 @@ def _drain(d: Results) -> list[str]:
     ]
 
 
+# --- 10. fleet ---
+
+FLEET_CAPACITY_GOAL = 5_000.0
+FLEET_P99_GOAL = 0.25
+
+
+def capacity_goal_row(capacity: Sequence[Results]) -> Results | None:
+    """The capacity goal's row: the most events/s into the cluster at the sink's defaults
+    (max_in_flight 1). Each row is a lower bound of what the cluster takes, set by its generators."""
+    rows = [c for c in capacity if c["sink"] == "nats" and c["max_in_flight"] == 1]
+    return max(rows, key=lambda c: float(c["per_s"]), default=None)
+
+
+def _dur(x: float) -> str:
+    """Milliseconds under a second, seconds from there."""
+    return ms(x) if x < 1 else f"{x:.2f} s"
+
+
+def _opt(x: Any, fmt: str = "{:,}") -> str:
+    return "—" if x is None else fmt.format(x)
+
+
+def _fleet_row(label: str, row: Results) -> str:
+    lat = row["latency"]
+    p50 = _dur(statistics.median(lat)) if lat else "—"
+    p99 = _dur(pct(lat, 99)) if lat else "—"
+    top = _dur(max(lat)) if lat else "—"
+    return (
+        f"| {label} | {row['sink']} | {row['nodes']:,} | {row['connections']:,} | {row['events']:,} | "
+        f"{row['per_s']:,.0f} | {p50} | {p99} | {top} | {_opt(row['lag_max'])} | {_opt(row['lag_end'])} | "
+        f"{row['lost']:,} | {row['duplicated']:,} | {row['retries']:,} |"
+    )
+
+
+def _fleet(r: Results) -> list[str]:
+    f = r["fleet"]
+    p = f["plan"]
+    rate = p["per_node_rate"] * 1000
+    steady_kinds = "; ".join(" + ".join(c) for c in f["script"]["steady"])
+    lines = [
+        "## 10. Fleet: NATS JetStream beside one webhook receiver",
+        "",
+        "Simulated nodes play the agent's own events (the simulated node's inventories diffed by the agent's "
+        f"model, one seq per node; steady re-queries: {steady_kinds}) through the sinks' own delivery code: "
+        "each node has its own queue and its own `Publisher` (the nats sink's publishing code, "
+        "max_in_flight 1 and the publish timeout at the sink's defaults, everything queued up to its "
+        "max_batch in one delivery, what is not `done` sent again after the worker's backoff) into a real "
+        "3-node JetStream cluster on loopback (three `nats-server` processes, the stream made by the sink's "
+        "`ensure_stream`: 3 replicas, file storage, duplicate window one day); or its own "
+        "`WebhookSink.deliver` (batch on) into one aiohttp receiver on loopback. Steady state: "
+        f"{rate:g} events/s per 1,000 nodes as Poisson re-queries over the fleet for {p['steady_s']:g} s; "
+        f"then the burst: {p['burst_share']:.0%} of the nodes each lose a GPU that a pod holds at the same "
+        f"instant ({' + '.join(f['script']['burst'])}). Publish to consumer: from the node's first "
+        "`publish` of the event to its arrival at a durable pull consumer (each message acknowledged) in this "
+        "process; for the webhook, from `deliver` to the receiver. Consumer lag: the stream's last "
+        "sequence minus the consumer's acknowledgement floor, sampled every 250 ms. Lost and duplicated: "
+        "the stream read back whole after each run (ids sent but absent; ids stored twice); for the "
+        "webhook, what the receiver got. Everything, the three servers included, shares this "
+        "machine's two cores; `bench/fleet.py` says how each figure is made.",
+        "",
+    ]
+    if f.get("quick"):
+        lines += ["(A --quick run: tiny fleets and windows, not for the record.)", ""]
+    conn = "; ".join(
+        f"{c['connections']:,} for {c['nodes']:,} nodes opened in {c['open_s']:.1f} s "
+        f"(+{c['rss_mib']:.0f} MiB RSS here)"
+        for c in f["connect"]
+    )
+    hooks = f["webhook"]["steady"]
+    lines += [
+        f"Connections: one per simulated node, up to {p['max_connections']:,} (more nodes share them "
+        f"round-robin): {conn}. Webhook: {hooks['nodes']:,} nodes share {hooks['connections']:,} sinks "
+        f"(an aiohttp session each, made beforehand in {hooks['open_s']:.1f} s: a session's TLS context "
+        "costs tens of ms of CPU, which an agent pays once when it starts).",
+        "",
+        "| phase | sink | nodes | connections | events | events/s | publish to consumer p50 | p99 | max "
+        "| consumer lag, max | at the end | lost | duplicated | retries |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in [*f["fleets"], f["webhook"]]:
+        steady, burst = run["steady"], run["burst"]
+        lines.append(_fleet_row(f"{steady['nodes']:,} nodes, steady", steady))
+        lines.append(
+            _fleet_row(f"{burst['nodes']:,} nodes, burst ({burst['burst_nodes']:,} nodes lose a GPU)", burst)
+        )
+    lines += [
+        "",
+        "Events/s: steady, what arrived over the window (the offered rate); burst, the burst's events "
+        "over the time from its start to its last arrival.",
+        "",
+        "### Sustained capacity",
+        "",
+        f"Simulated nodes deliver full batches back to back; after {p.get('warmup_s', 1):g} s of warm-up, "
+        f"what the stream holds (stream info; for the webhook, what the receiver got) is counted over "
+        f"{p['capacity_s']:g} s. CPU over the same time, in cores (the machine has 2): the generator "
+        "processes (this one, or those it started) and the three servers.",
+        "",
+        "| sink | nodes | connections | generator processes | max_in_flight | batch | events/s "
+        "| generators (cores) | 3 servers (cores) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in f["capacity"]:
+        servers = "—" if c["server_cores"] is None else f"{c['server_cores']:.2f}"
+        conns = f"{c['connections']:,}" + (" sinks" if c["sink"] == "webhook" else "")
+        lines.append(
+            f"| {c['sink']} | {c['nodes']:,} | {conns} | {c['processes']} | {c['max_in_flight']} | "
+            f"{c['batch']} | {c['per_s']:,.0f} | {c['generator_cores']:.2f} | {servers} |"
+        )
+    lines += [
+        "",
+        "A Python process runs on one core at most: a row whose generators are near 1.0 per process "
+        "is bounded by its load generator (building the events, the sink's serialization, the client "
+        "library), not by the cluster; every row is a lower bound of what the cluster takes. The "
+        "webhook's receiver runs in the generator's process. Goal: >= 5,000 events/s into the cluster "
+        "at the sink's defaults (max_in_flight 1), judged on the best such row.",
+        "",
+    ]
+    o = f["failover"]
+    lines += ["### The stream leader killed mid-load", ""]
+    if o["killed"] is None:
+        lines += ["(No kill in this run.)", ""]
+    else:
+        lat = o["latency"]
+        lines += [
+            f"{o['nodes']:,} nodes ({o['connections']:,} connections) at {o['rate']:,.0f} events/s for "
+            f"{o['seconds']:g} s; {o['kill_at_s']:.1f} s in, the stream's leader ({o['killed']}) is killed "
+            f"(SIGKILL), restarted {o['down_s']:.1f} s later on its store (healthy {o['rejoin_s']:.1f} s "
+            f"after that); the leader then: {o['new_leader']}. Every node retries until its events are "
+            "stored. Longest stall: from an event's first publish to its acknowledgement (the worker's "
+            "backoff included); no acknowledgement at all: the longest time in which the cluster "
+            "acknowledged nothing.",
+            "",
+            "| events | longest stall | no acknowledgement at all | publish to consumer p50 | p99 "
+            "| consumer lag, max | retries | lost | duplicated | out of order | goal |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+            f"| {o['events']:,} | {o['max_stall']:.1f} s | {o['ack_gap']:.1f} s | "
+            f"{_dur(statistics.median(lat)) if lat else '—'} | {_dur(pct(lat, 99)) if lat else '—'} | "
+            f"{o['lag_max']:,} | {o['retries']:,} | {o['lost']:,} | {o['duplicated']:,} | "
+            f"{o['out_of_order']:,} | {verdict(o['lost'] == 0 and o['duplicated'] == 0)} (0 and 0) |",
+            "",
+            f"The consumer received {o['received']:,} of the {o['events']:,} events "
+            f"({o['deliveries'] - o['received']:,} deliveries again, after a lost one). Why retries failed: "
+            + (", ".join(f"{k} ({v:,})" for k, v in o["errors"].items()) or "none")
+            + f". Acknowledged as duplicates by the server: {o['duplicates_acked']:,}."
+            + (
+                f" Examples: lost {', '.join(o['examples']['lost']) or '-'}; "
+                f"stored twice {', '.join(o['examples']['duplicated']) or '-'}."
+                if o["lost"] or o["duplicated"]
+                else ""
+            ),
+            "",
+        ]
+    lines += _fleet_goals(f)
+    for name, rows in f["profiles"].items():
+        lines += [f"Profile ({name}; cProfile, top entries by own time):", "", "```", *rows, "```", ""]
+    return [*lines, _rerun("fleet"), ""]
+
+
+def _fleet_goals(f: Results) -> list[str]:
+    nats = [c for c in f["capacity"] if c["sink"] == "nats"]
+    hook = next((c for c in f["capacity"] if c["sink"] == "webhook"), None)
+    first = f["fleets"][0] if f["fleets"] else None
+    lines = ["### Side by side, and the goals", ""]
+    if first is not None:
+        ns, hs = first["steady"], f["webhook"]["steady"]
+        nb, hb = first["burst"], f["webhook"]["burst"]
+        same = [
+            c
+            for c in nats
+            if hook is not None
+            and (c["nodes"], c["connections"], c["processes"], c["max_in_flight"])
+            == (hook["nodes"], hook["connections"], 1, 1)
+        ]
+
+        def ratio(a: float, b: float) -> str:
+            return f"{a / b:.2f}x" if b else "—"
+
+        lines += [
+            "| measure | nats | webhook | nats / webhook |",
+            "|---|---|---|---|",
+        ]
+        if same and hook is not None:
+            lines.append(
+                f"| sustained events/s ({hook['nodes']:,} nodes) | {same[0]['per_s']:,.0f} | "
+                f"{hook['per_s']:,.0f} | {ratio(same[0]['per_s'], hook['per_s'])} |"
+            )
+        for label, a, b in (
+            (f"{ns['nodes']:,} nodes, steady: p50", ns, hs),
+            (f"{ns['nodes']:,} nodes, steady: p99", ns, hs),
+            (f"{nb['nodes']:,} nodes, burst: p99", nb, hb),
+        ):
+            if not a["latency"] or not b["latency"]:
+                continue
+            q = 50 if label.endswith("p50") else 99
+            x, y = pct(a["latency"], q), pct(b["latency"], q)
+            lines.append(f"| {label} | {_dur(x)} | {_dur(y)} | {ratio(x, y)} |")
+        lines.append("")
+    goal_rows = ["| goal | measured | verdict |", "|---|---|---|"]
+    best = capacity_goal_row(nats)
+    if best is not None:
+        goal_rows.append(
+            f"| >= {FLEET_CAPACITY_GOAL:,.0f} events/s sustained into the 3-node cluster | "
+            f"{best['per_s']:,.0f} ({best['nodes']:,} nodes, {best['connections']:,} connections, "
+            f"{best['processes']} generator process{'es' if best['processes'] > 1 else ''}, max_in_flight 1: "
+            "the best row of the capacity table) | "
+            f"{verdict(best['per_s'] >= FLEET_CAPACITY_GOAL)} |"
+        )
+    if first is not None and first["steady"]["latency"]:
+        p99 = pct(first["steady"]["latency"], 99)
+        goal_rows.append(
+            f"| publish to consumer p99 <= {ms(FLEET_P99_GOAL)} at the {first['steady']['nodes']:,}-node rate "
+            f"| {_dur(p99)} | {verdict(p99 <= FLEET_P99_GOAL)} |"
+        )
+    o = f["failover"]
+    if o["killed"] is not None:
+        goal_rows.append(
+            f"| 0 lost and 0 duplicated in the stream across the leader kill | {o['lost']:,} lost, "
+            f"{o['duplicated']:,} duplicated | {verdict(o['lost'] == 0 and o['duplicated'] == 0)} |"
+        )
+    return [*lines, *goal_rows, ""]
+
+
 # --- the file ---
 
 # (the results key that says the section ran, its renderer), in the file's order.
@@ -517,6 +739,7 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[[Results], list[str]]]] = [
     (("change_to_event", "storm"), _friendliness),
     (("warmup",), _warmup),
     (("scale", "ack", "audit", "drain"), _scale),
+    (("fleet",), _fleet),
 ]
 
 

@@ -14,6 +14,10 @@ Every figure comes from this run, on this machine. Sections (their --only names)
   9. scale = nodes (changed cycles, RSS and bytes written at 250 to ~450,000 pods: bench/scale.py),
      ack (ack cost as a queue grows), audit (the audit log under a 30,000-event burst), drain (a
      webhook's queue after its receiver's outage) (bench/queues.py)
+ 10. fleet: 1,000 and 10,000 simulated nodes' events into a real 3-node NATS JetStream cluster
+     through the nats sink's publishing code (latency, consumer lag, a burst, sustained capacity,
+     the stream leader killed mid-load), beside the same load through the webhook sink into one
+     receiver (bench/fleet.py)
 
     .venv/bin/python bench/run.py [--quick] [--only NAMES] [--list] [--output FILE]
 """
@@ -45,6 +49,7 @@ import watcher  # noqa: F401, I001
 import grpc
 from grpc import aio
 
+from bench import fleet
 from bench.cycles import agent_for_cycles
 from bench.queues import bench_ack, bench_audit, bench_drain
 from bench.receiver import Receiver, serve
@@ -640,6 +645,7 @@ class Plan:
     ack_reps: int
     audit_events: int
     audit_spread_s: float
+    fleet: fleet.FleetPlan
 
 
 FULL = Plan(
@@ -667,6 +673,7 @@ FULL = Plan(
     ack_reps=30,
     audit_events=30_000,
     audit_spread_s=12.0,
+    fleet=fleet.FULL,
 )
 
 QUICK = Plan(
@@ -692,6 +699,7 @@ QUICK = Plan(
     ack_reps=10,
     audit_events=3_000,
     audit_spread_s=1.2,
+    fleet=fleet.QUICK,
 )
 
 
@@ -720,6 +728,7 @@ def steps(plan: Plan) -> dict[str, Callable[[], Awaitable[dict[str, Any]]]]:
         "ack": lambda: _sync(bench_ack(plan.ack_depths, plan.ack_reps)),
         "audit": lambda: bench_audit(plan.audit_events, plan.audit_spread_s),
         "drain": lambda: bench_drain(),
+        "fleet": lambda: fleet.bench_fleet(plan.fleet),
     }
 
 

@@ -3,6 +3,7 @@ so (as when the outbox gained a separate open step), bench figures would measure
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 import bench.run
+from bench import fleet
 from bench.cycles import agent_for_cycles
 from bench.queues import bench_ack, bench_audit, bench_drain
 from bench.report import report
@@ -281,3 +283,97 @@ def test_the_report_gives_each_new_figure_its_goal_and_verdict() -> None:
     assert "**met**" in line["10,000"] and "5,000" in line["10,000"]  # the drain
     assert "(the largest that fits: not run)" in text
     assert "PRW_BENCH_STEADY_S" in text and "300 s" in text
+
+
+# --- the fleet section, tiny ---
+
+TINY_FLEET = dataclasses.replace(
+    fleet.QUICK,
+    fleets=(30,),
+    steady_s=0.6,
+    max_connections=20,
+    capacity=(fleet.CapacityRow(10, 2), fleet.CapacityRow(10, 2, processes=2)),
+    warmup_s=0.2,
+    capacity_s=0.5,
+    failover_nodes=20,
+    failover_rate=60.0,
+    failover_s=1.0,
+    kill_at=None,  # an election takes seconds: `bench/run.py --quick` kills the leader, this does not
+    webhook_nodes=20,
+    webhook_sinks=5,
+)
+
+
+def _table(text: str, header: str) -> list[list[str]]:
+    """The rows (cells) of the markdown table whose header line starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    assert all(len(r) == len(lines[start].strip("|").split("|")) for r in rows), "a row's cells"
+    return rows
+
+
+@pytest.mark.slow
+async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports() -> None:
+    """A tiny fleet through the nats sink's Publisher into a real 3-node cluster and through the
+    webhook sink into one receiver: every event arrives once, the stream read back agrees, and the
+    report renders each table with its goals."""
+    results = await fleet.bench_fleet(TINY_FLEET)
+    f = results["fleet"]
+    runs = [f["fleets"][0]["steady"], f["fleets"][0]["burst"], f["webhook"]["steady"], f["webhook"]["burst"]]
+    for run in runs:
+        assert run["events"] > 0 and run["received"] == run["events"]
+        assert run["lost"] == 0 and run["duplicated"] == 0 and run["abandoned"] == 0
+        assert len(run["latency"]) == run["events"] and all(0 < x < 5 for x in run["latency"])
+    burst = f["fleets"][0]["burst"]
+    assert burst["burst_nodes"] == 3 and burst["events"] == 3 * len(f["script"]["burst"])
+    assert f["fleets"][0]["steady"]["lag_end"] == 0
+    assert f["fleets"][0]["steady"]["out_of_order"] == 0
+    # Both streams, steady and burst, are in the stream that was read back.
+    assert f["fleets"][0]["steady"]["stored"] == f["fleets"][0]["steady"]["events"] + burst["events"]
+    o = f["failover"]
+    assert o["killed"] is None and o["events"] > 0
+    assert o["lost"] == 0 and o["duplicated"] == 0 and o["stored"] == o["received"] == o["events"]
+    assert [(c["sink"], c["processes"]) for c in f["capacity"]] == [("nats", 1), ("nats", 2), ("webhook", 1)]
+    assert all(c["per_s"] > 0 and c["generator_cores"] > 0 for c in f["capacity"])
+    assert f["capacity"][0]["server_cores"] > 0
+
+    text = report(results, datetime.now(UTC), 10.0, "bench/run.py --only fleet")
+    assert "## 10. Fleet" in text
+    phases = _table(text, "| phase | sink |")
+    assert [(r[0], r[1]) for r in phases] == [
+        ("30 nodes, steady", "nats"),
+        ("30 nodes, burst (3 nodes lose a GPU)", "nats"),
+        ("20 nodes, steady", "webhook"),
+        ("20 nodes, burst (2 nodes lose a GPU)", "webhook"),
+    ]
+    assert all(r[11] == "0" and r[12] == "0" for r in phases)  # lost, duplicated
+    capacity = _table(text, "| sink | nodes | connections | generator processes |")
+    assert [(r[0], r[1], r[3]) for r in capacity] == [
+        ("nats", "10", "1"),
+        ("nats", "10", "2"),
+        ("webhook", "10", "1"),
+    ]
+    assert "(No kill in this run.)" in text
+    goals = {r[0]: r for r in _table(text, "| goal | measured | verdict |")}
+    assert len(goals) == 2  # no leader kill, no verdict on it
+    assert all(r[2] in ("**met**", "**not met**") for r in goals.values())
+
+    # The verdicts follow the figures.
+    for c in f["capacity"]:
+        c["per_s"] = 5_000.0 if c is f["capacity"][0] else 10.0
+    f["fleets"][0]["steady"]["latency"] = [0.01] * 99 + [0.25]
+    text = report(results, datetime.now(UTC), 10.0, "bench/run.py --only fleet")
+    assert [r[2] for r in _table(text, "| goal | measured | verdict |")] == ["**met**", "**met**"]
+    f["capacity"][0]["per_s"] = 4_999.0  # the best row
+    f["fleets"][0]["steady"]["latency"] = [0.01] * 98 + [0.26, 0.26]
+    o.update(killed="n1", new_leader="n2", kill_at_s=1.0, down_s=1.0, rejoin_s=1.0, lost=1)
+    f["profiles"]["capacity"] = ["ncalls  tottime  percall  cumtime  percall filename:lineno(function)"]
+    text = report(results, datetime.now(UTC), 10.0, "bench/run.py --only fleet")
+    goals = {r[0]: r for r in _table(text, "| goal | measured | verdict |")}
+    assert [r[2] for r in goals.values()] == ["**not met**", "**not met**", "**not met**"]
+    assert "Profile (capacity; cProfile" in text
