@@ -26,7 +26,9 @@ three `nats-server` processes, a stream with 3 replicas on file storage, created
   when the fleet is no larger than `max_connections` (10,000 in the full run: opening them takes
   seconds and a few hundred MiB of this process, measured and reported); beyond that, nodes share
   connections round-robin, and the report says how many there were. The sustained-capacity runs
-  say their connections in each row.
+  say their connections in each row. What is set up before the clock starts is frozen out of the
+  garbage collector's sight (`gc.freeze`): a full collection rescanning 10,000 clients would stop
+  this process for most of a second, which no agent (one connection) ever does.
 - The reader: a durable pull consumer (each message acknowledged as it arrives) in this same
   process, on a connection of its own, with pull requests kept topped up, records when each event
   id first arrives. Publish to consumer: from the moment the node's delivery handed the event to
@@ -64,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import cProfile
+import gc
 import io
 import itertools
 import json
@@ -73,7 +76,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -449,6 +452,19 @@ async def open_connections(settings: NatsSinkSettings, count: int) -> Connection
     return Connections(clients, time.monotonic() - t0, rss_mib() - rss0)
 
 
+@contextlib.contextmanager
+def setup_frozen() -> Iterator[None]:
+    """Everything set up so far (thousands of clients, their tasks and buffers) out of the garbage
+    collector's sight while the clock runs: a full collection rescanning 10,000 clients stops this
+    process for most of a second, a pause that no agent (one connection) has."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def nats_send(publisher: Publisher) -> Send:
     async def send(events: Sequence[Event]) -> tuple[int, int, str]:
         result = await publisher.publish(events)
@@ -672,15 +688,16 @@ async def _nats_fleet(
         fleet = Fleet(plan, play, ledger, max_batch=settings.max_batch, seed=nodes)
         for i in range(nodes):
             fleet.add(f"gpu-node-{i:05d}", nats_send(conns.publisher(i, settings, js)))
-        t0 = time.monotonic()
-        steady = await fleet.play(plan.per_node_rate * nodes, plan.steady_s)
-        await fleet.settle()
-        await reader.caught_up(steady, 30)
-        t1 = time.monotonic()
-        burst = fleet.burst(plan.burst_share)
-        await fleet.settle()
-        await reader.caught_up(burst, 60)
-        t2 = time.monotonic()
+        with setup_frozen():
+            t0 = time.monotonic()
+            steady = await fleet.play(plan.per_node_rate * nodes, plan.steady_s)
+            await fleet.settle()
+            await reader.caught_up(steady, 30)
+            t1 = time.monotonic()
+            burst = fleet.burst(plan.burst_share)
+            await fleet.settle()
+            await reader.caught_up(burst, 60)
+            t2 = time.monotonic()
         end_lag = await reader.end_lag()
         await reader.stop()
         check = await stream_check(cluster, settings.stream, [*steady, *burst])
@@ -752,13 +769,14 @@ async def _failover(
             killed["healthy_at"] = time.monotonic()
             killed["new_leader"] = (await cluster.stream_leader(settings.stream)).name
 
-        t0 = time.monotonic()
-        kill = asyncio.create_task(chaos())
-        ids = await fleet.play(plan.failover_rate, plan.failover_s)
-        await kill
-        say("leader kill: load played; until every node's retries are through")
-        await fleet.settle()
-        await reader.caught_up(ids, 60)
+        with setup_frozen():
+            t0 = time.monotonic()
+            kill = asyncio.create_task(chaos())
+            ids = await fleet.play(plan.failover_rate, plan.failover_s)
+            await kill
+            say("leader kill: load played; until every node's retries are through")
+            await fleet.settle()
+            await reader.caught_up(ids, 60)
         end_lag = await reader.end_lag()
         await reader.stop()
         say("leader kill: reading the stream back")
@@ -906,7 +924,8 @@ async def _nats_capacity(
                     settings.max_batch,
                 )
                 try:
-                    measured = await _window(window, stored, time.process_time, servers)
+                    with setup_frozen():
+                        measured = await _window(window, stored, time.process_time, servers)
                 finally:
                     await flood.stop()
             finally:
@@ -1041,12 +1060,13 @@ async def _webhook_fleet(plan: FleetPlan, play: Script) -> dict[str, Any]:
         fleet = Fleet(plan, play, ledger, max_batch=settings.max_batch, seed=plan.webhook_nodes)
         for i in range(plan.webhook_nodes):
             fleet.add(f"gpu-node-{i:05d}", webhook_send(sinks[i % len(sinks)]))
-        t0 = time.monotonic()
-        steady = await fleet.play(plan.per_node_rate * plan.webhook_nodes, plan.steady_s)
-        await fleet.settle()
-        t1 = time.monotonic()
-        burst = fleet.burst(plan.burst_share)
-        await fleet.settle()
+        with setup_frozen():
+            t0 = time.monotonic()
+            steady = await fleet.play(plan.per_node_rate * plan.webhook_nodes, plan.steady_s)
+            await fleet.settle()
+            t1 = time.monotonic()
+            burst = fleet.burst(plan.burst_share)
+            await fleet.settle()
     finally:
         for sink in sinks:
             await sink.close()
@@ -1093,7 +1113,8 @@ async def _webhook_capacity(play: Script, row: CapacityRow, window: tuple[float,
             settings.max_batch,
         )
         try:
-            measured = await _window(window, stored, time.process_time, ())
+            with setup_frozen():
+                measured = await _window(window, stored, time.process_time, ())
         finally:
             await flood.stop()
     finally:
@@ -1167,7 +1188,8 @@ async def bench_fleet(plan: FleetPlan) -> dict[str, Any]:
                 out["fleets"].append(result)
             for i, row in enumerate(plan.capacity):
                 say(
-                    f"capacity: {row.nodes:,} nodes, {row.connections:,} connections, max_in_flight {row.max_in_flight}"
+                    f"capacity: {row.nodes:,} nodes, {row.connections:,} connections, "
+                    f"{row.processes} generator process(es), max_in_flight {row.max_in_flight}"
                 )
                 out["capacity"].append(
                     await _nats_capacity(cluster, play, row, (plan.warmup_s, plan.capacity_s), str(i))

@@ -657,6 +657,8 @@ def _fleet(r: Results) -> list[str]:
             "",
         ]
     lines += _fleet_goals(f)
+    if f.get("quick") and not f["profiles"]:
+        lines += ["(A --quick run takes no profile of a goal not met.)", ""]
     for name, rows in f["profiles"].items():
         lines += [f"Profile ({name}; cProfile, top entries by own time):", "", "```", *rows, "```", ""]
     return [*lines, _rerun("fleet"), ""]
