@@ -101,6 +101,7 @@ from watcher.ops.logs import configure_logging
 from watcher.secrets import Secret
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
+from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.nats import NatsSinkSettings, Publisher, connect, ensure_stream
 from watcher.sinks.webhook import WebhookSink, WebhookSinkSettings
 
@@ -109,8 +110,9 @@ __all__ = ["FULL", "QUICK", "FleetPlan", "Script", "bench_fleet", "script"]
 ROOT = Path(__file__).resolve().parent.parent
 GPU = "nvidia.com/gpu"
 NIC = "intel.com/sriov_netdevice"
-# The worker's retry backoff (watcher/delivery/worker.py): full jitter from 0.5 s, doubling.
-RETRY = Backoff(base=0.5, cap=30.0, rng=random.Random(17))
+# The worker's retry backoff (watcher/delivery/worker.py): full jitter from 0.5 s, doubling, up
+# to the sinks' default retry_max_delay.
+RETRY = Backoff(base=0.5, cap=BaseSinkSettings().retry_max_delay, rng=random.Random(17))
 LAG_EVERY = 0.25
 PULL_EVERY = 0.02
 
