@@ -66,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import cProfile
+import dataclasses
 import gc
 import io
 import itertools
@@ -92,6 +93,7 @@ from bench.report import FLEET_CAPACITY_GOAL, FLEET_P99_GOAL, capacity_goal_row,
 from bench.steady import cpu_seconds
 from tests.nats_cluster import NatsCluster, running_cluster
 from watcher.backoff import Backoff
+from watcher.model import lifecycle
 from watcher.model.build import build
 from watcher.model.changes import Change
 from watcher.model.diff import diff
@@ -101,8 +103,8 @@ from watcher.ops.logs import configure_logging
 from watcher.secrets import Secret
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
-from watcher.sinks.base import BaseSinkSettings
-from watcher.sinks.nats import NatsSinkSettings, Publisher, connect, ensure_stream
+from watcher.sinks.base import BaseSinkSettings, Sink
+from watcher.sinks.nats import NatsSink, NatsSinkSettings, Publisher, StreamError, connect, ensure_stream
 from watcher.sinks.webhook import WebhookSink, WebhookSinkSettings
 
 __all__ = ["FULL", "QUICK", "FleetPlan", "Script", "bench_fleet", "script"]
@@ -193,6 +195,7 @@ class Cycle:
 
 @dataclass(frozen=True)
 class Script:
+    start: Cycle  # watcher.started: an agent's first event
     steady: tuple[Cycle, ...]  # each node plays these in turn, from a random step
     burst: Cycle  # a GPU that a pod holds fails
 
@@ -229,6 +232,11 @@ def script() -> Script:
         lambda: fake.free("net", "router-2"),
     ]
     base = inventory()
+    start = Cycle(
+        (lifecycle.started(base, baseline="fresh", changes=0, error=None),),
+        base.content_hash,
+        base.content_hash,
+    )
     steady = []
     before = base
     for step in steps:
@@ -243,7 +251,7 @@ def script() -> Script:
     burst = Cycle(diff(base, failed), base.content_hash, failed.content_hash)
     assert all(c.changes for c in steady), "every scripted step is a change"
     assert burst.changes, "the failed GPU is a change"
-    return Script(tuple(steady), burst)
+    return Script(start, tuple(steady), burst)
 
 
 # --- simulated nodes and their deliveries ---
@@ -288,7 +296,6 @@ class Ledger:
     stored: dict[str, float] = field(default_factory=dict)
     received: dict[str, float] = field(default_factory=dict)
     retries: int = 0
-    duplicates_acked: int = 0
     abandoned: int = 0
     errors: Counter[str] = field(default_factory=Counter)
 
@@ -338,11 +345,10 @@ class Fleet:
                 now = time.monotonic()
                 for e in batch:
                     ledger.sent.setdefault(e.id, now)
-                done, duplicates, error = await node.send(batch)
+                done, _, error = await node.send(batch)
                 now = time.monotonic()
                 for e in batch[:done]:
                     ledger.stored[e.id] = now
-                ledger.duplicates_acked += duplicates
                 del node.queue[:done]
                 if done == len(batch):
                     attempt = 0
@@ -394,7 +400,14 @@ async def _quiet(_err: Exception) -> None:
 
 
 def _short(error: str) -> str:
-    return error.split(":")[0][:80] if error else "(none)"
+    """An error's kind for counting: up to its first ": " outside parentheses (the details after it
+    vary from one attempt to the next)."""
+    depth = 0
+    for i, ch in enumerate(error):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and error.startswith(": ", i):
+            return error[:i][:80]
+    return error[:80] or "(none)"
 
 
 # --- the cluster side ---
@@ -418,19 +431,6 @@ def rss_mib() -> float:
 @dataclass
 class Connections:
     clients: list[Client]
-    open_s: float
-    rss_mib: float
-
-    def publisher(self, i: int, settings: NatsSinkSettings, js: list[Any]) -> Publisher:
-        nc = self.clients[i % len(self.clients)]
-        return Publisher(
-            js[i % len(js)],
-            stream=settings.stream,
-            prefix=settings.subject_prefix,
-            timeout=settings.timeout,
-            max_in_flight=settings.max_in_flight,
-            max_payload=nc.max_payload,
-        )
 
     async def close(self) -> None:
         for start in range(0, len(self.clients), 500):
@@ -441,7 +441,6 @@ class Connections:
 
 async def open_connections(settings: NatsSinkSettings, count: int) -> Connections:
     """`count` clients made by the sink's own `connect`, a few hundred at a time."""
-    rss0, t0 = rss_mib(), time.monotonic()
     clients: list[Client] = []
     try:
         for start in range(0, count, 250):
@@ -449,9 +448,9 @@ async def open_connections(settings: NatsSinkSettings, count: int) -> Connection
                 *(connect(settings, name=f"fleet-{i}") for i in range(start, min(count, start + 250)))
             )
     except BaseException:
-        await Connections(clients, 0, 0).close()
+        await Connections(clients).close()
         raise
-    return Connections(clients, time.monotonic() - t0, rss_mib() - rss0)
+    return Connections(clients)
 
 
 @contextlib.contextmanager
@@ -467,13 +466,113 @@ def setup_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def nats_send(publisher: Publisher) -> Send:
+def sink_send(sink: Sink) -> Send:
+    """A delivery through a sink's own `deliver`, as the agent's worker makes it."""
+
     async def send(events: Sequence[Event]) -> tuple[int, int, str]:
-        result = await publisher.publish(events)
-        assert not result.oversized, result.error
-        return result.done, result.duplicates, result.error
+        outcome = await sink.deliver(events)
+        if outcome.delivered:
+            return len(events), 0, ""
+        return outcome.done or 0, 0, outcome.error
 
     return send
+
+
+class SharedPublisher:
+    """A node's delivery over a connection it shares with others: its own JetStream context and
+    `Publisher` on it, made as `NatsSink` makes them (the stream checked first, the client's
+    pending bound at max_in_flight) and made afresh when a publish says so; nothing published
+    while the connection is down."""
+
+    def __init__(self, nc: Client, settings: NatsSinkSettings, node: str) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.node = node
+        self.publisher: Publisher | None = None
+
+    async def __call__(self, events: Sequence[Event]) -> tuple[int, int, str]:
+        s = self.settings
+        if not self.nc.is_connected:
+            return 0, 0, "not connected to NATS (the client is reconnecting)"
+        if self.publisher is None:
+            js = self.nc.jetstream(timeout=s.timeout, publish_async_max_pending=s.max_in_flight)
+            try:
+                await ensure_stream(js, s, self.node)
+            except (StreamError, nats.errors.Error, OSError, TimeoutError) as err:
+                return 0, 0, f"the stream could not be checked: {type(err).__name__}"
+            self.publisher = Publisher(
+                js,
+                stream=s.stream,
+                prefix=s.subject_prefix,
+                timeout=s.timeout,
+                max_in_flight=s.max_in_flight,
+                max_payload=self.nc.max_payload,
+            )
+        result = await self.publisher.publish(events)
+        assert not result.oversized, result.error
+        if result.stale:
+            self.publisher = None
+        return result.done, result.duplicates, result.error
+
+
+class NatsNodes:
+    """How the simulated nodes reach the cluster. With a connection each, each node is a whole
+    `NatsSink`, the agent's own (its connection, the stream checked, a fresh JetStream context
+    after a failed publish, nothing published while reconnecting); with fewer connections than
+    nodes, nodes share them round-robin, each with a `SharedPublisher`."""
+
+    def __init__(self, settings: NatsSinkSettings, names: Sequence[str], connections: int) -> None:
+        self.settings = settings
+        self.names = list(names)
+        self.connections = min(connections, len(self.names))
+        self.shared = self.connections < len(self.names)
+        self.sinks: list[NatsSink] = []
+        self.conns: Connections | None = None
+
+    async def open(self) -> list[Send]:
+        """Each node's delivery; the sinks connect on their first one (see `start_nodes`)."""
+        if self.shared:
+            self.conns = await open_connections(self.settings, self.connections)
+            clients = self.conns.clients
+            return [
+                SharedPublisher(clients[i % len(clients)], self.settings, name)
+                for i, name in enumerate(self.names)
+            ]
+        self.sinks = [NatsSink(self.settings, node=name) for name in self.names]
+        return [sink_send(sink) for sink in self.sinks]
+
+    async def close(self) -> None:
+        if self.conns is not None:
+            await self.conns.close()
+        for start in range(0, len(self.sinks), 500):
+            await asyncio.gather(*(sink.close() for sink in self.sinks[start : start + 500]))
+
+
+async def deliver_all(node: SimNode, events: list[Event], give_up_s: float) -> None:
+    """`events` delivered by `node`, retried with the worker's backoff until done (bounded)."""
+    attempt = 0
+    give_up = time.monotonic() + give_up_s
+    while events:
+        done, _, error = await node.send(events)
+        del events[:done]
+        if events:
+            if time.monotonic() >= give_up:
+                raise RuntimeError(f"{node.name} could not deliver its first events: {error}")
+            await asyncio.sleep(RETRY.delay(attempt))
+            attempt += 1
+
+
+async def start_nodes(nodes: Sequence[SimNode], play: Script, give_up_s: float) -> dict[str, Any]:
+    """Every node starts as an agent does: its first delivery (watcher.started) connects its sink,
+    checks the stream and publishes, a few hundred nodes at a time. The wall time and the RSS it
+    added to this process; the events' ids, to be found in the stream."""
+    rss0, t0 = rss_mib(), time.monotonic()
+    ids: list[str] = []
+    for start in range(0, len(nodes), 250):
+        chunk = [(node, node.events(play.start)) for node in nodes[start : start + 250]]
+        ids += [e.id for _, events in chunk for e in events]
+        await asyncio.gather(*(deliver_all(node, list(events), give_up_s) for node, events in chunk))
+    return {"ids": ids, "start_s": time.monotonic() - t0, "rss_mib": rss_mib() - rss0}
 
 
 class Reader:
@@ -678,18 +777,17 @@ async def _nats_fleet(
 ) -> dict[str, Any]:
     """`nodes` simulated nodes at the realistic rate, then the burst, into a stream of their own."""
     settings = _settings(cluster, name)
-    conns = await open_connections(settings, min(nodes, plan.max_connections))
+    ways = NatsNodes(settings, _names(0, nodes), plan.max_connections)
     reader_nc = await cluster.connect(error_cb=_quiet)
     ledger = Ledger()
     try:
-        js = [nc.jetstream(timeout=settings.timeout) for nc in conns.clients]
-        await ensure_stream(js[0], settings, "gpu-node-00000")
-        await cluster.stream_leader(settings.stream)
+        await _stream_ready(cluster, reader_nc, settings)
         reader = Reader(reader_nc, settings.stream, ledger.received)
         await reader.start()
         fleet = Fleet(plan, play, ledger, max_batch=settings.max_batch, seed=nodes)
-        for i in range(nodes):
-            fleet.add(f"gpu-node-{i:05d}", nats_send(conns.publisher(i, settings, js)))
+        for node_name, send in zip(ways.names, await ways.open(), strict=True):
+            fleet.add(node_name, send)
+        started = await start_nodes(fleet.nodes, play, plan.give_up_s)
         with setup_frozen():
             t0 = time.monotonic()
             steady = await fleet.play(plan.per_node_rate * nodes, plan.steady_s)
@@ -702,25 +800,20 @@ async def _nats_fleet(
             t2 = time.monotonic()
         end_lag = await reader.end_lag()
         await reader.stop()
-        check = await stream_check(cluster, settings.stream, [*steady, *burst])
+        check = await stream_check(cluster, settings.stream, [*started.pop("ids"), *steady, *burst])
     finally:
         await reader_nc.close()
-        await conns.close()
+        await ways.close()
     common = {
         "sink": "nats",
         "nodes": nodes,
-        "connections": len(conns.clients),
+        "connections": ways.connections,
         "retries": ledger.retries,
         "abandoned": ledger.abandoned,
         **check,
     }
     return {
-        "connect": {
-            "nodes": nodes,
-            "connections": len(conns.clients),
-            "open_s": conns.open_s,
-            "rss_mib": conns.rss_mib,
-        },
+        "connect": {"nodes": nodes, "connections": ways.connections, "shared": ways.shared, **started},
         "steady": {
             **common,
             **phase_row(steady, ledger, plan.steady_s, t0),
@@ -737,24 +830,29 @@ async def _nats_fleet(
     }
 
 
+async def _stream_ready(cluster: NatsCluster, nc: Client, settings: NatsSinkSettings) -> None:
+    """The run's stream, made by the sink's `ensure_stream` (which waits for its leader)."""
+    await ensure_stream(nc.jetstream(timeout=settings.timeout), settings, "gpu-node-00000")
+    await cluster.stream_leader(settings.stream)
+
+
 async def _failover(
     cluster: NatsCluster, plan: FleetPlan, play: Script, say: Callable[[str], None] = lambda _: None
 ) -> dict[str, Any]:
     """A run during which the stream's leader is killed (SIGKILL) and later restarted."""
     settings = _settings(cluster, "FAILOVER")
-    conns = await open_connections(settings, min(plan.failover_nodes, plan.max_connections))
+    ways = NatsNodes(settings, _names(0, plan.failover_nodes), plan.max_connections)
     reader_nc = await cluster.connect(error_cb=_quiet)
     ledger = Ledger()
     killed: dict[str, Any] = {}
     try:
-        js = [nc.jetstream(timeout=settings.timeout) for nc in conns.clients]
-        await ensure_stream(js[0], settings, "gpu-node-00000")
-        await cluster.stream_leader(settings.stream)
+        await _stream_ready(cluster, reader_nc, settings)
         reader = Reader(reader_nc, settings.stream, ledger.received)
         await reader.start()
         fleet = Fleet(plan, play, ledger, max_batch=settings.max_batch, seed=7)
-        for i in range(plan.failover_nodes):
-            fleet.add(f"gpu-node-{i:05d}", nats_send(conns.publisher(i, settings, js)))
+        for node_name, send in zip(ways.names, await ways.open(), strict=True):
+            fleet.add(node_name, send)
+        started = await start_nodes(fleet.nodes, play, plan.give_up_s)
 
         async def chaos() -> None:
             if plan.kill_at is None:
@@ -782,15 +880,16 @@ async def _failover(
         end_lag = await reader.end_lag()
         await reader.stop()
         say("leader kill: reading the stream back")
-        check = await stream_check(cluster, settings.stream, ids)
+        check = await stream_check(cluster, settings.stream, [*started["ids"], *ids])
     finally:
         await reader_nc.close()
-        await conns.close()
+        await ways.close()
     stalls = [ledger.stored[i] - ledger.sent[i] for i in ids if i in ledger.stored]
     acks = sorted(ledger.stored.values())
     return {
         "nodes": plan.failover_nodes,
-        "connections": len(conns.clients),
+        "connections": ways.connections,
+        "shared": ways.shared,
         "rate": plan.failover_rate,
         "seconds": plan.failover_s,
         "events": len(ids),
@@ -809,7 +908,6 @@ async def _failover(
         "lag_end": end_lag,
         "retries": ledger.retries,
         "abandoned": ledger.abandoned,
-        "duplicates_acked": ledger.duplicates_acked,
         "errors": dict(ledger.errors.most_common(4)),
         **check,
     }
@@ -821,14 +919,11 @@ async def _failover(
 class Flood:
     """Simulated nodes delivering full batches back to back until stopped."""
 
-    def __init__(self, sends: Sequence[Send], names: Sequence[str], play: Script, batch: int) -> None:
+    def __init__(self, nodes: Sequence[SimNode], play: Script, batch: int) -> None:
         self.play = play
         self.batch = batch
         self.stopping = False
-        self.tasks = [
-            asyncio.create_task(self._node(SimNode(n, s, i)))
-            for i, (n, s) in enumerate(zip(names, sends, strict=True))
-        ]
+        self.tasks = [asyncio.create_task(self._node(node)) for node in nodes]
 
     async def _node(self, sim: SimNode) -> None:
         attempt = 0
@@ -892,48 +987,39 @@ def _names(first: int, count: int) -> list[str]:
     return [f"gpu-node-{i:05d}" for i in range(first, first + count)]
 
 
-def _publishers(conns: Connections, settings: NatsSinkSettings, nodes: int, max_in_flight: int) -> list[Send]:
-    js = [nc.jetstream(timeout=settings.timeout) for nc in conns.clients]
-    sends = []
-    for i in range(nodes):
-        publisher = conns.publisher(i, settings, js)
-        publisher.max_in_flight = max_in_flight
-        sends.append(nats_send(publisher))
-    return sends
-
-
 async def _nats_capacity(
-    cluster: NatsCluster, play: Script, row: CapacityRow, window: tuple[float, float], tag: str
+    cluster: NatsCluster, plan: FleetPlan, play: Script, row: CapacityRow, window: float, tag: str
 ) -> dict[str, Any]:
     settings = _settings(cluster, f"CAP_{tag}")
     nc = await cluster.connect(error_cb=_quiet)
     servers = [s.process.pid for s in cluster.servers if s.process is not None]
     try:
+        await _stream_ready(cluster, nc, settings)
         js = nc.jetstream(timeout=settings.timeout)
-        await ensure_stream(js, settings, "gpu-node-00000")
-        await cluster.stream_leader(settings.stream)
 
         async def stored() -> int:
             return int((await js.stream_info(settings.stream)).state.messages)
 
         if row.processes == 1:
-            conns = await open_connections(settings, row.connections)
+            nodes, ways = await _flood_nodes(
+                dataclasses.replace(settings, max_in_flight=row.max_in_flight),
+                row.nodes,
+                row.connections,
+                0,
+                play,
+                plan.give_up_s,
+            )
             try:
-                flood = Flood(
-                    _publishers(conns, settings, row.nodes, row.max_in_flight),
-                    _names(0, row.nodes),
-                    play,
-                    settings.max_batch,
-                )
+                flood = Flood(nodes, play, settings.max_batch)
                 try:
                     with setup_frozen():
-                        measured = await _window(window, stored, time.process_time, servers)
+                        measured = await _window((plan.warmup_s, window), stored, time.process_time, servers)
                 finally:
                     await flood.stop()
             finally:
-                await conns.close()
+                await ways.close()
         else:
-            measured = await _in_processes(settings, row, window, stored, servers)
+            measured = await _in_processes(settings, row, (plan.warmup_s, window), stored, servers)
         await js.delete_stream(settings.stream)  # its files and duplicate window are no longer needed
     finally:
         await nc.close()
@@ -946,6 +1032,21 @@ async def _nats_capacity(
         "batch": settings.max_batch,
         **measured,
     }
+
+
+async def _flood_nodes(
+    settings: NatsSinkSettings, count: int, connections: int, first: int, play: Script, give_up_s: float
+) -> tuple[list[SimNode], NatsNodes]:
+    """A capacity run's nodes, started (see `start_nodes`) before the clock."""
+    ways = NatsNodes(settings, _names(first, count), connections)
+    try:
+        sends = await ways.open()
+        nodes = [SimNode(name, send, i) for i, (name, send) in enumerate(zip(ways.names, sends, strict=True))]
+        await start_nodes(nodes, play, give_up_s)
+    except BaseException:
+        await ways.close()
+        raise
+    return nodes, ways
 
 
 async def _in_processes(
@@ -1007,32 +1108,28 @@ async def _in_processes(
 async def _flood_command(
     servers: list[str], stream: str, prefix: str, nodes: int, connections: int, max_in_flight: int, first: int
 ) -> None:
-    """A generator process: connect, say "ready", flood from "go" until the end of input."""
+    """A generator process: its nodes started, say "ready", flood from "go" until the end of input."""
     configure_logging("error", "json")
-    settings = NatsSinkSettings(name="fleet", servers=tuple(servers), subject_prefix=prefix, stream=stream)
-    conns = await open_connections(settings, connections)
+    settings = NatsSinkSettings(
+        name="fleet",
+        servers=tuple(servers),
+        subject_prefix=prefix,
+        stream=stream,
+        max_in_flight=max_in_flight,
+    )
+    play = script()
+    sims, ways = await _flood_nodes(settings, nodes, connections, first, play, FULL.give_up_s)
     try:
-        sends = _publishers(conns, settings, nodes, max_in_flight)
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
-        flood = Flood(sends, _names(first, nodes), script(), settings.max_batch)
+        flood = Flood(sims, play, settings.max_batch)
         await asyncio.to_thread(sys.stdin.read)
         await flood.stop()
     finally:
-        await conns.close()
+        await ways.close()
 
 
 # --- the webhook side ---
-
-
-def webhook_send(sink: WebhookSink) -> Send:
-    async def send(events: Sequence[Event]) -> tuple[int, int, str]:
-        outcome = await sink.deliver(events)
-        if outcome.delivered:
-            return len(events), 0, ""
-        return outcome.done or 0, 0, outcome.error
-
-    return send
 
 
 def _hook(port: int) -> WebhookSinkSettings:
@@ -1061,7 +1158,7 @@ async def _webhook_fleet(plan: FleetPlan, play: Script) -> dict[str, Any]:
     try:
         fleet = Fleet(plan, play, ledger, max_batch=settings.max_batch, seed=plan.webhook_nodes)
         for i in range(plan.webhook_nodes):
-            fleet.add(f"gpu-node-{i:05d}", webhook_send(sinks[i % len(sinks)]))
+            fleet.add(f"gpu-node-{i:05d}", sink_send(sinks[i % len(sinks)]))
         with setup_frozen():
             t0 = time.monotonic()
             steady = await fleet.play(plan.per_node_rate * plan.webhook_nodes, plan.steady_s)
@@ -1109,8 +1206,10 @@ async def _webhook_capacity(play: Script, row: CapacityRow, window: tuple[float,
 
     try:
         flood = Flood(
-            [webhook_send(sinks[i % len(sinks)]) for i in range(row.nodes)],
-            _names(0, row.nodes),
+            [
+                SimNode(name, sink_send(sinks[i % len(sinks)]), i)
+                for i, name in enumerate(_names(0, row.nodes))
+            ],
             play,
             settings.max_batch,
         )
@@ -1194,7 +1293,7 @@ async def bench_fleet(plan: FleetPlan) -> dict[str, Any]:
                     f"{row.processes} generator process(es), max_in_flight {row.max_in_flight}"
                 )
                 out["capacity"].append(
-                    await _nats_capacity(cluster, play, row, (plan.warmup_s, plan.capacity_s), str(i))
+                    await _nats_capacity(cluster, plan, play, row, plan.capacity_s, str(i))
                 )
             say("leader kill")
             out["failover"] = await _failover(cluster, plan, play, say)
@@ -1230,7 +1329,7 @@ async def _profiles(
         row = CapacityRow(best["nodes"], best["connections"], best["max_in_flight"])
         label = f"capacity, {row.nodes:,} nodes, {row.connections:,} connections, one process"
         profiles[label] = await profiled(
-            lambda: _nats_capacity(cluster, play, row, (plan.warmup_s, plan.profile_s), "PROFILE")
+            lambda: _nats_capacity(cluster, plan, play, row, plan.profile_s, "PROFILE")
         )
     first = out["fleets"][0]["steady"] if out["fleets"] else None
     if first is not None and first["latency"] and pct(first["latency"], 99) > FLEET_P99_GOAL:

@@ -568,16 +568,21 @@ def _fleet(r: Results) -> list[str]:
     if f.get("quick"):
         lines += ["(A --quick run: tiny fleets and windows, not for the record.)", ""]
     conn = "; ".join(
-        f"{c['connections']:,} for {c['nodes']:,} nodes opened in {c['open_s']:.1f} s "
-        f"(+{c['rss_mib']:.0f} MiB RSS here)"
+        f"{c['nodes']:,} nodes"
+        + (f" sharing {c['connections']:,} connections" if c["shared"] else "")
+        + f" in {c['start_s']:.1f} s (+{c['rss_mib']:.0f} MiB RSS in this process)"
         for c in f["connect"]
     )
     hooks = f["webhook"]["steady"]
     lines += [
-        f"Connections: one per simulated node, up to {p['max_connections']:,} (more nodes share them "
-        f"round-robin): {conn}. Webhook: {hooks['nodes']:,} nodes share {hooks['connections']:,} sinks "
-        f"(an aiohttp session each, made beforehand in {hooks['open_s']:.1f} s: a session's TLS context "
-        "costs tens of ms of CPU, which an agent pays once when it starts).",
+        "Each simulated node starts as an agent does: its first delivery (watcher.started) connects its "
+        "own nats sink (`NatsSink`, the agent's, one connection per node), checks the stream and publishes, "
+        f"a few hundred nodes at a time, before the clock starts; beyond {p['max_connections']:,} nodes, "
+        "nodes would share connections round-robin, each with its own JetStream context and `Publisher` "
+        f"as the sink makes them. Started: {conn}. Webhook: {hooks['nodes']:,} nodes share "
+        f"{hooks['connections']:,} sinks (an aiohttp session each, made beforehand in "
+        f"{hooks['open_s']:.1f} s: a session's TLS context costs tens of ms of CPU, which an agent pays "
+        "once when it starts).",
         "",
         "| phase | sink | nodes | connections | events | events/s | publish to consumer p50 | p99 | max "
         "| consumer lag, max | at the end | lost | duplicated | retries |",
@@ -647,7 +652,7 @@ def _fleet(r: Results) -> list[str]:
             f"The consumer received {o['received']:,} of the {o['events']:,} events "
             f"({o['deliveries'] - o['received']:,} deliveries again, after a lost one). Why retries failed: "
             + (", ".join(f"{k} ({v:,})" for k, v in o["errors"].items()) or "none")
-            + f". Acknowledged as duplicates by the server: {o['duplicates_acked']:,}."
+            + "."
             + (
                 f" Examples: lost {', '.join(o['examples']['lost']) or '-'}; "
                 f"stored twice {', '.join(o['examples']['duplicated']) or '-'}."
@@ -658,7 +663,7 @@ def _fleet(r: Results) -> list[str]:
         ]
     lines += _fleet_goals(f)
     if f.get("quick") and not f["profiles"]:
-        lines += ["(A --quick run takes no profile of a goal not met.)", ""]
+        lines += ["(A --quick run takes no profiles.)", ""]
     for name, rows in f["profiles"].items():
         lines += [f"Profile ({name}; cProfile, top entries by own time):", "", "```", *rows, "```", ""]
     return [*lines, _rerun("fleet"), ""]

@@ -289,7 +289,7 @@ def test_the_report_gives_each_new_figure_its_goal_and_verdict() -> None:
 
 TINY_FLEET = dataclasses.replace(
     fleet.QUICK,
-    fleets=(30,),
+    fleets=(20, 30),  # each node a NatsSink of its own; then 30 sharing 20 connections
     steady_s=0.6,
     max_connections=20,
     capacity=(fleet.CapacityRow(10, 2), fleet.CapacityRow(10, 2, processes=2)),
@@ -324,20 +324,27 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
     report renders each table with its goals."""
     results = await fleet.bench_fleet(TINY_FLEET)
     f = results["fleet"]
-    runs = [f["fleets"][0]["steady"], f["fleets"][0]["burst"], f["webhook"]["steady"], f["webhook"]["burst"]]
-    for run in runs:
+    runs = [*f["fleets"], f["webhook"]]
+    for run in [r[phase] for r in runs for phase in ("steady", "burst")]:
         assert run["events"] > 0 and run["received"] == run["events"]
         assert run["lost"] == 0 and run["duplicated"] == 0 and run["abandoned"] == 0
         assert len(run["latency"]) == run["events"] and all(0 < x < 5 for x in run["latency"])
-    burst = f["fleets"][0]["burst"]
-    assert burst["burst_nodes"] == 3 and burst["events"] == 3 * len(f["script"]["burst"])
-    assert f["fleets"][0]["steady"]["lag_end"] == 0
-    assert f["fleets"][0]["steady"]["out_of_order"] == 0
-    # Both streams, steady and burst, are in the stream that was read back.
-    assert f["fleets"][0]["steady"]["stored"] == f["fleets"][0]["steady"]["events"] + burst["events"]
+    assert [(c["nodes"], c["connections"], c["shared"]) for c in f["connect"]] == [
+        (20, 20, False),
+        (30, 20, True),
+    ]
+    for nodes, run in zip((20, 30), f["fleets"], strict=True):
+        steady, burst = run["steady"], run["burst"]
+        assert burst["burst_nodes"] == nodes // 10 and burst["events"] == nodes // 10 * len(
+            f["script"]["burst"]
+        )
+        assert steady["lag_end"] == 0 and steady["out_of_order"] == 0
+        # Every event is in the stream read back: each node's watcher.started, steady, burst.
+        assert steady["stored"] == nodes + steady["events"] + burst["events"]
     o = f["failover"]
     assert o["killed"] is None and o["events"] > 0
-    assert o["lost"] == 0 and o["duplicated"] == 0 and o["stored"] == o["received"] == o["events"]
+    assert o["lost"] == 0 and o["duplicated"] == 0 and o["received"] == o["events"]
+    assert o["stored"] == o["nodes"] + o["events"]  # and each node's watcher.started
     assert [(c["sink"], c["processes"]) for c in f["capacity"]] == [("nats", 1), ("nats", 2), ("webhook", 1)]
     assert all(c["per_s"] > 0 and c["generator_cores"] > 0 for c in f["capacity"])
     assert f["capacity"][0]["server_cores"] > 0
@@ -346,6 +353,8 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
     assert "## 10. Fleet" in text
     phases = _table(text, "| phase | sink |")
     assert [(r[0], r[1]) for r in phases] == [
+        ("20 nodes, steady", "nats"),
+        ("20 nodes, burst (2 nodes lose a GPU)", "nats"),
         ("30 nodes, steady", "nats"),
         ("30 nodes, burst (3 nodes lose a GPU)", "nats"),
         ("20 nodes, steady", "webhook"),
