@@ -15,24 +15,28 @@ three `nats-server` processes, a stream with 3 replicas on file storage, created
   the same instant (device.removed, critical, and capacity.changed).
 - Rate: about 10 events/s per 1,000 nodes at steady state (a node changes every ~200 s), as
   Poisson arrivals of re-queries over the whole fleet, then the burst.
-- Delivery as the agent's worker does it: each node has its own queue and its own `Publisher`
-  (the nats sink's publishing code, `max_in_flight` 1 as the sink's default, its default publish
-  timeout) or a `WebhookSink` (`deliver`, batch on; see below); everything queued, up to the sink's
-  default `max_batch`, goes in one delivery; what is not `done` is sent again after the worker's
-  backoff (full jitter from 0.5 s), until it is (bounded: events still unsent after `give_up_s`
-  count as lost). The delivery worker's rate limit and the outbox are not in the loop: what is
-  measured is the publishing code and the cluster.
+- Delivery as the agent's worker does it: each node has its own queue, and its own nats sink:
+  a whole `NatsSink` (its `deliver`: its own connection, the stream checked, the nats sink's
+  `Publisher` with `max_in_flight` 1 and the publish timeout at their defaults, a fresh JetStream
+  context after a failed publish, nothing published while reconnecting); or a `WebhookSink`
+  (`deliver`, batch on; see below). Everything queued, up to the sink's default `max_batch`, goes
+  in one delivery; what is not `done` is sent again after the worker's backoff (full jitter from
+  0.5 s, doubling), until it is (bounded: events still unsent after `give_up_s` count as lost).
+  The delivery worker's rate limit and the outbox are not in the loop: what is measured is the
+  sink's publishing and the cluster. Each node starts as an agent does, before the clock: its
+  first delivery (watcher.started) connects its sink, checks the stream and publishes.
 - Connections: a real fleet has one connection per node, and so has each simulated node here
-  when the fleet is no larger than `max_connections` (10,000 in the full run: opening them takes
+  when the fleet is no larger than `max_connections` (10,000 in the full run: starting them takes
   seconds and a few hundred MiB of this process, measured and reported); beyond that, nodes share
-  connections round-robin, and the report says how many there were. The sustained-capacity runs
-  say their connections in each row. What is set up before the clock starts is frozen out of the
+  connections round-robin, each with its own JetStream context and `Publisher` made as the sink
+  makes them (`SharedPublisher`), and the report says how many connections there were. The
+  sustained-capacity rows say theirs. What is set up before the clock starts is frozen out of the
   garbage collector's sight (`gc.freeze`): a full collection rescanning 10,000 clients would stop
   this process for most of a second, which no agent (one connection) ever does.
 - The reader: a durable pull consumer (each message acknowledged as it arrives) in this same
   process, on a connection of its own, with pull requests kept topped up, records when each event
-  id first arrives. Publish to consumer: from the moment the node's delivery handed the event to
-  `Publisher.publish` (the first attempt) to its arrival there, on the same monotonic clock.
+  id first arrives. Publish to consumer: from the moment the node's worker first handed the event
+  to its sink's delivery to its arrival there, on the same monotonic clock.
   Consumer lag: the stream's last sequence minus the consumer's acknowledgement floor, sampled
   every 250 ms; the maximum of each phase and the value once everything was read.
 - Sustained capacity: simulated nodes deliver full `max_batch` batches back to back; after a
