@@ -692,6 +692,11 @@ class Reader:
             while i not in self.received and time.monotonic() < deadline:
                 await asyncio.sleep(0.005)
 
+    async def settled(self, ids: Sequence[str]) -> None:
+        """The nodes' start read and acknowledged, so that a phase's lag is its own."""
+        await self.caught_up(ids, 30)
+        await self.end_lag()
+
     async def end_lag(self) -> int | None:
         """The lag once everything was read: after an acknowledgement of the last message."""
         await asyncio.sleep(2 * PULL_EVERY)
@@ -792,6 +797,7 @@ async def _nats_fleet(
         for node_name, send in zip(ways.names, await ways.open(), strict=True):
             fleet.add(node_name, send)
         started = await start_nodes(fleet.nodes, play, plan.give_up_s)
+        await reader.settled(started["ids"])
         with setup_frozen():
             t0 = time.monotonic()
             steady = await fleet.play(plan.per_node_rate * nodes, plan.steady_s)
@@ -857,6 +863,7 @@ async def _failover(
         for node_name, send in zip(ways.names, await ways.open(), strict=True):
             fleet.add(node_name, send)
         started = await start_nodes(fleet.nodes, play, plan.give_up_s)
+        await reader.settled(started["ids"])
 
         async def chaos() -> None:
             if plan.kill_at is None:
