@@ -108,7 +108,15 @@ from watcher.secrets import Secret
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
 from watcher.sinks.base import BaseSinkSettings, Sink
-from watcher.sinks.nats import NatsSink, NatsSinkSettings, Publisher, StreamError, connect, ensure_stream
+from watcher.sinks.nats import (
+    NatsSink,
+    NatsSinkSettings,
+    Publisher,
+    StreamError,
+    connect,
+    ensure_stream,
+    publisher_for,
+)
 from watcher.sinks.webhook import WebhookSink, WebhookSinkSettings
 
 __all__ = ["FULL", "QUICK", "FleetPlan", "Script", "bench_fleet", "script"]
@@ -499,19 +507,10 @@ class SharedPublisher:
         if not self.nc.is_connected:
             return 0, 0, "not connected to NATS (the client is reconnecting)"
         if self.publisher is None:
-            js = self.nc.jetstream(timeout=s.timeout, publish_async_max_pending=s.max_in_flight)
             try:
-                await ensure_stream(js, s, self.node)
+                self.publisher = await publisher_for(self.nc, s, self.node)
             except (StreamError, nats.errors.Error, OSError, TimeoutError) as err:
                 return 0, 0, f"the stream could not be checked: {type(err).__name__}"
-            self.publisher = Publisher(
-                js,
-                stream=s.stream,
-                prefix=s.subject_prefix,
-                timeout=s.timeout,
-                max_in_flight=s.max_in_flight,
-                max_payload=self.nc.max_payload,
-            )
         result = await self.publisher.publish(events)
         assert not result.oversized, result.error
         if result.stale:

@@ -58,6 +58,7 @@ __all__ = [
     "StreamError",
     "ConnectionLog",
     "connect",
+    "publisher_for",
     "ensure_stream",
     "node_token",
     "subject_for",
@@ -634,6 +635,22 @@ async def ensure_stream(js: nats.js.client.JetStreamContext, settings: NatsSinkS
         )
 
 
+async def publisher_for(nc: nats.aio.client.Client, settings: NatsSinkSettings, node: str) -> Publisher:
+    """A fresh JetStream context on `nc` with the stream checked (`ensure_stream`), and its Publisher."""
+    s = settings
+    # The client's own bound on publishes awaiting acknowledgement is ours: never more.
+    js = nc.jetstream(timeout=s.timeout, publish_async_max_pending=s.max_in_flight)
+    await ensure_stream(js, s, node)
+    return Publisher(
+        js,
+        stream=s.stream,
+        prefix=s.subject_prefix,
+        timeout=s.timeout,
+        max_in_flight=s.max_in_flight,
+        max_payload=nc.max_payload,
+    )
+
+
 class NatsSink:
     def __init__(self, settings: NatsSinkSettings, *, node: str) -> None:
         self.name = settings.name
@@ -652,17 +669,7 @@ class NatsSink:
         s = self.settings
         if self._nc is None:
             self._nc = await connect(s, name=f"pod-resources-watcher/{self.node}", notes=self._notes)
-        # The client's own bound on publishes awaiting acknowledgement is ours: never more.
-        js = self._nc.jetstream(timeout=s.timeout, publish_async_max_pending=s.max_in_flight)
-        await ensure_stream(js, s, self.node)
-        self._publisher = Publisher(
-            js,
-            stream=s.stream,
-            prefix=s.subject_prefix,
-            timeout=s.timeout,
-            max_in_flight=s.max_in_flight,
-            max_payload=self._nc.max_payload,
-        )
+        self._publisher = await publisher_for(self._nc, s, self.node)
         return self._publisher
 
     async def deliver(self, events: Sequence[Event]) -> Outcome:
