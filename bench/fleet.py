@@ -41,7 +41,10 @@ three `nats-server` processes, a stream with 3 replicas on file storage, created
   every 250 ms; the maximum of each phase and the value once everything was read.
 - Sustained capacity: simulated nodes deliver full `max_batch` batches back to back; after a
   warm-up, what the stream holds (stream info, i.e. what the cluster stored) is counted over a
-  fixed window. A Python process uses one core at most, and one generator process tops out near
+  fixed window. The nodes' events are made before the clock starts (enough for STOCK_RATE
+  events/s; a node that runs out makes more as it goes, and the report counts them): an agent
+  builds its events in its own cycle on its own node, and one process building envelopes for
+  hundreds of simulated nodes would time the simulation, not the sink. A Python process uses one core at most, and one generator process tops out near
   the goal by itself, so a row may split its nodes and connections over generator processes (this
   module's `flood` command); the CPU of the generators and of the three servers (utime + stime,
   /proc) over the window shows where the two cores went. Each row is a lower bound of what the
@@ -75,6 +78,7 @@ import gc
 import io
 import itertools
 import json
+import math
 import pstats
 import random
 import sys
@@ -926,23 +930,60 @@ async def _failover(
 # --- sustained capacity ---
 
 
-class Flood:
-    """Simulated nodes delivering full batches back to back until stopped."""
+# The events/s that a capacity run's events, made before its clock starts, last for over its
+# warm-up and window; a faster run makes more as it goes (counted, and said in the report).
+STOCK_RATE = 30_000.0
 
-    def __init__(self, nodes: Sequence[SimNode], play: Script, batch: int) -> None:
+
+def stock_per_node(nodes: int, seconds: float, batch: int) -> int:
+    """Events each of a row's `nodes` makes ahead for `seconds` at STOCK_RATE: whole batches."""
+    need = math.ceil(STOCK_RATE * seconds / nodes)
+    return max(1, math.ceil(need / batch)) * batch
+
+
+def make_events(sim: SimNode, play: Script, count: int) -> list[Event]:
+    """At least `count` of `sim`'s next events, whole re-queries of its script."""
+    events: list[Event] = []
+    while len(events) < count:
+        events += sim.events(play.steady[sim.step % len(play.steady)])
+        sim.step += 1
+    return events
+
+
+def make_stocks(nodes: Sequence[SimNode], play: Script, count: int) -> dict[str, list[Event]]:
+    return {sim.name: make_events(sim, play, count) for sim in nodes}
+
+
+class Flood:
+    """Simulated nodes delivering full batches back to back until stopped.
+
+    Their events are made before the clock starts (`stocks`, see `make_stocks`), as an agent makes
+    them in its own cycle on its own node: what is measured is the sink's publishing into the
+    cluster, not this one process building envelopes for hundreds of nodes. A node that runs out
+    makes more as it goes, counted in `made_late`.
+    """
+
+    def __init__(
+        self, nodes: Sequence[SimNode], play: Script, batch: int, stocks: dict[str, list[Event]]
+    ) -> None:
         self.play = play
         self.batch = batch
         self.stopping = False
-        self.tasks = [asyncio.create_task(self._node(node)) for node in nodes]
+        self.made_late = 0
+        self.stocks = stocks
+        self.tasks = [asyncio.create_task(self._node(sim)) for sim in nodes]
 
     async def _node(self, sim: SimNode) -> None:
         attempt = 0
+        stock = self.stocks.setdefault(sim.name, [])
         while not self.stopping:
-            events: list[Event] = []
-            while len(events) < self.batch:
-                events += sim.events(self.play.steady[sim.step % len(self.play.steady)])
-                sim.step += 1
-            done, _, _ = await sim.send(events[: self.batch])
+            if len(stock) < self.batch:
+                more = make_events(sim, self.play, self.batch - len(stock))
+                self.made_late += len(more)
+                stock += more
+            events = stock[: self.batch]
+            del stock[: self.batch]  # what a failed delivery left is not sent again: fresh ones are
+            done, _, _ = await sim.send(events)
             if done < self.batch and not self.stopping:
                 await asyncio.sleep(RETRY.delay(attempt))
                 attempt += 1
@@ -1010,6 +1051,7 @@ async def _nats_capacity(
         async def stored() -> int:
             return int((await js.stream_info(settings.stream)).state.messages)
 
+        stock = stock_per_node(row.nodes, plan.warmup_s + window, settings.max_batch)
         if row.processes == 1:
             nodes, ways = await _flood_nodes(
                 dataclasses.replace(settings, max_in_flight=row.max_in_flight),
@@ -1020,16 +1062,17 @@ async def _nats_capacity(
                 plan.give_up_s,
             )
             try:
-                flood = Flood(nodes, play, settings.max_batch)
+                flood = Flood(nodes, play, settings.max_batch, make_stocks(nodes, play, stock))
                 try:
                     with setup_frozen():
                         measured = await _window((plan.warmup_s, window), stored, time.process_time, servers)
                 finally:
                     await flood.stop()
+                measured["made_late"] = flood.made_late
             finally:
                 await ways.close()
         else:
-            measured = await _in_processes(settings, row, (plan.warmup_s, window), stored, servers)
+            measured = await _in_processes(settings, row, (plan.warmup_s, window), stored, servers, stock)
         await js.delete_stream(settings.stream)  # its files and duplicate window are no longer needed
     finally:
         await nc.close()
@@ -1065,6 +1108,7 @@ async def _in_processes(
     window: tuple[float, float],
     stored: Callable[[], Awaitable[int]],
     servers: Sequence[int],
+    stock: int,
 ) -> dict[str, Any]:
     """The row's nodes and connections split over `row.processes` generator processes (this
     module's `flood` command), all started at once; their CPU is read from /proc."""
@@ -1085,6 +1129,7 @@ async def _in_processes(
                     str(conns),
                     str(row.max_in_flight),
                     str(k * nodes),
+                    str(stock),
                     cwd=ROOT,
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
@@ -1102,23 +1147,37 @@ async def _in_processes(
         def generators() -> float:
             return sum(cpu_seconds(p.pid) for p in procs)
 
-        return await _window(window, stored, generators, servers)
+        measured = await _window(window, stored, generators, servers)
     finally:
         for proc in procs:
             if proc.stdin is not None:
                 proc.stdin.close()  # end of input: stop
+        late = []
         for proc in procs:
             try:
+                assert proc.stdout is not None
+                late.append(await asyncio.wait_for(proc.stdout.read(), 60))
                 await asyncio.wait_for(proc.wait(), 60)
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+    # Each process's last line: how many events it made while the clock ran.
+    measured["made_late"] = sum(int(out.split()[-1]) for out in late)
+    return measured
 
 
 async def _flood_command(
-    servers: list[str], stream: str, prefix: str, nodes: int, connections: int, max_in_flight: int, first: int
+    servers: list[str],
+    stream: str,
+    prefix: str,
+    nodes: int,
+    connections: int,
+    max_in_flight: int,
+    first: int,
+    stock: int,
 ) -> None:
-    """A generator process: its nodes started, say "ready", flood from "go" until the end of input."""
+    """A generator process: its nodes started and their events made, say "ready", flood from "go"
+    until the end of input, then print how many events it made meanwhile."""
     configure_logging("error", "json")
     settings = NatsSinkSettings(
         name="fleet",
@@ -1130,11 +1189,14 @@ async def _flood_command(
     play = script()
     sims, ways = await _flood_nodes(settings, nodes, connections, first, play, FULL.give_up_s)
     try:
+        stocks = make_stocks(sims, play, stock)
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
-        flood = Flood(sims, play, settings.max_batch)
-        await asyncio.to_thread(sys.stdin.read)
+        flood = Flood(sims, play, settings.max_batch, stocks)
+        with setup_frozen():
+            await asyncio.to_thread(sys.stdin.read)
         await flood.stop()
+        print(flood.made_late, flush=True)
     finally:
         await ways.close()
 
@@ -1215,19 +1277,17 @@ async def _webhook_capacity(play: Script, row: CapacityRow, window: tuple[float,
         return receiver.receipts
 
     try:
-        flood = Flood(
-            [
-                SimNode(name, sink_send(sinks[i % len(sinks)]), i)
-                for i, name in enumerate(_names(0, row.nodes))
-            ],
-            play,
-            settings.max_batch,
-        )
+        nodes = [
+            SimNode(name, sink_send(sinks[i % len(sinks)]), i) for i, name in enumerate(_names(0, row.nodes))
+        ]
+        stock = stock_per_node(row.nodes, sum(window), settings.max_batch)
+        flood = Flood(nodes, play, settings.max_batch, make_stocks(nodes, play, stock))
         try:
             with setup_frozen():
                 measured = await _window(window, stored, time.process_time, ())
         finally:
             await flood.stop()
+        measured["made_late"] = flood.made_late
     finally:
         for sink in sinks:
             await sink.close()
@@ -1350,9 +1410,9 @@ async def _profiles(
 
 
 if __name__ == "__main__":
-    # `python -m bench.fleet flood SERVERS STREAM PREFIX NODES CONNECTIONS MAX_IN_FLIGHT FIRST`:
+    # `python -m bench.fleet flood SERVERS STREAM PREFIX NODES CONNECTIONS MAX_IN_FLIGHT FIRST STOCK`:
     # a generator process of a capacity row (started by `_in_processes`, from the repository).
-    if sys.argv[1:2] != ["flood"] or len(sys.argv) != 9:
+    if sys.argv[1:2] != ["flood"] or len(sys.argv) != 10:
         raise SystemExit(__doc__)
     servers_, stream_, prefix_, *numbers = sys.argv[2:]
     asyncio.run(_flood_command(json.loads(servers_), stream_, prefix_, *map(int, numbers)))
