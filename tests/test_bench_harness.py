@@ -348,6 +348,8 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
     assert [(c["sink"], c["processes"]) for c in f["capacity"]] == [("nats", 1), ("nats", 2), ("webhook", 1)]
     assert all(c["per_s"] > 0 and c["generator_cores"] > 0 for c in f["capacity"])
     assert f["capacity"][0]["server_cores"] > 0
+    # Made before the clock; whatever was made while it ran is counted, per row, processes included.
+    assert all(isinstance(c["made_late"], int) and c["made_late"] >= 0 for c in f["capacity"])
 
     text = report(results, datetime.now(UTC), 10.0, "bench/run.py --only fleet")
     assert "## 10. Fleet" in text
@@ -368,6 +370,8 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
         ("webhook", "10", "1"),
     ]
     assert "(No kill in this run.)" in text
+    late = sum(c["made_late"] for c in f["capacity"])
+    assert ("no node ran out of them in any row" in text) == (late == 0)
     goals = {r[0]: r for r in _table(text, "| goal | measured | verdict |")}
     assert len(goals) == 2  # no leader kill, no verdict on it
     assert all(r[2] in ("**met**", "**not met**") for r in goals.values())
