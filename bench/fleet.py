@@ -989,9 +989,8 @@ class Flood:
                 attempt += 1
 
     async def stop(self) -> None:
-        """Cancel the nodes, again until they have ended: nats-py (on Python 3.11) can lose a
-        cancel that lands in its publish_async (a wait_for), and the publish then goes on through
-        its batch; the flag ends a node's loop after that publish in any case."""
+        """Cancel the nodes, again until they have ended (a sink's delivery may hold on to a
+        cancel while it settles what is in flight); the flag ends a node's loop in any case."""
         self.stopping = True
         pending = set(self.tasks)
         for _ in range(200):  # 10 s at most

@@ -182,10 +182,11 @@ class FakeJetStream:
     """publish_async as nats-py's: a future per publish, which the test resolves (or not) in any
     order; and a check that no more than the bound are ever outstanding."""
 
-    def __init__(self, bound: int, *, raise_at: int | None = None) -> None:
+    def __init__(self, bound: int, *, raise_at: int | None = None, stall_at: int | None = None) -> None:
         self.futures: list[asyncio.Future[object]] = []
         self.bound = bound
         self.raise_at = raise_at
+        self.stall_at = stall_at  # that publish never returns (its slots all taken, say)
         self.on_publish: object = None
 
     async def publish_async(self, subject: str, payload: bytes, **_: object) -> asyncio.Future[object]:
@@ -193,6 +194,8 @@ class FakeJetStream:
         assert outstanding < self.bound, f"{outstanding + 1} publishes outstanding, bound {self.bound}"
         if self.raise_at is not None and len(self.futures) == self.raise_at:
             raise OSError("the reconnect buffer is full")
+        if self.stall_at is not None and len(self.futures) == self.stall_at:
+            await asyncio.Event().wait()
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self.futures.append(future)
         if callable(self.on_publish):
@@ -254,6 +257,26 @@ async def test_done_is_the_unbroken_run_of_acknowledgements_from_the_start() -> 
     js.on_publish = lambda i, f: loop.call_later(0.02, f.set_result, _ack())
     result = await _publisher(js, 8).publish(_events(6))
     assert (result.done, result.stale) == (3, True) and "reconnect buffer is full" in result.error
+
+    # The client stalls in a publish: given up on within the timeout, the acks on their way
+    # still count, and the context is to be made afresh.
+    js = FakeJetStream(bound=4, stall_at=2)
+    js.on_publish = lambda i, f: loop.call_soon(f.set_result, _ack())
+    result = await _publisher(js, 4).publish(_events(5))
+    assert (result.done, result.stale) == (2, True) and "could not publish within 0.3 s" in result.error
+
+    # Cancelled while stalled (the agent stopping): it ends at once, publishing nothing more.
+    js = FakeJetStream(bound=4, stall_at=1)
+    js.on_publish = lambda i, f: loop.call_soon(f.set_result, _ack())
+    publishing = asyncio.create_task(_publisher(js, 4, timeout=60).publish(_events(5)))
+    for _ in range(100):  # until it is in the stalled publish, after the first
+        if js.futures:
+            break
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    publishing.cancel()
+    done, _ = await asyncio.wait({publishing}, timeout=5)
+    assert done == {publishing} and len(js.futures) == 1
 
     # With max_in_flight 1 the next is published only once the one before is acknowledged.
     js = FakeJetStream(bound=1)

@@ -349,14 +349,16 @@ class Publisher:
                     await self._settle(window.popleft(), run)
                 if run.error or any(f.done() and (f.cancelled() or f.exception()) for f, _ in window):
                     break  # a failure in the window: publishing more would only be sent again
-                future = await self.js.publish_async(
-                    subject_for(self.prefix, event),
-                    payload,
-                    wait_stall=self.timeout,
-                    stream=self.stream,
-                    headers=headers,
-                )
+                # Bounded by our own timeout, not the client's `wait_stall`: that wraps every
+                # publish in a wait_for, which on Python 3.11 costs a task per message and can
+                # lose a cancel (a stopping agent would go on publishing its batch).
+                async with asyncio.timeout(self.timeout):
+                    future = await self.js.publish_async(
+                        subject_for(self.prefix, event), payload, stream=self.stream, headers=headers
+                    )
                 window.append((future, loop.time() + self.timeout))
+        except TimeoutError:  # its slots all taken, or its buffer full while reconnecting
+            raised = f"could not publish within {self.timeout:g} s: the client is stalled; {_RETRYABLE_HINT}"
         except Exception as err:  # the client's: closed, its buffer full while reconnecting
             raised = redact(f"could not publish: {type(err).__name__}: {err}")
         finally:
