@@ -522,6 +522,14 @@ def _made_late(capacity: Sequence[Results]) -> str:
     return f"nodes that ran out made more while the clock ran ({rows})"
 
 
+def _runs(c: Results) -> str:
+    """A capacity row's events/s: its median run, and the range when there were several."""
+    runs = c.get("runs") or [c["per_s"]]
+    if len(runs) == 1:
+        return f"{c['per_s']:,.0f}"
+    return f"{c['per_s']:,.0f} ({min(runs):,.0f}-{max(runs):,.0f})"
+
+
 def capacity_goal_row(capacity: Sequence[Results]) -> Results | None:
     """The capacity goal's row: the most events/s into the cluster at the sink's defaults
     (max_in_flight 1). Each row is a lower bound of what the cluster takes, set by its generators."""
@@ -621,7 +629,15 @@ def _fleet(r: Results) -> list[str]:
         "timed is the sink's publishing (serialization, headers, the client library, the "
         "acknowledgements), not one process building envelopes for hundreds of nodes; "
         + _made_late(f["capacity"])
-        + ".",
+        + ". "
+        + (
+            f"Each row ran {p['capacity_runs']} times, a fresh stream each time: its events/s is the "
+            "median run's, with the range of the runs in brackets (one run varies by a fifth or more "
+            "here, where the three servers share two cores with the generators), and its CPU the "
+            "median run's."
+            if p.get("capacity_runs", 1) > 1
+            else "Each row ran once."
+        ),
         "",
         "| sink | nodes | connections | generator processes | max_in_flight | batch | events/s "
         "| generators (cores) | 3 servers (cores) |",
@@ -632,7 +648,7 @@ def _fleet(r: Results) -> list[str]:
         conns = f"{c['connections']:,}" + (" sinks" if c["sink"] == "webhook" else "")
         lines.append(
             f"| {c['sink']} | {c['nodes']:,} | {conns} | {c['processes']} | {c['max_in_flight']} | "
-            f"{c['batch']} | {c['per_s']:,.0f} | {c['generator_cores']:.2f} | {servers} |"
+            f"{c['batch']} | {_runs(c)} | {c['generator_cores']:.2f} | {servers} |"
         )
     lines += [
         "",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -295,6 +296,7 @@ TINY_FLEET = dataclasses.replace(
     capacity=(fleet.CapacityRow(10, 2), fleet.CapacityRow(10, 2, processes=2)),
     warmup_s=0.2,
     capacity_s=0.5,
+    capacity_runs=3,
     failover_nodes=20,
     failover_rate=60.0,
     failover_s=1.0,
@@ -348,6 +350,8 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
     assert [(c["sink"], c["processes"]) for c in f["capacity"]] == [("nats", 1), ("nats", 2), ("webhook", 1)]
     assert all(c["per_s"] > 0 and c["generator_cores"] > 0 for c in f["capacity"])
     assert f["capacity"][0]["server_cores"] > 0
+    # Each row is its median run of three, with every run's figure kept for the report's range.
+    assert all(len(c["runs"]) == 3 and c["per_s"] == sorted(c["runs"])[1] for c in f["capacity"])
     # Made before the clock; whatever was made while it ran is counted, per row, processes included.
     assert all(isinstance(c["made_late"], int) and c["made_late"] >= 0 for c in f["capacity"])
 
@@ -370,6 +374,7 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
         ("webhook", "10", "1"),
     ]
     assert "(No kill in this run.)" in text
+    assert all(re.fullmatch(r"[\d,]+ \([\d,]+-[\d,]+\)", r[6]) for r in capacity)  # median (range)
     late = sum(c["made_late"] for c in f["capacity"])
     assert ("no node ran out of them in any row" in text) == (late == 0)
     goals = {r[0]: r for r in _table(text, "| goal | measured | verdict |")}
