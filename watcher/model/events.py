@@ -91,8 +91,20 @@ class Event:
             raise ValueError(f"malformed event: {err!r}") from err
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
     """Copy read-only mappings and tuples into plain JSON types."""
+    # Exact types first: every event is serialized for the outbox and again by each sink, and
+    # an isinstance check against the Mapping ABC costs more than the rest of the walk.
+    cls = type(value)
+    if cls in _SCALARS:
+        return value
+    if cls is dict:
+        return {str(k): _plain(v) for k, v in value.items()}
+    if cls is list:
+        return [_plain(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
