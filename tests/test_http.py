@@ -17,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -31,7 +32,7 @@ from structlog.testing import capture_logs
 from tests.agent_harness import make_settings, running_agent, write_agent_config
 from watcher.config import ConfigError
 from watcher.ops.connections import ConnectionLimits
-from watcher.ops.http import BACKLOG, Health, HttpOptions, HttpServer
+from watcher.ops.http import BACKLOG, Health, HttpOptions, HttpServer, InventoryCache
 from watcher.secrets import Secret, redact
 from watcher.settings import HttpSettings, load_settings, parse_listen, parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -896,4 +897,32 @@ async def test_60_concurrent_inventory_requests_on_a_10k_pod_node_render_once_an
     during = [latency for started, latency, status in json.loads(probes) if begin <= started <= end]
     assert all(status == 200 for _, _, status in json.loads(probes))
     assert len(during) >= 3, f"only {len(during)} /healthz probes ran while the 60 were served"
-    assert max(during) < 0.1, f"/healthz took {max(during) * 1000:.0f} ms while /inventory was served"
+    # Answered all along. Not a latency bound: on a 2-core machine running 60 clients, a prober and
+    # the agent, one probe's time says nothing of where the rendering ran (rendering on the loop
+    # gave the same 26-130 ms as in a thread); the next test checks that it runs off the loop.
+    assert max(during) < 2.0, f"/healthz took {max(during) * 1000:.0f} ms while /inventory was served"
+
+
+async def test_the_inventory_is_rendered_off_the_event_loop_once_for_its_concurrent_requests() -> None:
+    loop_thread = threading.get_ident()
+    started, release = threading.Event(), threading.Event()
+    rendered_in: list[int] = []
+
+    class Doc:
+        key = "v1"
+
+        def render(self) -> bytes:
+            rendered_in.append(threading.get_ident())
+            started.set()
+            release.wait(10)  # held while every request arrives
+            return b"{}"
+
+    cache = InventoryCache()
+    requests = [asyncio.create_task(cache.get(lambda: Doc())) for _ in range(20)]
+    assert await asyncio.to_thread(started.wait, 10)
+    # The loop still runs while the rendering is held: a rendering on the loop would block it here.
+    await asyncio.sleep(0)
+    release.set()
+    assert await asyncio.gather(*requests) == [b"{}"] * 20
+    assert rendered_in and rendered_in[0] != loop_thread
+    assert cache.renders == 1 and len(rendered_in) == 1
