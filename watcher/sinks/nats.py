@@ -129,7 +129,10 @@ class NatsSinkSettings(BaseSinkSettings):
     timeout: float = field(
         default=5.0,
         metadata=field_meta(
-            "Seconds to wait for a connection or a publish acknowledgement before retrying.", min=0.1, max=300
+            "Seconds to wait for a connection, for the client to take a publish, or for its "
+            "acknowledgement, before retrying.",
+            min=0.1,
+            max=300,
         ),
     )
     token: Secret | None = field(default=None, metadata=field_meta("Auth token (secret).", secret=True))
