@@ -400,8 +400,5 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
 def test_a_capacity_row_reports_its_median_run_with_every_runs_figure() -> None:
     runs = [{"per_s": 3.0, "cpu": "c"}, {"per_s": 1.0, "cpu": "a"}, {"per_s": 2.0, "cpu": "b"}]
     row = fleet.median_run(runs)
-    assert (row["per_s"], row["cpu"], row["runs"]) == (
-        2.0,
-        "b",
-        [3.0, 1.0, 2.0],
-    )  # its CPU is the median run's
+    # The median run's figures, its CPU included, and every run's events/s in run order.
+    assert (row["per_s"], row["cpu"], row["runs"]) == (2.0, "b", [3.0, 1.0, 2.0])

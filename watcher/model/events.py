@@ -97,7 +97,8 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 def _plain(value: Any) -> Any:
     """Copy read-only mappings and tuples into plain JSON types."""
     # Exact types first: every event is serialized for the outbox and again by each sink, and
-    # an isinstance check against the Mapping ABC costs more than the rest of the walk.
+    # an isinstance check against the Mapping ABC costs more than the rest of the walk. (Folding
+    # the exact checks into the isinstance lines below measured slower: kept apart on purpose.)
     cls = type(value)
     if cls in _SCALARS:
         return value
