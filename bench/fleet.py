@@ -99,7 +99,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from bench.receiver import Receiver, serve
 from bench.report import FLEET_CAPACITY_GOAL, FLEET_P99_GOAL, capacity_goal_row, pct
 from bench.steady import cpu_seconds
-from tests.nats_cluster import NatsCluster, running_cluster
+from testkit.nats_cluster import NatsCluster, running_cluster
 from watcher.backoff import Backoff
 from watcher.model import lifecycle
 from watcher.model.build import build

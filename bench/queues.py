@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.receiver import Receiver, free_port, serve
+from bench.receiver import Receiver, serve
+from testkit.ports import free_port
 from watcher.delivery.dispatcher import Dispatcher
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope

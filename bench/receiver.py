@@ -9,7 +9,7 @@ import time
 
 from aiohttp import web
 
-__all__ = ["Receiver", "serve", "free_port"]
+__all__ = ["Receiver", "serve"]
 
 
 class Receiver:
@@ -32,13 +32,6 @@ class Receiver:
         if self.want and self.count >= self.want:
             self.done.set()
         return web.Response(status=204)
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now (connections to it are refused until served)."""
-    with socket.create_server(("127.0.0.1", 0)) as sock:
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def serve(receiver: Receiver, port: int = 0) -> tuple[web.AppRunner, int]:

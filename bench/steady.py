@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.receiver import free_port
+from testkit.ports import free_port
 
 __all__ = ["bench_steady", "steady_seconds", "cpu_seconds", "STEADY_ENV"]
 

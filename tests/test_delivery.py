@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from testkit.ports import free_port
 from tests.agent_harness import make_settings, running_agent, serve_post, write_agent_config
 from tests.conftest import PLANTED_SECRET
 from watcher.cli import main
@@ -30,12 +30,6 @@ from watcher.sinks.file import FileSinkSettings
 
 GPU = "nvidia.com/gpu"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- the audit log ---
@@ -98,7 +92,7 @@ def alertmanager(short_tmp: Path) -> Iterator[str]:
         pytest.skip("prometheus-alertmanager not installed (apt-get install prometheus-alertmanager)")
     config = short_tmp / "am.yml"
     config.write_text('route:\n  receiver: "null"\nreceivers:\n  - name: "null"\n')
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             binary,
@@ -243,7 +237,7 @@ class _Recorder:
 
 @pytest.fixture
 def receiver_port() -> int:
-    return _free_port()
+    return free_port()
 
 
 def _audit_events(path: Path) -> list[dict[str, object]]:
@@ -357,7 +351,7 @@ async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(short_tmp:
 
     # Nobody listens on this port: everything queues.
     dead = WebhookSinkSettings(
-        name="dead", url=Secret(value=f"http://127.0.0.1:{_free_port()}/"), max_queue=3, retry_max_delay=0.05
+        name="dead", url=Secret(value=f"http://127.0.0.1:{free_port()}/"), max_queue=3, retry_max_delay=0.05
     )
     fake = FakeKubelet(short_tmp / "kubelet", seed=2)
     settings = dataclasses.replace(make_settings(short_tmp), sinks=(dead,))

@@ -22,7 +22,7 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
-from tests.nats_cluster import running_cluster
+from testkit.nats_cluster import running_cluster
 from watcher.model import lifecycle
 from watcher.model.build import build
 from watcher.model.changes import Change

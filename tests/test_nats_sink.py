@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
+from testkit.nats_cluster import NatsCluster, running_cluster
 from tests.agent_harness import Running, make_settings, running_agent, write_agent_config
-from tests.nats_cluster import NatsCluster, running_cluster
 from watcher.config import ConfigError
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, new_cycle_id

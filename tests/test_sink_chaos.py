@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from testkit.ports import free_port
 from tests.agent_harness import write_agent_config
 from watcher.sim.fake_kubelet import FakeKubelet
 
@@ -37,12 +37,6 @@ ROOT = Path(__file__).resolve().parent.parent
 MODES = ("503", "429", "reset", "hang", "refuse", "slow", "up")
 PHASES = int(os.environ.get("PRW_CHAOS_FLAPS", str(len(MODES))))
 PHASE_S = 0.8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rss_mib(pid: int) -> float:
@@ -157,7 +151,7 @@ async def test_a_flapping_receiver_loses_nothing_blocks_nobody_and_memory_stays_
     short_tmp: Path,
 ) -> None:
     fake = FakeKubelet(short_tmp / "kubelet", seed=3)
-    flappy, steady = Receiver(_free_port()), Receiver(_free_port())
+    flappy, steady = Receiver(free_port()), Receiver(free_port())
     audit = short_tmp / "state" / "audit.jsonl"
     config = write_agent_config(
         short_tmp / "watcher.toml",
