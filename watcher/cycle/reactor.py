@@ -143,35 +143,31 @@ class Reactor:
     def _grace(self) -> float:
         return self.settings.kubelet.unreachable_grace
 
-    def _wake_at(self) -> float:
+    def _requery_deadlines(self) -> list[float]:
+        """The moments a re-query falls due without a trigger: the one list both the wait and the
+        check after it read, so the two cannot drift apart."""
         state = self.committer.state
         deadlines = [self.notifier.next_periodic]
         if state.health.retry_at is not None:
             deadlines.append(state.health.retry_at)
-        if (due := state.health.unreachable_at(self._grace)) is not None:
-            deadlines.append(due)
         if self.settings.watch.snapshot_interval > 0:
             deadlines.append(state.last_snapshot + self.settings.watch.snapshot_interval)
         if (look := self._settle_look(state)) is not None:
             deadlines.append(look)
         if (quiet := state.flaps.next_look(self._flap_rule)) is not None:
             deadlines.append(quiet)
-        return min(deadlines)
+        return deadlines
+
+    def _wake_at(self) -> float:
+        # The unreachable report's moment wakes the loop too, but it re-queries nothing: the loop
+        # only reports the outage then (see run).
+        wake = min(self._requery_deadlines())
+        if (due := self.committer.state.health.unreachable_at(self._grace)) is not None:
+            wake = min(wake, due)
+        return wake
 
     def _due(self, reasons: frozenset[str], now: float) -> bool:
-        state = self.committer.state
-        every = self.settings.watch.snapshot_interval
-        retry_at = state.health.retry_at
-        look = self._settle_look(state)
-        quiet = state.flaps.next_look(self._flap_rule)
-        return (
-            bool(reasons)
-            or now >= self.notifier.next_periodic
-            or (retry_at is not None and now >= retry_at)
-            or (every > 0 and now >= state.last_snapshot + every)
-            or (look is not None and now >= look)
-            or (quiet is not None and now >= quiet)
-        )
+        return bool(reasons) or any(now >= deadline for deadline in self._requery_deadlines())
 
     async def requery(self, reasons: frozenset[str]) -> None:
         """One complete re-query, committed (or its failure recorded) before it returns."""
