@@ -191,3 +191,40 @@ def test_the_changelog_names_the_version_the_package_declares() -> None:
     assert __version__ in {part for heading in versions for part in heading}
     sections = set(re.findall(r"^### (\w+)$", changelog, re.MULTILINE))
     assert sections and sections <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
+
+
+# --- the house stays split: module and class sizes -----------------------------------------------
+
+REPO = PACKAGE.parent
+MAX_MODULE_LINES = 420  # "a few hundred lines at most": ~400, with a little slack for a docstring
+MAX_METHODS = 25
+# Generated code, and modules that are declarative tables rather than logic.
+SIZE_EXCEPTIONS: set[str] = set()
+
+
+def _source_modules() -> list[Path]:
+    """What ships and what the tests and benchmarks share: the package, testkit/ and bench/ (the
+    test modules themselves are lists of cases, not code to navigate)."""
+    found = [p for d in ("watcher", "testkit", "bench") for p in (REPO / d).rglob("*.py")]
+    return sorted(p for p in found if "_pb2" not in p.name and "__pycache__" not in p.parts)
+
+
+def test_no_module_grows_into_a_hub() -> None:
+    big = {
+        str(p.relative_to(REPO)): n
+        for p in _source_modules()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+        and str(p.relative_to(REPO)) not in SIZE_EXCEPTIONS
+    }
+    assert big == {}, f"split these by concern (at most {MAX_MODULE_LINES} lines): {big}"
+
+
+def test_no_class_grows_into_a_hub() -> None:
+    big = {}
+    for path in _source_modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                methods = [i for i in node.body if isinstance(i, ast.FunctionDef | ast.AsyncFunctionDef)]
+                if len(methods) > MAX_METHODS:
+                    big[f"{path.relative_to(REPO)}:{node.name}"] = len(methods)
+    assert big == {}, f"give their concerns objects of their own (at most {MAX_METHODS} methods): {big}"
