@@ -30,6 +30,10 @@ their removal, `events` the Event writes, `sink` the sink itself and its one reg
 from watcher.sinks.kubernetes.client import KubernetesError, connect
 from watcher.sinks.kubernetes.conditions import remove_owned_conditions
 from watcher.sinks.kubernetes.settings import SERVICE_ACCOUNT_DIR, KubernetesSinkSettings
+
+# isort: split
+# Last: importing it registers the sink type, and by then the package must be complete (other
+# sink modules, which the registry imports meanwhile, may import from it).
 from watcher.sinks.kubernetes.sink import KubernetesSink
 
 __all__ = [

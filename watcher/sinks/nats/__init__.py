@@ -31,9 +31,13 @@ publishing of a batch, `sink` the sink itself and its one registration.
 from watcher.sinks.nats.connection import ConnectionLog, connect
 from watcher.sinks.nats.publisher import Published, Publisher, publisher_for
 from watcher.sinks.nats.settings import NatsSinkSettings
-from watcher.sinks.nats.sink import NatsSink
 from watcher.sinks.nats.stream import StreamError, ensure_stream
 from watcher.sinks.nats.subjects import message_headers, node_token, subject_for, wire_size
+
+# isort: split
+# Last: importing it registers the sink type, and by then the package must be complete (other
+# sink modules, which the registry imports meanwhile, may import from it).
+from watcher.sinks.nats.sink import NatsSink
 
 __all__ = [
     "NatsSink",
