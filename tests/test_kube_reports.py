@@ -18,18 +18,15 @@ from watcher.model.changes import Change, Kind, Severity
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
-from watcher.model.kube_reports import (
+from watcher.model.lifecycle import snapshot, started
+from watcher.sim.send_test import synthetic_events
+from watcher.sinks.kubernetes.condition_plan import (
     CONDITION_SUFFIX,
-    MAX_NOTE_BYTES,
-    NODE_REASONS,
-    POD_REASONS,
     check_condition_type,
     condition_type,
     conditions_for,
-    plan,
 )
-from watcher.model.lifecycle import snapshot, started
-from watcher.sim.send_test import synthetic_events
+from watcher.sinks.kubernetes.planner import MAX_NOTE_BYTES, NODE_REASONS, POD_REASONS, plan
 
 NODE = "gpu-node-1"
 GPU = "nvidia.com/gpu"

@@ -28,7 +28,6 @@ from watcher.config import ConfigError
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
-from watcher.model.kube_reports import CONDITION_SUFFIX
 from watcher.settings import parse_settings
 from watcher.sim.demo_kubernetes import run_kubernetes_demo
 from watcher.sim.fake_apiserver import FakeApiServer, kubectl, rules_from_manifests
@@ -36,6 +35,7 @@ from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod, default_node
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
+from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"

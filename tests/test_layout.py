@@ -3,7 +3,8 @@
 Layers, lowest first: a module may import from its own unit and from lower layers only; units
 marked as peers (kubelet, store, sinks; delivery, ops, settings) never import each other (the
 foundation's small modules may). The pure
-core (model/, and the kubelet's health machine) imports no I/O library at all.
+core (model/, the kubelet's health machine, and the sinks' pure planning: the nats subjects, the
+kubernetes planner and its conditions and notes) imports no I/O library at all.
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ LAYERS: list[tuple[set[str], bool]] = [
     ({"app"}, True),
     ({"sim", "snapshot", "snapshot_html", "cli", "__main__"}, False),
 ]
-PURE = ["model", "kubelet/health.py"]
+PURE = [
+    "model",
+    "kubelet/health.py",
+    "sinks/nats/subjects.py",
+    "sinks/kubernetes/planner.py",
+    "sinks/kubernetes/condition_plan.py",
+    "sinks/kubernetes/notes.py",
+]
 IO_LIBRARIES = {
     "asyncio",
     "grpc",

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from watcher.app import Agent
-from watcher.model.kube_reports import condition_type
 from watcher.ops.logs import configure_logging
 from watcher.settings import HttpSettings, KubeletSettings, LogSettings, Settings, WatchSettings
 from watcher.sim.fake_apiserver import FakeApiServer, kubectl, rules_from_manifests
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.kubernetes import KubernetesSinkSettings
+from watcher.sinks.kubernetes.condition_plan import condition_type
 from watcher.sinks.stdout import StdoutSinkSettings
 
 __all__ = ["run_kubernetes_demo"]

@@ -2,9 +2,9 @@
 
 A `SinkType` is all there is to know about one kind of sink: its settings
 class, what it needs from the config beyond the types of single keys, how to
-build it, and what it can do. The registry imports every module of the
-`watcher.sinks` package the first time it is asked, so a new sink type is one
-new module calling `register` once.
+build it, and what it can do. The registry imports every module (and
+sub-package) of the `watcher.sinks` package the first time it is asked, so a
+new sink type is one new module, or package, calling `register` once.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def _refusal(sink_type: SinkType[Any]) -> str | None:
 def register(sink_type: SinkType[S]) -> SinkType[S]:
     """Add a sink type; ValueError if its name is taken or it is malformed.
 
-    A sink module calls this once, as its last statement: the other sink modules
+    A sink module (a sink package's `sink` module, imported last by the package)
+    calls this once, as its last statement: the other sink modules
     are found first (so a taken name is refused here, whoever came first), and
     they may import from this one, which by then is complete.
     """

@@ -1,6 +1,6 @@
 """What the agent reports into Kubernetes: Events on the Pods and the Node, and one Node condition per
 device resource. Pure: the `kubernetes` sink turns a batch of our events into a `Report` here and only
-does the API calls.
+does the API calls; what each condition says is `condition_plan`'s.
 
 Events. A device that fails or vanishes while allocated gets a Warning on each Pod holding it, and a
 Normal one when it is back; one Event per Pod and reason per batch (a batch is one re-query's events),
@@ -19,8 +19,7 @@ condition nor clears a live one.
 from __future__ import annotations
 
 import hashlib
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -28,33 +27,21 @@ from typing import Any, Literal
 from watcher.model.changes import Kind
 from watcher.model.events import Event
 from watcher.model.wording import printable
+from watcher.sinks.kubernetes.notes import fit, listed, pods_of
 
 __all__ = [
-    "CONDITION_SUFFIX",
     "MAX_NOTE_BYTES",
     "NODE_REASONS",
     "POD_REASONS",
     "Regarding",
     "KubeEvent",
-    "NodeCondition",
     "Missing",
     "Report",
-    "condition_type",
-    "check_condition_type",
     "plan",
-    "conditions_for",
-    "fit",
 ]
 
-# Every condition type the agent owns ends in this: the shipped admission policy lets the agent change
-# only conditions whose type ends so, never the kubelet's (Ready, MemoryPressure, NetworkUnavailable…).
-CONDITION_SUFFIX = "DevicesUnavailable"
 # The API server refuses an Event whose note is over 1 kB.
 MAX_NOTE_BYTES = 1024
-# A condition's message is not capped by the API, but `kubectl describe node` prints it on one line.
-MAX_MESSAGE_BYTES = 1024
-# Devices or pods named in one note or message before "and N more".
-_SHOWN = 8
 
 # The reasons, stable: alerting and `kubectl get events --field-selector reason=...` rely on them.
 POD_REASONS = {
@@ -136,14 +123,6 @@ class KubeEvent:
 
 
 @dataclass(frozen=True)
-class NodeCondition:
-    type: str
-    status: Literal["True", "False"]
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
 class Report:
     """What one batch asks for: Events, the new missing-device state, the resources whose condition
     may have changed, and whether the batch starts a run (then every owned condition is reconciled)."""
@@ -152,61 +131,6 @@ class Report:
     missing: Missing = field(default_factory=dict)
     resources: set[str] = field(default_factory=set)
     started: bool = False
-
-
-# --- condition types ---
-
-_WORD = re.compile(r"[A-Za-z0-9]+")
-# A Node condition type as Kubernetes' own condition types are spelled (and as metav1.Condition
-# validates them): a letter or digit first and last, letters, digits, '-', '_', '.' between.
-_TYPE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,314}[A-Za-z0-9])?")
-
-
-def condition_type(resource: str, overrides: Mapping[str, str] | None = None) -> str:
-    """The Node condition type for a device resource: `overrides[resource]`, or CamelCase of the
-    vendor's first domain label and the name, then the suffix: nvidia.com/gpu ->
-    NvidiaGpuDevicesUnavailable, example.com/sriov-nic -> ExampleSriovNicDevicesUnavailable."""
-    if overrides and resource in overrides:
-        return overrides[resource]
-    vendor, _, name = resource.rpartition("/")
-    words = _WORD.findall(vendor.split(".")[0]) + _WORD.findall(name)
-    derived = "".join(w[:1].upper() + w[1:] for w in words) + CONDITION_SUFFIX
-    if check_condition_type(derived) is None:
-        return derived
-    # A name with nothing usable in it (or far too long): still one stable type per resource.
-    return "Resource" + hashlib.sha256(resource.encode()).hexdigest()[:12] + CONDITION_SUFFIX
-
-
-def check_condition_type(value: str) -> str | None:
-    """Why `value` cannot be one of our condition types, or None."""
-    if not _TYPE.fullmatch(value):
-        return "not a valid condition type (letters, digits, '-', '_', '.'; a letter or digit first and last)"
-    if not value.endswith(CONDITION_SUFFIX) or value == CONDITION_SUFFIX:
-        return (
-            f"must end in {CONDITION_SUFFIX!r} (after a name of its own): the shipped admission "
-            "policy lets the agent change only conditions so named"
-        )
-    return None
-
-
-# --- texts ---
-
-
-def fit(text: str, limit: int) -> str:
-    """`text` cut to `limit` UTF-8 bytes on a character boundary, marked with an ellipsis if cut."""
-    raw = text.encode()
-    if len(raw) <= limit:
-        return text
-    return raw[: limit - 3].decode(errors="ignore") + "…"
-
-
-def _listed(items: Sequence[str]) -> str:
-    shown = ", ".join(printable(i) for i in items[:_SHOWN])
-    return shown + (f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
-
-
-def _pods(holders: Iterable[str]) -> list[str]:
-    return sorted({"/".join(h.split("/")[:2]) for h in holders if h.count("/") >= 1})
 
 
 def _strings(value: Any) -> list[str]:
@@ -298,31 +222,31 @@ def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[st
             report.events.append(_node_event(event.node, kind, reason, event.summary))
     node = events[0].node if events else ""
     for resource, devices in sorted(removed.items()):
-        hit = _pods(h for dev in devices for h in state.get(resource, {}).get(dev, []))
+        hit = pods_of(h for dev in devices for h in state.get(resource, {}).get(dev, []))
         note = f"{len(devices)} {resource} device(s) left allocatable (unhealthy or unplugged): "
-        note += _listed(devices)
+        note += listed(devices)
         if hit:
-            note += f"; allocated to {_listed(hit)}"
+            note += f"; allocated to {listed(hit)}"
         report.events.append(_node_event(node, "Warning", "DeviceRemoved", note))
     for resource, devices in sorted(added.items()):
-        note = f"{len(devices)} {resource} device(s) joined or came back to allocatable: {_listed(devices)}"
+        note = f"{len(devices)} {resource} device(s) joined or came back to allocatable: {listed(devices)}"
         report.events.append(_node_event(node, "Normal", "DeviceAdded", note))
     for (namespace, name), n in sorted(pods.items()):
         regarding = Regarding("Pod", name, namespace)
         if n.failed:
             note = (
                 f"{len(n.failed)} device(s) allocated to this pod left the node's allocatable devices "
-                f"(failed or vanished) on node {node}: {_listed(n.failed)}"
+                f"(failed or vanished) on node {node}: {listed(n.failed)}"
             )
             report.events.append(KubeEvent(regarding, "Warning", "DeviceFailed", fit(note, MAX_NOTE_BYTES)))
         if n.flapping:
             note = (
                 f"device(s) allocated to this pod keep failing and coming back on node {node}: "
-                f"{_listed(n.flapping)}"
+                f"{listed(n.flapping)}"
             )
             report.events.append(KubeEvent(regarding, "Warning", "DeviceFlapping", fit(note, MAX_NOTE_BYTES)))
         if n.recovered:
-            note = f"device(s) allocated to this pod are back on node {node}: {_listed(n.recovered)}"
+            note = f"device(s) allocated to this pod are back on node {node}: {listed(n.recovered)}"
             report.events.append(KubeEvent(regarding, "Normal", "DeviceRecovered", fit(note, MAX_NOTE_BYTES)))
     if events:
         # One re-query's events: they were seen together, at the last one's time.
@@ -382,27 +306,3 @@ def _reconcile(state: Missing, summary: Any, allocatable: Any) -> set[str] | Non
             state.setdefault(resource, {})[str(m.get("device", ""))] = _strings(m.get("allocated_to"))
             resources.add(resource)
     return resources
-
-
-def conditions_for(
-    missing: Mapping[str, Mapping[str, Sequence[str]]],
-    resources: Iterable[str],
-    overrides: Mapping[str, str] | None = None,
-) -> list[NodeCondition]:
-    """The condition of each resource in `resources`, in order of type."""
-    out = []
-    for resource in sorted(set(resources)):
-        devices = sorted(missing.get(resource, {}))
-        ctype = condition_type(resource, overrides)
-        if devices:
-            hit = _pods(h for dev in devices for h in missing[resource][dev])
-            message = f"{len(devices)} {resource} device(s) failed, missing or flapping: {_listed(devices)}"
-            message += f"; pods hit: {_listed(hit)}" if hit else "; none was allocated to a pod"
-            out.append(
-                NodeCondition(ctype, "True", "DevicesFailedOrMissing", fit(message, MAX_MESSAGE_BYTES))
-            )
-        else:
-            message = f"every {resource} device is in the kubelet's allocatable set"
-            message = fit(printable(message), MAX_MESSAGE_BYTES)
-            out.append(NodeCondition(ctype, "False", "DevicesAvailable", message))
-    return sorted(out, key=lambda c: c.type)

@@ -1,0 +1,157 @@
+"""The kubernetes sink: a batch of our events planned (`planner`), the owned conditions written
+first (`conditions`), then the Events (`events`), with the state that needs (the missing devices,
+the Events written, how far a batch got) kept in the outbox's key-value store."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from watcher.model.events import Event
+from watcher.ratelimit import RateLimiter
+from watcher.sinks.base import Capabilities, KeyValue, Outcome, SinkContext
+from watcher.sinks.kubernetes.client import KubernetesError, RefusedError, connect, refused_outcome
+from watcher.sinks.kubernetes.condition_plan import NodeCondition, conditions_for
+from watcher.sinks.kubernetes.conditions import condition_patch, write_conditions
+from watcher.sinks.kubernetes.events import EventWriter, fresh_records
+from watcher.sinks.kubernetes.planner import Missing, plan
+from watcher.sinks.kubernetes.settings import KubernetesSinkSettings, check_settings
+from watcher.sinks.registry import SinkType, register
+
+if TYPE_CHECKING:  # imported for real only when the sink is used
+    from lightkube import AsyncClient
+
+__all__ = ["KubernetesSink"]
+
+log = structlog.get_logger("watcher.sinks.kubernetes")
+
+
+class KubernetesSink:
+    def __init__(self, settings: KubernetesSinkSettings, *, node: str, store: KeyValue) -> None:
+        self.name = settings.name
+        self.settings = settings
+        self.node = node
+        self.store = store
+        self.limiter = RateLimiter(settings.api_rate)
+        self._client: AsyncClient | None = None
+        self._lock = asyncio.Lock()
+        self._events = EventWriter(settings, node=node, limiter=self.limiter, api=self._api)
+
+    @property
+    def _key(self) -> str:
+        return f"kubernetes:{self.name}:state"
+
+    def _api(self) -> AsyncClient:
+        if self._client is None:
+            self._client = connect(self.settings)
+        return self._client
+
+    async def deliver(self, events: Sequence[Event]) -> Outcome:
+        async with self._lock:
+            try:
+                self._api()
+            except KubernetesError as err:
+                return Outcome(retry=True, error=str(err))
+            state: dict[str, Any] = dict(await self.store.kv_get(self._key) or {})
+            applied = int(state.get("applied", 0))
+            fresh = [e for e in events if e.seq > applied]
+            if len(fresh) < len(events):
+                # Applied before (a redelivery after a lost ack) or older than what is applied (a
+                # dead letter put back): applying it again would say what is no longer true.
+                log.info(
+                    "events already applied or superseded are not applied again",
+                    sink=self.name,
+                    seqs=[e.seq for e in events if e.seq <= applied][:20],
+                    applied=applied,
+                )
+            if not fresh:
+                return Outcome.ok()
+            batch = f"{fresh[0].id}:{fresh[-1].id}"
+            progress = state.get("progress") or {}
+            resumed = progress.get("batch") == batch
+            # A batch retried half-way is planned from the state it started from, as the first time.
+            base: Missing = (progress.get("base") if resumed else state.get("missing")) or {}
+            done: list[str] = list(progress.get("done", [])) if resumed else []
+            report = plan(fresh, base)
+            records: dict[str, Any] = fresh_records(state.get("events") or {}, self.settings.series_window)
+
+            async def save(**more: Any) -> None:
+                await self.store.kv_set(
+                    self._key,
+                    {
+                        "applied": applied,
+                        "missing": report.missing,
+                        "events": records,
+                        "progress": {"batch": batch, "done": done, "base": base},
+                        **more,
+                    },
+                )
+
+            try:
+                # The condition first: one write, and what remediation acts on; a mass failure's
+                # Events (one per pod hit, each a read and a write at api_rate) follow. Its state
+                # is saved at once, so the store never disagrees with what the node says.
+                if self.settings.conditions and (report.resources or report.started):
+                    wanted = conditions_for(report.missing, report.resources, self.settings.condition_types)
+                    await self._apply(wanted, prune=report.started)
+                await save()
+                if self.settings.events:
+                    for kube_event in report.events:
+                        if kube_event.key in done:
+                            continue  # written before this batch was interrupted
+                        await self._events.emit(kube_event, records, batch)
+                        done.append(kube_event.key)
+                        await save()
+            except RefusedError as err:
+                return refused_outcome(err, "Kubernetes API")
+            applied = fresh[-1].seq
+            await save(progress={})
+        return Outcome.ok()
+
+    async def _apply(self, wanted: Sequence[NodeCondition], *, prune: bool) -> None:
+        """Make the node's owned conditions say `wanted`; with `prune`, owned conditions of
+        resources no longer reported are removed. One write at most, none when nothing changes."""
+        node, patch = await write_conditions(
+            self._api(),
+            self.limiter,
+            self.node,
+            lambda current: condition_patch(current, wanted, prune=prune, now=datetime.now(UTC)),
+        )
+        self._events.node_uid = node.metadata.uid
+        if patch:
+            log.info(
+                "node conditions written",
+                sink=self.name,
+                conditions={c.get("type"): c.get("status", "removed") for c in patch},
+            )
+
+    def background(self) -> Callable[[], Awaitable[None]] | None:
+        return None
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def _kubernetes_sink(settings: KubernetesSinkSettings, context: SinkContext) -> KubernetesSink:
+    return KubernetesSink(settings, node=context.node, store=context.store)
+
+
+register(
+    SinkType(
+        name="kubernetes",
+        settings=KubernetesSinkSettings,
+        factory=_kubernetes_sink,
+        validate=check_settings,
+        # pages: it must see the end of every condition it starts; notifies: people read its Events,
+        # so a flapping device's single changes are left out (device.flapping says it once);
+        # each_device: a mass failure's devices still come one by one, for the Pods' own Events.
+        capabilities=Capabilities(pages=True, notifies=True, each_device=True),
+        order=70,
+    )
+)
