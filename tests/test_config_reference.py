@@ -8,13 +8,20 @@ import dataclasses
 import re
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import pytest
 
 from testkit.config_reference import reference
+from watcher.config import field_meta
+from watcher.model.events import Event
 from watcher.settings import Settings
-from watcher.sinks.registry import find, sink_types
+from watcher.sinks import registry
+from watcher.sinks.base import BaseSinkSettings, Outcome, SinkContext
+from watcher.sinks.registry import SinkType, find, sink_types
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "configuration.md"
@@ -42,6 +49,68 @@ def test_the_reference_lists_every_table_and_sink_type() -> None:
             assert f"## [{f.name}]" in page, f.name
     for kind in sink_types():
         assert f'### type = "{kind.name}"' in page, kind.name
+
+
+@dataclass(frozen=True)
+class _ChimeSinkSettings(BaseSinkSettings):
+    """A sink type a test registers: the reference must show it without being told."""
+
+    type: Literal["chime"] = "chime"
+    volume: int = field(default=3, metadata=field_meta("How loud the chime is.", min=1, max=11))
+
+
+@dataclass(frozen=True)
+class _MuteSinkSettings(BaseSinkSettings):
+    type: Literal["mute"] = "mute"
+    volume: int = field(default=3)  # no doc string
+
+
+class _Chime:
+    def __init__(self, settings: BaseSinkSettings, context: SinkContext) -> None:
+        self._settings = settings
+
+    @property
+    def name(self) -> str:
+        return self._settings.name
+
+    @property
+    def settings(self) -> BaseSinkSettings:
+        return self._settings
+
+    async def deliver(self, events: Sequence[Event]) -> Outcome:
+        return Outcome.ok()
+
+    def background(self) -> Callable[[], Awaitable[None]] | None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.fixture
+def chime() -> Iterator[None]:
+    registry.register(SinkType(name="chime", settings=_ChimeSinkSettings, factory=_Chime))
+    try:
+        yield
+    finally:
+        registry.unregister("chime")
+
+
+@pytest.mark.usefixtures("chime")
+def test_a_new_sink_type_is_in_the_reference_with_its_keys() -> None:
+    page = reference()
+    section = page[page.index('### type = "chime"') :]
+    assert "| `volume` | integer | `3` | 1 to 11 | How loud the chime is. |" in section
+    assert '`"chime"`' in page  # among the types a sink table may name
+
+
+def test_a_field_without_a_doc_string_is_refused_by_name() -> None:
+    registry.register(SinkType(name="mute", settings=_MuteSinkSettings, factory=_Chime))
+    try:
+        with pytest.raises(ValueError, match=r"_MuteSinkSettings\.volume has no doc string"):
+            reference()
+    finally:
+        registry.unregister("mute")
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
