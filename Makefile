@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-dev
 RUN_STAMP := $(VENV)/.installed-run
 PY_CHECK  := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
 
-.PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos clean help
+.PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos docs clean help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -77,6 +77,10 @@ bench: $(STAMP) ## measure the speed claims side by side and write BENCHMARKS.md
 
 proto: $(STAMP) ## regenerate watcher/kubeletapi from proto/
 	$(BIN)/python proto/generate.py
+
+docs: $(STAMP) ## regenerate docs/configuration.md from the settings' doc strings
+	$(BIN)/python -m testkit.config_reference > docs/configuration.md.tmp
+	mv docs/configuration.md.tmp docs/configuration.md
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = {".git", ".venv", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis", "node_modules"}
 TEXT = {".md", ".py", ".toml", ".yaml", ".yml", ".json", ".txt", ".proto", ".service", ".env", ""}
@@ -77,3 +79,51 @@ def test_the_readme_links_the_kubelet_facts() -> None:
     text = (ROOT / "docs" / "kubelet.md").read_text(encoding="utf-8")
     for fact in ("`List`", "`GetAllocatableResources`", "replaced on every restart", "warm-up", "rate limit"):
         assert fact in text, fact
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """The README stays short: the reference lives in docs/, and every page there is linked from
+    the README's table, so none is left where no reader finds it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) < 250
+    table = {
+        line.split("](")[1].split(")")[0]
+        for line in readme.splitlines()
+        if line.startswith("| [") and "](" in line
+    }
+    pages = {f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md")}
+    assert pages, "docs/ has no pages"
+    assert pages <= table, f"not in the README's table: {sorted(pages - table)}"
+    for beside in ("BENCHMARKS.md", "RELIABILITY.md", "SECURITY.md", "CHANGELOG.md", "deploy/README.md"):
+        assert beside in table, beside
+
+
+# A ```toml block whose first line is this comment is a whole config file, loaded as such below.
+COMPLETE = "# a complete config"
+
+
+def _complete_configs() -> list[tuple[str, str]]:
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"^```toml\n(.*?)^```", path.read_text(encoding="utf-8"), re.M | re.S):
+            if block.startswith(COMPLETE + "\n"):
+                found.append((str(path.relative_to(ROOT)), block))
+    return found
+
+
+def test_the_docs_complete_configs_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each config the docs present as complete loads with the agent's own loader, as `run` and
+    `check-config` would read it; the ${ENV} it refers to is set, as a user would."""
+    from watcher.settings import load_settings
+
+    configs = _complete_configs()
+    assert len(configs) >= 2  # the README's Slack and webhook configs at least
+    for n, (where, text) in enumerate(configs):
+        for name in set(re.findall(r"\$\{(\w+)\}", text)):
+            monkeypatch.setenv(name, "https://receiver.invalid/hooks/T0")
+        path = tmp_path / f"config-{n}.toml"
+        path.write_text(text)
+        try:
+            load_settings(path)
+        except Exception as err:  # the message names the key; say which doc holds the block
+            raise AssertionError(f"{where}: a complete config does not load: {err}") from err

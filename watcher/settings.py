@@ -277,7 +277,13 @@ class Settings:
     watch: WatchSettings = field(default_factory=WatchSettings)
     log: LogSettings = field(default_factory=LogSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
-    sinks: tuple[BaseSinkSettings, ...] = field(default_factory=_default_sinks)
+    sinks: tuple[BaseSinkSettings, ...] = field(
+        default_factory=_default_sinks,
+        metadata=field_meta(
+            "Where events go: a table per sink, [sinks.NAME], named by you; its `type` says which kind. "
+            "Without any [sinks.*] table, events go to stdout as JSON lines."
+        ),
+    )
 
 
 def _build_sinks(data: Any, base: Path | None) -> tuple[BaseSinkSettings, ...]:
