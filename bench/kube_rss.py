@@ -24,7 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from watcher.sim.fake_apiserver import FakeApiServer
+from testkit.kube_schemas import strict_schemas
+from watcher.sim.apiserver import FakeApiServer
 from watcher.sim.fake_kubelet import FakeKubelet
 
 NODE = "bench-node"
@@ -102,7 +103,7 @@ async def bench(rounds: int) -> dict[str, Any]:
                 async with FakeKubelet(root / "kubelet") as fake:
                     api = None
                     if variant == "with":
-                        api = FakeApiServer(root / "api", users={}, rules={})
+                        api = FakeApiServer(root / "api", users={}, rules={}, schema=strict_schemas())
                         await api.start()
                         api.add_node(NODE)
                         for namespace, name in sorted(fake.node.pods):

@@ -19,8 +19,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from watcher.sim.fake_apiserver import ADMIN, FakeApiServer, kubectl, micro_time, rules_from_manifests
-from watcher.sim.fake_apiserver_patch import PatchError, json_patch, merge_patch, strategic_merge
+from testkit.kube_rbac import rules_from_manifests
+from testkit.kube_schemas import strict_schemas
+from watcher.sim.apiserver import ADMIN, FakeApiServer, kubectl, micro_time
+from watcher.sim.apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge
 
 pytestmark = pytest.mark.skipif(
     shutil.which("openssl") is None or not Path("/usr/bin/kubectl").exists(),
@@ -48,7 +50,7 @@ MERGE = "application/merge-patch+json"
 
 @pytest.fixture
 async def api(short_tmp: Path) -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer(short_tmp / "apiserver", users=USERS, rules=RULES)
+    server = FakeApiServer(short_tmp / "apiserver", users=USERS, rules=RULES, schema=strict_schemas())
     await server.start()
     server.add_node(NODE)
     server.add_pod("ml", "trainer-0", NODE)
@@ -515,7 +517,8 @@ async def test_manifest_rules_are_enforced(short_tmp: Path) -> None:
     grants = rules_from_manifests(
         [manifest], service_account="pod-resources-watcher", namespace="pod-resources-watcher"
     )
-    api = FakeApiServer(short_tmp / "api", users={"watcher": USERS["watcher"]}, rules={"watcher": grants})
+    users, rules = {"watcher": USERS["watcher"]}, {"watcher": grants}
+    api = FakeApiServer(short_tmp / "api", users=users, rules=rules, schema=strict_schemas())
     await api.start()
     try:
         api.add_node(NODE)
@@ -691,7 +694,7 @@ def test_without_kubernetes_validate_the_schema_is_off_and_says_so(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "kubernetes_validate", None)  # an import of it now fails
-    with caplog.at_level(logging.WARNING, logger="watcher.sim.fake_apiserver"):
-        server = FakeApiServer(short_tmp / "api", users={}, rules={})
+    with caplog.at_level(logging.WARNING, logger="testkit.kube_schemas"):
+        server = FakeApiServer(short_tmp / "api", users={}, rules={}, schema=strict_schemas())
     assert server.schema_version == ""
     assert any("schema validation is OFF" in r.getMessage() for r in caplog.records)

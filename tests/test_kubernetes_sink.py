@@ -1,11 +1,11 @@
 """The kubernetes sink against a contract-enforcing API server, read back with the real kubectl.
 
-The API server (watcher/sim/fake_apiserver.py) validates every object against the official OpenAPI
-schemas and the events.k8s.io rules, answers 401/403/404/409/422/429 as the real one does, grants
-the agent's service account exactly the shipped ClusterRole (deploy/kubernetes/reporting/rbac.yaml)
-and runs the shipped ValidatingAdmissionPolicy (tests/admission.py) on every write. What the agent
-wrote is read back through kubectl, a client we did not write: `kubectl get events`, `kubectl
-describe pod`, `kubectl describe node`.
+The API server (watcher/sim/apiserver/, with testkit's strict schema check) validates every object
+against the official OpenAPI schemas and the events.k8s.io rules, answers 401/403/404/409/422/429 as
+the real one does, grants the agent's service account exactly the shipped ClusterRole
+(deploy/kubernetes/reporting/rbac.yaml) and runs the shipped ValidatingAdmissionPolicy
+(tests/admission.py) on every write. What the agent wrote is read back through kubectl, a client we
+did not write: `kubectl get events`, `kubectl describe pod`, `kubectl describe node`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from testkit.kube_rbac import rules_from_manifests
+from testkit.kube_schemas import strict_schemas
 from tests.admission import review
 from tests.agent_harness import Running, make_settings, running_agent
 from tests.test_kube_reports import inventory_of
@@ -29,8 +31,8 @@ from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
 from watcher.settings import parse_settings
+from watcher.sim.apiserver import FakeApiServer, kubectl
 from watcher.sim.demo_kubernetes import run_kubernetes_demo
-from watcher.sim.fake_apiserver import FakeApiServer, kubectl, rules_from_manifests
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod, default_node
 from watcher.sim.send_test import MemoryStore
@@ -73,6 +75,7 @@ async def api(tmp_path: Path) -> AsyncIterator[FakeApiServer]:
             )
         },
         admission=review,
+        schema=strict_schemas(),
     )
     await server.start()
     server.add_node(NODE)
@@ -432,7 +435,9 @@ async def test_a_refused_batch_leaves_the_state_as_the_node_says(tmp_path: Path)
     # written. The saved state must still say GPU-0 is missing, or a later change of another device
     # would clear the condition while GPU-0 is still failed.
     rules = _agent_rules(drop=(0, "create"))
-    server = FakeApiServer(tmp_path / "api", users={AGENT: SA}, rules={AGENT: rules}, admission=review)
+    server = FakeApiServer(
+        tmp_path / "api", users={AGENT: SA}, rules={AGENT: rules}, admission=review, schema=strict_schemas()
+    )
     await server.start()
     server.add_node(NODE)
     try:
@@ -589,7 +594,11 @@ async def _story(api: FakeApiServer, tmp: Path) -> list[bool]:
 @pytest.mark.parametrize("drop", _role_verbs(), ids=lambda d: f"rule{d[0]}-{d[1]}")
 async def test_every_verb_of_the_cluster_role_is_needed(tmp_path: Path, drop: tuple[int, str]) -> None:
     server = FakeApiServer(
-        tmp_path / "api", users={AGENT: SA}, rules={AGENT: _agent_rules(drop)}, admission=review
+        tmp_path / "api",
+        users={AGENT: SA},
+        rules={AGENT: _agent_rules(drop)},
+        admission=review,
+        schema=strict_schemas(),
     )
     await server.start()
     server.add_node(NODE)
@@ -634,7 +643,7 @@ async def test_the_agent_cannot_write_another_nodes_status(tmp_path: Path, api: 
 
 async def test_the_kubernetes_demo_shows_the_pod_event_and_the_condition() -> None:
     out = io.StringIO()
-    assert await run_kubernetes_demo(out=out) == 0
+    assert await run_kubernetes_demo(out=out, schema=strict_schemas()) == 0
     text = out.getvalue()
     failed, healed = text.split("fails while allocated")[1].split(" heals")
     # After the failure: the pod's Warning and the node's condition True, as kubectl shows them.

@@ -1,8 +1,9 @@
 """`demo --kubernetes`: what the kubernetes sink puts where operators look, in seconds.
 
 A simulated kubelet, the agent with a console sink and the kubernetes sink, and a local fake API
-server that holds the agent to the real API's contract (schemas, the events.k8s.io rules, RBAC from
-the shipped ClusterRole when run from a checkout). A GPU fails while a pod holds it, then heals; after
+server that holds the agent to the real API's contract (the events.k8s.io rules, RBAC from the
+shipped ClusterRole, which the package carries as data; the OpenAPI schemas when a schema check is
+passed in, as the tests do). A GPU fails while a pod holds it, then heals; after
 each step the demo prints what `kubectl describe pod` and `kubectl describe node` show (with the
 real kubectl when it is installed, else the objects as the API server holds them).
 """
@@ -22,7 +23,7 @@ from typing import Any, TextIO
 from watcher.app import Agent
 from watcher.ops.logs import configure_logging
 from watcher.settings import HttpSettings, KubeletSettings, LogSettings, Settings, WatchSettings
-from watcher.sim.fake_apiserver import FakeApiServer, kubectl, rules_from_manifests
+from watcher.sim.apiserver import FakeApiServer, SchemaCheck, grants_for, kubectl, shipped_rbac
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.kubernetes import KubernetesSinkSettings
 from watcher.sinks.kubernetes.condition_plan import condition_type
@@ -36,8 +37,6 @@ CONDITION = condition_type(GPU)
 STEP_TIMEOUT_S = 15.0
 NAMESPACE = "pod-resources-watcher"
 SERVICE_ACCOUNT = f"system:serviceaccount:{NAMESPACE}:pod-resources-watcher"
-# The shipped ClusterRole, when the demo runs from a checkout (an installed package has no deploy/).
-RBAC = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
 
 
 class _Waiter:
@@ -54,32 +53,26 @@ class _Waiter:
                 await self._changed.wait()
 
 
-async def run_kubernetes_demo(*, out: TextIO | None = None) -> int:
+async def run_kubernetes_demo(*, out: TextIO | None = None, schema: SchemaCheck | None = None) -> int:
+    """Play the story; `schema` is the API server's schema check (none: the demo needs only what
+    the package ships)."""
     out = out if out is not None else sys.stdout
     configure_logging("warning", "console")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="prw-k8s-demo-") as tmp:
         root = Path(tmp)
         fake = FakeKubelet(root / "kubelet")
-        shipped = RBAC.is_file()
-        rules = (
-            {
-                "agent": rules_from_manifests(
-                    [RBAC], service_account="pod-resources-watcher", namespace=NAMESPACE
-                )
-            }
-            if shipped
-            else {}
-        )
+        rules = {
+            "agent": grants_for(shipped_rbac(), service_account="pod-resources-watcher", namespace=NAMESPACE)
+        }
         users = {
             "agent": {
                 "username": SERVICE_ACCOUNT,
                 "extra": {"authentication.kubernetes.io/node-name": [NODE]},
             }
         }
-        api = FakeApiServer(root / "api", users=users if shipped else {}, rules=rules)
+        api = FakeApiServer(root / "api", users=users, rules=rules, schema=schema)
         await api.start()
-        user = "agent" if shipped else "admin"
         api.add_node(NODE)
         for namespace, name in sorted(fake.node.pods):
             api.add_pod(namespace, name, NODE)
@@ -94,19 +87,14 @@ async def run_kubernetes_demo(*, out: TextIO | None = None) -> int:
             sinks=(
                 StdoutSinkSettings(name="console", format="text", kinds=("device.*", "watcher.*")),
                 KubernetesSinkSettings(
-                    name="kubernetes", kubeconfig=api.write_kubeconfig(root / "agent.kubeconfig", user)
+                    name="kubernetes", kubeconfig=api.write_kubeconfig(root / "agent.kubeconfig", "agent")
                 ),
             ),
         )
         print(f"Simulated kubelet: {fake.socket_path}", file=out)
         print(f"Fake Kubernetes API server: {api.url} (node {NODE}, the pods the kubelet runs)", file=out)
-        print(
-            "The agent's credentials: "
-            + (
-                "the shipped ClusterRole (deploy/kubernetes/reporting/rbac.yaml)" if shipped else "an admin's"
-            ),
-            file=out,
-        )
+        shipped = "the shipped ClusterRole (deploy/kubernetes/reporting/rbac.yaml)"
+        print(f"The agent's credentials: {shipped}", file=out)
         tool = shutil.which("kubectl")
         await fake.start()
         agent = Agent(settings)
@@ -139,7 +127,7 @@ async def run_kubernetes_demo(*, out: TextIO | None = None) -> int:
                 await asyncio.wait_for(task, 15)
             await fake.stop(remove_socket=True)
             await api.stop()
-        mine = [r for r in api.requests if r.user == (SERVICE_ACCOUNT if shipped else "kubernetes-admin")]
+        mine = [r for r in api.requests if r.user == SERVICE_ACCOUNT]
         refused = sum(1 for r in mine if r.status >= 400)
         print("\n== Summary", file=out)
         written = len(api.events())

@@ -1,4 +1,5 @@
 """RBAC for the fake API server: which rules a service account is bound to, and what they allow.
+The shipped ClusterRole and its binding come as package data (`shipped_rbac`).
 
 The matching follows the real authorizer (k8s.io/kubernetes plugin/pkg/auth/authorizer/rbac):
 `*` matches any group, resource or verb; a resource is matched with its subresource
@@ -10,11 +11,17 @@ everywhere, a RoleBinding only in its own namespace (also when it points at a Cl
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
-__all__ = ["Attributes", "Grant", "allows", "forbidden_message", "rules_from_manifests"]
+from watcher.sim.apiserver.values import Json
+
+__all__ = ["SHIPPED_RBAC", "Attributes", "Grant", "allows", "forbidden_message", "grants_for", "shipped_rbac"]
+
+# Package data beside this module, generated from the manifest (python -m testkit.kube_rbac).
+SHIPPED_RBAC = "shipped_rbac.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +81,20 @@ def forbidden_message(username: str, a: Attributes) -> str:
     return f"{subject} is forbidden: {why} {where}"
 
 
-def rules_from_manifests(paths: Iterable[str | Path], *, service_account: str, namespace: str) -> list[Grant]:
-    """The grants the ClusterRoles/Roles and their bindings in these YAML files give one service
-    account (bound by name, or through the groups every service account is in)."""
-    import yaml  # type: ignore[import-untyped]  # the test extra's pyyaml, untyped
+def shipped_rbac() -> list[Json]:
+    """The RBAC objects of deploy/kubernetes/reporting/rbac.yaml (the shipped ClusterRole and its
+    binding), from the package data generated from it: an installed package has no deploy/."""
+    text = resources.files("watcher.sim.apiserver").joinpath(SHIPPED_RBAC).read_text(encoding="utf-8")
+    docs: list[Json] = json.loads(text)
+    return docs
 
-    docs: list[dict[str, Any]] = []
-    for path in paths:
-        docs.extend(d for d in yaml.safe_load_all(Path(path).read_text()) if isinstance(d, dict))
+
+def grants_for(
+    documents: Iterable[Mapping[str, Any]], *, service_account: str, namespace: str
+) -> list[Grant]:
+    """The grants the ClusterRoles/Roles and their bindings among these objects give one service
+    account (bound by name, or through the groups every service account is in)."""
+    docs = [d for d in documents if isinstance(d, Mapping)]
     cluster_roles = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ClusterRole"}
     roles = {
         (d["metadata"].get("namespace", "default"), d["metadata"]["name"]): d
