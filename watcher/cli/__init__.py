@@ -95,7 +95,3 @@ def main(argv: Sequence[str] | None = None, *, hup_ignored: bool = False) -> int
         return 130
     except OSError as err:
         return fail(f"{err.strerror or err}: {err.filename or ''}".rstrip(": "))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
