@@ -1,0 +1,99 @@
+"""`snapshot`: the node's current inventory, queried once and printed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from watcher.cli.common import (
+    BAD_ARGS,
+    INTERRUPTED,
+    PIPE,
+    PROG,
+    Subparsers,
+    exit_codes,
+    positive_float,
+    positive_int,
+)
+from watcher.kubelet.client import (
+    DEFAULT_MAX_RECEIVE_BYTES,
+    DEFAULT_SOCKET,
+    DEFAULT_TIMEOUT,
+    PodResourcesClient,
+)
+from watcher.settings import default_node_name
+
+__all__ = ["add_parser"]
+
+SNAPSHOT_EXIT_CODES = exit_codes(
+    (0, "printed"),
+    (1, "the kubelet could not be queried (one line on stderr says why and what to do)"),
+    BAD_ARGS,
+    INTERRUPTED,
+    PIPE,
+)
+
+
+async def _snapshot(args: argparse.Namespace) -> int:
+    # Here, not at the top: the agent never takes a snapshot, and imports `watcher.cli`.
+    from watcher.snapshot import format_json, format_table, take_snapshot
+
+    async with PodResourcesClient(
+        args.socket, timeout=args.timeout, max_receive_bytes=args.max_receive_bytes
+    ) as client:
+        snap = await take_snapshot(client)
+    if snap.degraded and args.output != "table":
+        print(f"{PROG}: warning: {snap.degraded}", file=sys.stderr)
+    if args.output == "html":
+        from watcher.snapshot_html import render_html
+
+        node = args.node or default_node_name()
+        sys.stdout.write(render_html(snap, node))
+    else:
+        print(format_json(snap) if args.output == "json" else format_table(snap))
+    return 0
+
+
+def add_parser(subparsers: Subparsers) -> None:
+    snap = subparsers.add_parser(
+        "snapshot",
+        help="print the node's current inventory once",
+        description="Query GetAllocatableResources and List once and print the normalized inventory: "
+        "per resource and NUMA node what is allocatable, allocated and free, CPUs, memory, and what "
+        "each pod holds. `--output json` prints the canonical model and its content hash; `--output html` "
+        "a self-contained page that draws the node (NUMA nodes, devices, CPUs, memory, coloured by state).",
+        epilog=SNAPSHOT_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    snap.add_argument(
+        "--socket",
+        default=DEFAULT_SOCKET,
+        help=f"the kubelet's pod-resources socket (default: {DEFAULT_SOCKET})",
+    )
+    snap.add_argument(
+        "--output",
+        "-o",
+        choices=("table", "json", "html"),
+        default="table",
+        help="default: table; html writes one page to stdout (redirect it to a file)",
+    )
+    snap.add_argument(
+        "--node",
+        default=None,
+        help="the node name in the html page's header (default: $NODE_NAME, else the hostname)",
+    )
+    snap.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT,
+        help=f"deadline per call in seconds (default: {DEFAULT_TIMEOUT:g})",
+    )
+    snap.add_argument(
+        "--max-receive-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_RECEIVE_BYTES,
+        help=f"largest response accepted (default: {DEFAULT_MAX_RECEIVE_BYTES} = "
+        f"{DEFAULT_MAX_RECEIVE_BYTES >> 20} MiB)",
+    )
+    snap.set_defaults(handler=lambda args: asyncio.run(_snapshot(args)))
