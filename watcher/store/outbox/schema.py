@@ -27,12 +27,19 @@ from watcher.store.ages import AgeClock, Clocks, Reading
 from watcher.store.outbox.transaction import Transaction
 from watcher.store.saved_state import SCHEMA as SAVED_STATE_SCHEMA
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate", "settle", "save_clock", "user_version"]
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Migration",
+    "migrate",
+    "settle",
+    "load_clock",
+    "save_clock",
+    "user_version",
+]
 
 log = structlog.get_logger("watcher.store.outbox")
 
-# `since` columns are readings of the age clock (watcher.store.ages); `enqueued`, `failed`,
-# `created` and a gap's `time` are wall-clock times, for people only.
 _FIRST = """
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY,
@@ -68,6 +75,8 @@ CREATE TABLE IF NOT EXISTS kv (
     value TEXT NOT NULL
 );
 """
+# The `since` columns (added by `_ages`) are readings of the age clock (watcher.store.ages);
+# `enqueued`, `failed`, `created` and a gap's `time` are wall-clock times, for people only.
 _CLOCK = """
 CREATE TABLE IF NOT EXISTS clock (
     id INTEGER PRIMARY KEY CHECK (id = 1),
