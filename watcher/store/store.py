@@ -43,7 +43,12 @@ class _OnThread(Generic[T, P, R]):
     def __init__(self, method: Callable[Concatenate[T, P], R], part: Callable[[OutboxDatabase], T]) -> None:
         self.method = method
         self.part = part
+        self.name = method.__name__
         self.__doc__ = method.__doc__
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        # The store's name for it (`enforce_caps`), not the part's (`enforce`).
+        self.name = name
 
     @overload
     def __get__(self, store: None, owner: type[Any]) -> Self: ...
@@ -60,7 +65,7 @@ class _OnThread(Generic[T, P, R]):
         async def on_thread(*args: P.args, **kwargs: P.kwargs) -> R:
             return await store.run(call, *args, **kwargs)
 
-        on_thread.__name__ = on_thread.__qualname__ = method.__name__
+        on_thread.__name__ = on_thread.__qualname__ = self.name
         on_thread.__doc__ = method.__doc__
         return on_thread
 
