@@ -59,7 +59,7 @@ def bench_events(first_seq: int, count: int) -> list[Event]:
 
 
 def bench_ack(depths: Sequence[int], reps: int) -> dict[str, Any]:
-    """`OutboxDatabase.ack` (which prunes what no sink needs any more) of one event and of one
+    """`OutboxDatabase.queues.ack` (which prunes what no sink needs any more) of one event and of one
     batch (the sinks' default max_batch), at each queue depth: wall time (fsync included, what
     a worker waits for) and this thread's CPU time, medians of `reps`. The queue is topped up
     after each ack (not timed), so every ack sees the same depth."""
@@ -69,14 +69,14 @@ def bench_ack(depths: Sequence[int], reps: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="prw-b9a-", dir="/tmp") as tmp:
             db = OutboxDatabase(Path(tmp) / "state" / OUTBOX_FILE)
             db.open()
-            db.register(["sink"])
+            db.sinks.register(["sink"])
             next_seq = 1
 
             def fill(count: int) -> None:
                 nonlocal next_seq
                 for start in range(0, count, CHUNK):
                     events = bench_events(next_seq, min(CHUNK, count - start))
-                    db.commit(events, {"sink": [e.seq for e in events]}, None)
+                    db.queues.commit(events, {"sink": [e.seq for e in events]}, None)
                     next_seq += len(events)
 
             fill(depth)
@@ -88,13 +88,13 @@ def bench_ack(depths: Sequence[int], reps: int) -> dict[str, Any]:
                 for _ in range(reps):
                     seqs = list(range(oldest, oldest + size))
                     t0, c0 = time.perf_counter(), time.thread_time()
-                    db.ack("sink", seqs)
+                    db.queues.ack("sink", seqs)
                     cpus.append(time.thread_time() - c0)
                     walls.append(time.perf_counter() - t0)
                     oldest += size
                     fill(size)
                 timed[label] = {"wall": walls, "cpu": cpus}
-            assert db.stats("sink").depth == depth, "the queue did not keep its depth"
+            assert db.sinks.stats("sink").depth == depth, "the queue did not keep its depth"
             db.close()
         out["depths"][depth] = {
             label: {k: statistics.median(v) for k, v in t.items()} for label, t in timed.items()

@@ -414,7 +414,7 @@ def _ack(a: Results) -> list[str]:
     lines = [
         "### Acknowledging a delivery as the queue grows",
         "",
-        "`OutboxDatabase.ack` (which also prunes the events no sink needs any more), called as a worker "
+        "`OutboxDatabase.queues.ack` (which also prunes the events no sink needs any more), called as a worker "
         f"calls it after a delivery, with one sink's queue this deep: for one event and for one batch "
         f"(the sinks' default max_batch, {a['batch']}, or the whole queue if shorter). Wall time (the "
         "commit's fsync included: what the worker waits for) and the thread's CPU time, medians of "

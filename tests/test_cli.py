@@ -512,7 +512,7 @@ def test_outbox_names_the_sinks_when_asked_for_one_that_does_not_exist(
     state.mkdir(mode=0o700)
     box = OutboxDatabase(state / OUTBOX_FILE)
     box.open()
-    box.register(["audit", "hook"])
+    box.sinks.register(["audit", "hook"])
     box.close()
     for action in ("list", "retry", "drop"):
         assert main(["outbox", action, "--state-dir", str(state), "--sink", "nosuch"]) == 2

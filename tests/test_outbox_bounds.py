@@ -219,14 +219,14 @@ async def test_acks_commits_and_caps_search_indexes_and_never_scan_a_table(tmp_p
     finally:
         install_hooks(previous)
     (conn,) = connections
-    db.register(["slow", "fast"])
+    db.sinks.register(["slow", "fast"])
     backlog = _events(1, 3000)
     # The saved state, a row per pod: the traced commit below writes the one pod that changed.
     fake, decoder = FakeKubelet("/nonexistent", large_node(pods=50), seed=3), Decoder()
     before, _ = decoder.decode(
         fake.allocatable_response().SerializeToString(), fake.list_response().SerializeToString()
     )
-    db.commit(
+    db.queues.commit(
         backlog,
         {"slow": [e.seq for e in backlog], "fast": [e.seq for e in backlog[:10]]},
         StateRecord({"seq": 3000}, before),
@@ -239,18 +239,18 @@ async def test_acks_commits_and_caps_search_indexes_and_never_scan_a_table(tmp_p
     traced: list[str] = []
     conn.set_trace_callback(traced.append)
     # The hot paths: a worker takes and acks, a producer commits, caps drop, dead letters, gaps.
-    assert db.take("fast", 500, gaps=True)
-    db.ack("fast", list(range(1, 11)))
-    db.commit(_events(3001, 3002), {"fast": [3001, 3002]}, StateRecord({"seq": 3002}, after))
+    assert db.queues.take("fast", 500, gaps=True)
+    db.queues.ack("fast", list(range(1, 11)))
+    db.queues.commit(_events(3001, 3002), {"fast": [3001, 3002]}, StateRecord({"seq": 3002}, after))
     assert db.last_state_write == StateWrite(pods_written=1, pods_deleted=1)
-    db.take("fast", 500)
-    db.dead_letter("fast", [3001, 3002], 400, "bad request")
-    db.enforce_caps("slow", Caps(100, WEEK, 10, WEEK), gaps=True)
-    db.enforce_caps("fast", Caps(100, WEEK, 1, WEEK), gaps=True)
-    gap = db.first_gap("slow")
+    db.queues.take("fast", 500)
+    db.dead_letters.add("fast", [3001, 3002], 400, "bad request")
+    db.caps.enforce("slow", Caps(100, WEEK, 10, WEEK), gaps=True)
+    db.caps.enforce("fast", Caps(100, WEEK, 1, WEEK), gaps=True)
+    gap = db.gaps.first("slow")
     assert gap is not None
-    db.gap_recorded("slow", gap)
-    db.stats("slow")
+    db.gaps.recorded("slow", gap)
+    db.sinks.stats("slow")
     conn.set_trace_callback(None)
     plans: dict[str, list[str]] = {}
     for statement in traced:
@@ -337,17 +337,17 @@ def test_dead_letters_older_than_their_cap_age_are_dropped_by_the_boot_clock(tmp
     db = OutboxDatabase(tmp_path / "outbox.db", clocks=clock.clocks())
     db.open()
     caps = Caps(max_queue=100, max_age=30 * DAY, max_dead_letters=100, max_dead_letter_age=WEEK)
-    db.commit(_events(1, 4), {"hook": [1, 2, 3, 4]}, None)
-    db.dead_letter("hook", [1, 2], 400, "bad")
+    db.queues.commit(_events(1, 4), {"hook": [1, 2, 3, 4]}, None)
+    db.dead_letters.add("hook", [1, 2], 400, "bad")
     clock.boot += 5 * DAY
-    db.dead_letter("hook", [3], 400, "bad")
+    db.dead_letters.add("hook", [3], 400, "bad")
     clock.wall += 30 * DAY  # the wall clock has nothing to do with it
-    assert db.enforce_caps("hook", caps).dropped == []
+    assert db.caps.enforce("hook", caps).dropped == []
     clock.boot += 2 * DAY + 1  # 1 and 2 are now a week old, 3 is two days old
-    (drop,) = db.enforce_caps("hook", caps).dropped
+    (drop,) = db.caps.enforce("hook", caps).dropped
     assert (drop.reason, drop.first, drop.last, drop.count) == ("max_dead_letter_age", 1, 2, 2)
-    assert [d.seq for d in db.dead_letters("hook")] == [3]
-    stats = db.stats("hook")
+    assert [d.seq for d in db.dead_letters.held("hook")] == [3]
+    stats = db.sinks.stats("hook")
     assert (stats.dead, stats.dead_letters, stats.dead_dropped, stats.depth) == (3, 1, 2, 1)
     db.close()
 
@@ -360,18 +360,18 @@ def test_a_wall_clock_step_forward_expires_nothing_the_boot_clock_does(tmp_path:
     db = OutboxDatabase(tmp_path / "outbox.db", clocks=clock.clocks())
     db.open()
     caps = Caps(max_queue=100, max_age=WEEK, max_dead_letters=100, max_dead_letter_age=WEEK)
-    db.commit(_events(1, 5), {"hook": [1, 2, 3, 4, 5]}, None)
+    db.queues.commit(_events(1, 5), {"hook": [1, 2, 3, 4, 5]}, None)
     clock.boot += 60
     clock.wall += 8 * DAY  # NTP, a wrong RTC put right, an operator: the events are a minute old
-    assert db.enforce_caps("hook", caps).dropped == []
-    stats = db.stats("hook")
+    assert db.caps.enforce("hook", caps).dropped == []
+    stats = db.sinks.stats("hook")
     assert stats.depth == 5 and stats.oldest_age == pytest.approx(60)
     clock.wall -= 30 * DAY  # and back: nothing gets younger or older either
-    assert db.stats("hook").oldest_age == pytest.approx(60)
+    assert db.sinks.stats("hook").oldest_age == pytest.approx(60)
     clock.boot += WEEK  # a week really passed
-    (drop,) = db.enforce_caps("hook", caps).dropped
+    (drop,) = db.caps.enforce("hook", caps).dropped
     assert (drop.reason, drop.first, drop.last, drop.count) == ("max_age", 1, 5, 5)
-    assert db.stats("hook").depth == 0 and db.pending("hook") == []
+    assert db.sinks.stats("hook").depth == 0 and db.queues.pending("hook") == []
     db.close()
 
 
@@ -380,14 +380,14 @@ def test_ages_carry_over_restarts_and_reboots_and_never_count_a_wall_clock_step(
     path = tmp_path / "outbox.db"
     db = OutboxDatabase(path, clocks=clock.clocks())
     db.open()
-    db.commit(_events(1, 2), {"hook": [1, 2]}, None)
+    db.queues.commit(_events(1, 2), {"hook": [1, 2]}, None)
     db.close()
     # The agent was stopped for three days, the machine stayed up: the time counts.
     clock.boot += 3 * DAY
     clock.wall += 40 * DAY
     db = OutboxDatabase(path, clocks=clock.clocks())
     db.open()
-    assert db.stats("hook").oldest_age == pytest.approx(3 * DAY)
+    assert db.sinks.stats("hook").oldest_age == pytest.approx(3 * DAY)
     db.close()
     # A reboot: the boot clock starts again. The age carries on from the last saved reading (the
     # time the node was down is not counted, so it can only be late, never early) ...
@@ -395,15 +395,15 @@ def test_ages_carry_over_restarts_and_reboots_and_never_count_a_wall_clock_step(
     clock.wall -= 400 * DAY
     db = OutboxDatabase(path, clocks=clock.clocks())
     db.open()
-    assert db.stats("hook").oldest_age == pytest.approx(3 * DAY)
+    assert db.sinks.stats("hook").oldest_age == pytest.approx(3 * DAY)
     caps = Caps(max_queue=100, max_age=WEEK, max_dead_letters=100, max_dead_letter_age=WEEK)
-    assert db.enforce_caps("hook", caps).dropped == []
+    assert db.caps.enforce("hook", caps).dropped == []
     # ... and events queued now are younger than the ones from before the reboot.
-    db.commit(_events(3, 3), {"hook": [3]}, None)
+    db.queues.commit(_events(3, 3), {"hook": [3]}, None)
     clock.boot += 4 * DAY + 1
-    (drop,) = db.enforce_caps("hook", caps).dropped
+    (drop,) = db.caps.enforce("hook", caps).dropped
     assert (drop.first, drop.last, drop.count) == (1, 2, 2)
-    assert [e.seq for e in db.pending("hook")] == [3]
+    assert [e.seq for e in db.queues.pending("hook")] == [3]
     db.close()
 
 
@@ -437,12 +437,12 @@ def test_an_outbox_from_before_the_age_clock_keeps_its_rows_and_their_ages(tmp_p
     old.close()
     db = OutboxDatabase(path, clocks=clock.clocks())
     db.open()
-    stats = db.stats("hook")
+    stats = db.sinks.stats("hook")
     assert (stats.depth, stats.delivered, stats.dead, stats.dead_letters) == (2, 7, 1, 1)
     assert stats.oldest_age == pytest.approx(3600)
-    assert [e.seq for e in db.pending("hook")] == [1, 2]
+    assert [e.seq for e in db.queues.pending("hook")] == [1, 2]
     caps = Caps(max_queue=100, max_age=3000, max_dead_letters=100, max_dead_letter_age=DAY)
-    dropped = db.enforce_caps("hook", caps).dropped
+    dropped = db.caps.enforce("hook", caps).dropped
     assert [(d.reason, d.first, d.last) for d in dropped] == [
         ("max_age", 1, 1),
         ("max_dead_letter_age", 3, 3),
@@ -457,16 +457,16 @@ def test_the_caps_wait_for_the_batch_in_flight_then_drop_the_oldest(tmp_path: Pa
     db = OutboxDatabase(tmp_path / "outbox.db")
     db.open()
     caps = Caps(max_queue=2, max_age=WEEK, max_dead_letters=100, max_dead_letter_age=WEEK)
-    db.commit(_events(1, 5), {"hook": [1, 2, 3, 4, 5]}, None)
-    batch = db.take("hook", 1)
+    db.queues.commit(_events(1, 5), {"hook": [1, 2, 3, 4, 5]}, None)
+    batch = db.queues.take("hook", 1)
     assert isinstance(batch, list) and [e.seq for e in batch] == [1]
     # Seq 1 is being delivered: nothing is dropped while it may still arrive.
-    waited = db.enforce_caps("hook", caps)
-    assert waited.deferred and waited.dropped == [] and db.stats("hook").depth == 5
-    db.ack("hook", [1])  # it arrived: then the oldest beyond the cap go
-    after = db.enforce_caps("hook", caps)
+    waited = db.caps.enforce("hook", caps)
+    assert waited.deferred and waited.dropped == [] and db.sinks.stats("hook").depth == 5
+    db.queues.ack("hook", [1])  # it arrived: then the oldest beyond the cap go
+    after = db.caps.enforce("hook", caps)
     assert not after.deferred and [(d.first, d.last, d.count) for d in after.dropped] == [(2, 3, 2)]
-    stats = db.stats("hook")
+    stats = db.sinks.stats("hook")
     assert (stats.delivered, stats.dropped, stats.depth) == (1, 2, 2)
     db.close()
 
@@ -482,28 +482,28 @@ def test_drops_while_blocked_are_one_gap_and_one_extended_while_written_keeps_th
     caps = Caps(max_queue=2, max_age=WEEK, max_dead_letters=100, max_dead_letter_age=WEEK)
 
     def commit(first: int, last: int) -> None:
-        db.commit(_events(first, last), {"audit": list(range(first, last + 1))}, None)
-        db.enforce_caps("audit", caps, gaps=True)
+        db.queues.commit(_events(first, last), {"audit": list(range(first, last + 1))}, None)
+        db.caps.enforce("audit", caps, gaps=True)
 
     commit(1, 5)
     commit(6, 7)  # nothing queued lies between the two drops: one gap, 1..5
-    gap = db.take("audit", 500, gaps=True)
+    gap = db.queues.take("audit", 500, gaps=True)
     assert isinstance(gap, Gap) and (gap.first, gap.last, gap.count, gap.reasons) == (1, 5, 5, ("max_queue",))
     commit(8, 9)  # dropped while the gap is being written: it grows
-    db.gap_recorded("audit", gap)  # what was written goes; what was added stays, as its own gap
-    rest = db.take("audit", 500, gaps=True)
+    db.gaps.recorded("audit", gap)  # what was written goes; what was added stays, as its own gap
+    rest = db.queues.take("audit", 500, gaps=True)
     assert isinstance(rest, Gap) and (rest.first, rest.last, rest.count) == (6, 7, 2)
-    db.gap_recorded("audit", rest)
-    events = db.take("audit", 500, gaps=True)
+    db.gaps.recorded("audit", rest)
+    events = db.queues.take("audit", 500, gaps=True)
     assert isinstance(events, list) and [e.seq for e in events] == [8, 9]
-    db.ack("audit", [8, 9])
-    assert db.first_gap("audit") is None
-    stats = db.stats("audit")
+    db.queues.ack("audit", [8, 9])
+    assert db.gaps.first("audit") is None
+    stats = db.sinks.stats("audit")
     assert (stats.dropped, stats.delivered, stats.depth) == (7, 2, 0)
     # A sink that keeps no stream of its own gets no gap rows: its drops are counted and logged.
-    db.commit(_events(10, 14), {"hook": [10, 11, 12, 13, 14]}, None)
-    assert [d.count for d in db.enforce_caps("hook", caps).dropped] == [3]
-    assert db.first_gap("hook") is None and db.stats("hook").dropped == 3
+    db.queues.commit(_events(10, 14), {"hook": [10, 11, 12, 13, 14]}, None)
+    assert [d.count for d in db.caps.enforce("hook", caps).dropped] == [3]
+    assert db.gaps.first("hook") is None and db.sinks.stats("hook").dropped == 3
     db.close()
 
 

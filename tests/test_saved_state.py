@@ -45,7 +45,7 @@ def _commit(db: OutboxDatabase, inventory: Inventory | None, seq: int) -> tuple[
     """Commit `inventory` as the state; what the commit wrote, and how many rows SQLite changed."""
     changes = db.db.total_changes
     head = {"seq": seq, "hash": inventory.content_hash if inventory is not None else None}
-    db.commit([], {}, StateRecord(head, inventory))
+    db.queues.commit([], {}, StateRecord(head, inventory))
     # Every commit also saves the age clock's one row (`watcher.store.ages`): not the state's.
     return db.last_state_write, db.db.total_changes - changes - 1
 
@@ -54,7 +54,7 @@ def _loaded(path: Path) -> Inventory | None:
     fresh = OutboxDatabase(path)
     fresh.open()
     try:
-        return fresh.load_state().inventory
+        return fresh.queues.load_state().inventory
     finally:
         fresh.close()
 
@@ -114,7 +114,7 @@ def test_a_commit_that_fails_leaves_the_rows_and_the_next_writes_against_them(tm
     db.reopen()
     assert _commit(db, final, 3)[0] == StateWrite(pods_written=PODS - 1, allocatable=True, full=True)
     db.reopen()
-    assert db.load_state().inventory == final
+    assert db.queues.load_state().inventory == final
     assert _commit(db, final, 4)[0] == StateWrite()
     db.close()
     assert _loaded(tmp_path / OUTBOX_FILE) == final
@@ -126,7 +126,7 @@ def test_no_inventory_removes_the_rows(tmp_path: Path) -> None:
     db.open()
     _commit(db, _decode(fake, decoder), 1)
     assert _commit(db, None, 2) == (StateWrite(pods_deleted=PODS, allocatable=True), PODS + 2)
-    state = db.load_state()
+    state = db.queues.load_state()
     assert state.head == {"seq": 2, "hash": None} and state.inventory is None
     db.close()
 
@@ -174,7 +174,7 @@ def _legacy_state(inventory: Inventory, *, seq: int, node: str) -> dict[str, obj
 def _write_legacy(state_dir: Path, doc: object) -> None:
     db = OutboxDatabase(state_dir / OUTBOX_FILE)
     db.open()
-    db.kv_set("state", doc)
+    db.kv.set("state", doc)
     db.close()
 
 

@@ -80,13 +80,13 @@ def test_the_hooks_run_at_their_points_and_are_gone_once_put_back(tmp_path: Path
     db = OutboxDatabase(tmp_path / "outbox.db")
     try:
         db.open()
-        db.register(["hook"])
+        db.sinks.register(["hook"])
         with pytest.raises(OSError, match="Input/output error"):
-            db.commit(_events(1), {"hook": [1]}, StateRecord({"seq": 1}, None))
+            db.queues.commit(_events(1), {"hook": [1]}, StateRecord({"seq": 1}, None))
     finally:
         install_hooks(previous)
     assert len(connected) == 1 and seen == [[1]]
-    assert db.pending("hook") == [] and db.load_state().head is None
-    db.commit(_events(1), {"hook": [1]}, StateRecord({"seq": 1}, None))
-    assert seen == [[1]] and db.load_state().head == {"seq": 1}
+    assert db.queues.pending("hook") == [] and db.queues.load_state().head is None
+    db.queues.commit(_events(1), {"hook": [1]}, StateRecord({"seq": 1}, None))
+    assert seen == [[1]] and db.queues.load_state().head == {"seq": 1}
     db.close()

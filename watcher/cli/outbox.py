@@ -31,32 +31,32 @@ def _outbox(args: argparse.Namespace) -> int:
         # A sink the outbox has never seen nor the config names is a typo: without this, list
         # prints an empty row of zeros and retry/drop report 0, as if all were well.
         known = sorted(
-            {*box.sink_names(), *(s.name for s in settings.sinks)} if settings else box.sink_names()
+            {*box.sinks.names(), *(s.name for s in settings.sinks)} if settings else box.sinks.names()
         )
         if args.sink is not None and args.sink not in known:
             where = "in the outbox or the config" if settings else "in the outbox"
             return fail(f"no sink named {args.sink!r} {where} (sinks: {', '.join(known) or 'none'})", 2)
         if args.action == "retry":
-            n = box.retry_dead(args.sink, args.seq)
+            n = box.dead_letters.retry(args.sink, args.seq)
             print(f"{n} dead letter(s) put back on their queues")
             return 0
         if args.action == "drop":
-            n = box.drop_dead(args.sink, args.seq)
+            n = box.dead_letters.drop(args.sink, args.seq)
             print(f"{n} dead letter(s) dropped")
             return 0
-        names = [args.sink] if args.sink else box.sink_names()
+        names = [args.sink] if args.sink else box.sinks.names()
         print(
             f"{'SINK':<20} {'QUEUED':>7} {'OLDEST':>9} {'DELIVERED':>10} {'DROPPED':>8} {'DEAD':>6} "
             f"{'DEAD-KEPT':>9} {'DEAD-DROPPED':>12}  DISABLED"
         )
         for name in names:
-            st = box.stats(name)
+            st = box.sinks.stats(name)
             oldest = "-" if st.oldest_age is None else f"{st.oldest_age:.0f}s"
             print(
                 f"{name:<20} {st.depth:>7} {oldest:>9} {st.delivered:>10} {st.dropped:>8} {st.dead:>6} "
                 f"{st.dead_letters:>9} {st.dead_dropped:>12}  {st.disabled or '-'}"
             )
-        dead = box.dead_letters(args.sink)
+        dead = box.dead_letters.held(args.sink)
         if dead:
             print("\nDEAD LETTERS")
             for d in dead:

@@ -3,7 +3,7 @@
 A large node's inventory is megabytes; rewriting it on every change wrote (with SQLite's WAL and
 its checkpoint) several times that per change, for a one-pod change. The state is therefore
 kept in rows, and a commit writes only the rows whose content changed, in the same transaction
-as the events (`OutboxDatabase.commit`):
+as the events (`Queues.commit`, watcher.store.outbox.queues):
 
 - `saved_state`, part `head`: the small JSON the cycle layer gives (seq, node, the inventory's
   hash, the socket: `watcher.cycle.state`), rewritten on every commit;

@@ -2,8 +2,9 @@
 
 Every database call runs on one dedicated thread, in the order it was made: sqlite3 is
 blocking, and a commit's fsyncs must never stall the event loop. The database's
-operations are the store's awaitables of the same name and signature (`await
-store.ack(sink, seqs)` runs `OutboxDatabase.ack` there); `run()` reaches any other.
+operations are the store's awaitables, one flat API over the database's parts (`await
+store.ack(sink, seqs)` runs `Queues.ack` there, `store.retry_dead` runs
+`DeadLetters.retry`); `run()` reaches any other.
 The store also carries the storage health (watcher.store.health), and it is the
 `KeyValue` the paging sinks keep their state in (`kv_get`, `kv_set`).
 """
@@ -20,20 +21,34 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 from watcher.store.ages import Clocks
 from watcher.store.health import StorageHealth
 from watcher.store.outbox import OutboxDatabase
+from watcher.store.outbox.caps import CapEnforcer
+from watcher.store.outbox.dead_letters import DeadLetters
+from watcher.store.outbox.gaps import Gaps
+from watcher.store.outbox.kv import KeyValueTable
+from watcher.store.outbox.queues import Queues
+from watcher.store.outbox.sinks import Sinks
 from watcher.store.saved_state import StateWrite
 
 __all__ = ["Store"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
-class _OnThread(Generic[P, R]):
-    """A method of the database, as an awaitable method of the store: it runs on its thread."""
+class _OnThread(Generic[T, P, R]):
+    """A method of one of the database's parts (`part` finds it), as an awaitable method of the
+    store: it runs on the database's thread."""
 
-    def __init__(self, method: Callable[Concatenate[OutboxDatabase, P], R]) -> None:
+    def __init__(self, method: Callable[Concatenate[T, P], R], part: Callable[[OutboxDatabase], T]) -> None:
         self.method = method
+        self.part = part
+        self.name = method.__name__
         self.__doc__ = method.__doc__
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        # The store's name for it (`enforce_caps`), not the part's (`enforce`).
+        self.name = name
 
     @overload
     def __get__(self, store: None, owner: type[Any]) -> Self: ...
@@ -42,14 +57,46 @@ class _OnThread(Generic[P, R]):
     def __get__(self, store: Store | None, owner: type[Any]) -> Self | Callable[P, Coroutine[Any, Any, R]]:
         if store is None:
             return self
-        method = self.method
+        method, part = self.method, self.part
+
+        def call(database: OutboxDatabase, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            return method(part(database), *args, **kwargs)
 
         async def on_thread(*args: P.args, **kwargs: P.kwargs) -> R:
-            return await store.run(method, *args, **kwargs)
+            return await store.run(call, *args, **kwargs)
 
-        on_thread.__name__ = on_thread.__qualname__ = method.__name__
+        on_thread.__name__ = on_thread.__qualname__ = self.name
         on_thread.__doc__ = method.__doc__
         return on_thread
+
+
+# Where each of the database's parts is, for `_OnThread`.
+def _whole(database: OutboxDatabase) -> OutboxDatabase:
+    return database
+
+
+def _queues(database: OutboxDatabase) -> Queues:
+    return database.queues
+
+
+def _caps(database: OutboxDatabase) -> CapEnforcer:
+    return database.caps
+
+
+def _gaps(database: OutboxDatabase) -> Gaps:
+    return database.gaps
+
+
+def _dead_letters(database: OutboxDatabase) -> DeadLetters:
+    return database.dead_letters
+
+
+def _sinks(database: OutboxDatabase) -> Sinks:
+    return database.sinks
+
+
+def _kv(database: OutboxDatabase) -> KeyValueTable:
+    return database.kv
 
 
 class Store:
@@ -79,10 +126,10 @@ class Store:
         call = functools.partial(method, self.database, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
-    open = _OnThread(OutboxDatabase.open)
-    reopen = _OnThread(OutboxDatabase.reopen)
+    open = _OnThread(OutboxDatabase.open, _whole)
+    reopen = _OnThread(OutboxDatabase.reopen, _whole)
     # Close the database but keep the store usable: `open()` may be called again.
-    disconnect = _OnThread(OutboxDatabase.close)
+    disconnect = _OnThread(OutboxDatabase.close, _whole)
 
     async def close(self) -> None:
         """Close the database and end its thread: the store is done."""
@@ -92,24 +139,25 @@ class Store:
     async def register(self, sinks: Iterable[str]) -> None:
         # Read here, on the loop: callers pass live collections (the dispatcher's workers)
         # that a reload may change while the database thread would be reading them.
-        await self.run(OutboxDatabase.register, list(sinks))
+        names = list(sinks)
+        await self.run(lambda database: database.sinks.register(names))
 
-    commit = _OnThread(OutboxDatabase.commit)
-    load_state = _OnThread(OutboxDatabase.load_state)
-    max_seq = _OnThread(OutboxDatabase.max_seq)
-    pending = _OnThread(OutboxDatabase.pending)
-    take = _OnThread(OutboxDatabase.take)
-    release = _OnThread(OutboxDatabase.release)
-    ack = _OnThread(OutboxDatabase.ack)
-    dead_letter = _OnThread(OutboxDatabase.dead_letter)
-    enforce_caps = _OnThread(OutboxDatabase.enforce_caps)
-    first_gap = _OnThread(OutboxDatabase.first_gap)
-    gap_recorded = _OnThread(OutboxDatabase.gap_recorded)
-    set_disabled = _OnThread(OutboxDatabase.set_disabled)
-    sink_names = _OnThread(OutboxDatabase.sink_names)
-    stats = _OnThread(OutboxDatabase.stats)
-    kv_get = _OnThread(OutboxDatabase.kv_get)
-    kv_set = _OnThread(OutboxDatabase.kv_set)
-    dead_letters = _OnThread(OutboxDatabase.dead_letters)
-    retry_dead = _OnThread(OutboxDatabase.retry_dead)
-    drop_dead = _OnThread(OutboxDatabase.drop_dead)
+    commit = _OnThread(Queues.commit, _queues)
+    load_state = _OnThread(Queues.load_state, _queues)
+    max_seq = _OnThread(Queues.max_seq, _queues)
+    pending = _OnThread(Queues.pending, _queues)
+    take = _OnThread(Queues.take, _queues)
+    release = _OnThread(Queues.release, _queues)
+    ack = _OnThread(Queues.ack, _queues)
+    dead_letter = _OnThread(DeadLetters.add, _dead_letters)
+    enforce_caps = _OnThread(CapEnforcer.enforce, _caps)
+    first_gap = _OnThread(Gaps.first, _gaps)
+    gap_recorded = _OnThread(Gaps.recorded, _gaps)
+    set_disabled = _OnThread(Sinks.set_disabled, _sinks)
+    sink_names = _OnThread(Sinks.names, _sinks)
+    stats = _OnThread(Sinks.stats, _sinks)
+    kv_get = _OnThread(KeyValueTable.get, _kv)
+    kv_set = _OnThread(KeyValueTable.set, _kv)
+    dead_letters = _OnThread(DeadLetters.held, _dead_letters)
+    retry_dead = _OnThread(DeadLetters.retry, _dead_letters)
+    drop_dead = _OnThread(DeadLetters.drop, _dead_letters)
