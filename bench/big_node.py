@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -67,7 +68,7 @@ def written_bytes() -> int:
     return 0
 
 
-def _median(xs: list[float]) -> float:
+def _median(xs: Sequence[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 

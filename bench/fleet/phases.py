@@ -1,0 +1,88 @@
+"""A fleet at the realistic rate, then the burst, into a stream of its own: its steady and burst rows."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nats.aio.client import Client
+
+from bench.fleet.connections import NatsNodes, quiet, setup_frozen, sink_settings, start_nodes
+from bench.fleet.nodes import Fleet, Ledger
+from bench.fleet.plan import FleetPlan
+from bench.fleet.reader import Reader, phase_row, stream_check
+from bench.fleet.script import Script
+from testkit.nats_cluster import NatsCluster
+from watcher.sinks.nats import (
+    NatsSinkSettings,
+    ensure_stream,
+)
+
+
+async def nats_fleet(
+    cluster: NatsCluster, plan: FleetPlan, play: Script, nodes: int, name: str
+) -> dict[str, Any]:
+    """`nodes` simulated nodes at the realistic rate, then the burst, into a stream of their own."""
+    settings = sink_settings(cluster, name)
+    ways = NatsNodes(settings, node_names(0, nodes), plan.max_connections)
+    reader_nc = await cluster.connect(error_cb=quiet)
+    ledger = Ledger()
+    try:
+        await stream_ready(cluster, reader_nc, settings)
+        reader = Reader(reader_nc, settings.stream, ledger.received)
+        await reader.start()
+        fleet = Fleet(plan, play, ledger, max_batch=settings.max_batch, seed=nodes)
+        for node_name, send in zip(ways.names, await ways.open(), strict=True):
+            fleet.add(node_name, send)
+        started = await start_nodes(fleet.nodes, play, plan.give_up_s)
+        await reader.settled(started["ids"])
+        with setup_frozen():
+            t0 = time.monotonic()
+            steady = await fleet.play(plan.per_node_rate * nodes, plan.steady_s)
+            await fleet.settle()
+            await reader.caught_up(steady, 30)
+            t1 = time.monotonic()
+            burst = fleet.burst(plan.burst_share)
+            await fleet.settle()
+            await reader.caught_up(burst, 60)
+            t2 = time.monotonic()
+        end_lag = await reader.end_lag()
+        await reader.stop()
+        check = await stream_check(cluster, settings.stream, [*started.pop("ids"), *steady, *burst])
+    finally:
+        await reader_nc.close()
+        await ways.close()
+    common = {
+        "sink": "nats",
+        "nodes": nodes,
+        "connections": ways.connections,
+        "retries": ledger.retries,
+        "abandoned": ledger.abandoned,
+        **check,
+    }
+    return {
+        "connect": {"nodes": nodes, "connections": ways.connections, "shared": ways.shared, **started},
+        "steady": {
+            **common,
+            **phase_row(steady, ledger, plan.steady_s, t0),
+            "lag_max": reader.max_lag(t0, t1),
+            "lag_end": end_lag,
+        },
+        "burst": {
+            **common,
+            **phase_row(burst, ledger, None, t1),
+            "burst_nodes": len(burst) // len(play.burst.changes),
+            "lag_max": reader.max_lag(t1, t2),
+            "lag_end": end_lag,
+        },
+    }
+
+
+async def stream_ready(cluster: NatsCluster, nc: Client, settings: NatsSinkSettings) -> None:
+    """The run's stream, made by the sink's `ensure_stream` (which waits for its leader)."""
+    await ensure_stream(nc.jetstream(timeout=settings.timeout), settings, "gpu-node-00000")
+    await cluster.stream_leader(settings.stream)
+
+
+def node_names(first: int, count: int) -> list[str]:
+    return [f"gpu-node-{i:05d}" for i in range(first, first + count)]
