@@ -46,8 +46,9 @@ three `nats-server` processes, a stream with 3 replicas on file storage, created
   builds its events in its own cycle on its own node, and one process building envelopes for
   hundreds of simulated nodes would time the simulation, not the sink. A Python process uses
   one core at most, and one generator process tops out near the goal by itself, so a row may
-  split its nodes and connections over generator processes (this module's `flood` command); the CPU of the generators and of the three servers (utime + stime,
-  /proc) over the window shows where the two cores went. Each row is a lower bound of what the
+  split its nodes and connections over generator processes (`python -m bench.fleet flood`);
+  the CPU of the generators and of the three servers (utime + stime, /proc) over the window
+  shows where the two cores went. Each row is a lower bound of what the
   cluster takes; the goal is judged on the best row at the sink's defaults (max_in_flight 1).
   When it is not met, that row is run again briefly in this process under cProfile and the top
   entries are reported (likewise the latency run, if its goal is not met).

@@ -73,7 +73,7 @@ def render_fleet(f: FleetResult) -> list[str]:
         "sequence minus the consumer's acknowledgement floor, sampled every 250 ms. Lost and duplicated: "
         "the stream read back whole after each run (ids sent but absent; ids stored twice); for the "
         "webhook, what the receiver got. Everything, the three servers included, shares this "
-        "machine's two cores; `bench/fleet.py` says how each figure is made.",
+        "machine's two cores; `bench/fleet/` says how each figure is made.",
         "",
     ]
     if f.quick:

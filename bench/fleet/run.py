@@ -91,7 +91,7 @@ def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 class _Progress:
-    """A line on stderr per step, with the time since the section started (as run.py does)."""
+    """A line on stderr per step, with the time since the section started (as the driver, bench/run.py, does per section)."""
 
     def __init__(self) -> None:
         self.t0 = time.monotonic()
