@@ -19,6 +19,7 @@ import pytest
 import bench.run
 from bench import fleet
 from bench.cycles import agent_for_cycles
+from bench.fleet.results import Capacity
 from bench.queues import (
     Ack,
     AckTimes,
@@ -345,31 +346,31 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
     f = await fleet.bench_fleet(TINY_FLEET)
     results = Results({"fleet": f})
     runs = [*f.fleets, f.webhook]
-    for run in [r[phase] for r in runs for phase in ("steady", "burst")]:
-        assert run["events"] > 0 and run["received"] == run["events"]
-        assert run["lost"] == 0 and run["duplicated"] == 0 and run["abandoned"] == 0
-        assert len(run["latency"]) == run["events"] and all(0 < x < 5 for x in run["latency"])
-    assert [(c["nodes"], c["connections"], c["shared"]) for c in f.connect] == [
+    for run in [phase for r in runs for phase in (r.steady, r.burst)]:
+        assert run.events > 0 and run.received == run.events
+        assert run.lost == 0 and run.duplicated == 0 and run.abandoned == 0
+        assert len(run.latency) == run.events and all(0 < x < 5 for x in run.latency)
+    assert [(c.nodes, c.connections, c.shared) for c in f.connect] == [
         (20, 20, False),
         (30, 20, True),
     ]
     for nodes, run in zip((20, 30), f.fleets, strict=True):
-        steady, burst = run["steady"], run["burst"]
-        assert burst["burst_nodes"] == nodes // 10 and burst["events"] == nodes // 10 * len(f.script["burst"])
-        assert steady["lag_end"] == 0 and steady["out_of_order"] == 0
+        steady, burst = run.steady, run.burst
+        assert burst.burst_nodes == nodes // 10 and burst.events == nodes // 10 * len(f.script.burst)
+        assert steady.lag_end == 0 and steady.out_of_order == 0
         # Every event is in the stream read back: each node's watcher.started, steady, burst.
-        assert steady["stored"] == nodes + steady["events"] + burst["events"]
+        assert steady.stored == nodes + steady.events + burst.events
     o = f.failover
-    assert o["killed"] is None and o["events"] > 0
-    assert o["lost"] == 0 and o["duplicated"] == 0 and o["received"] == o["events"]
-    assert o["stored"] == o["nodes"] + o["events"]  # and each node's watcher.started
-    assert [(c["sink"], c["processes"]) for c in f.capacity] == [("nats", 1), ("nats", 2), ("webhook", 1)]
-    assert all(c["per_s"] > 0 and c["generator_cores"] > 0 for c in f.capacity)
-    assert f.capacity[0]["server_cores"] > 0
+    assert o.killed is None and o.events > 0
+    assert o.lost == 0 and o.duplicated == 0 and o.received == o.events
+    assert o.stored == o.nodes + o.events  # and each node's watcher.started
+    assert [(c.sink, c.processes) for c in f.capacity] == [("nats", 1), ("nats", 2), ("webhook", 1)]
+    assert all(c.per_s > 0 and c.generator_cores > 0 for c in f.capacity)
+    assert f.capacity[0].server_cores > 0
     # Each row is its median run (of two, the lower), with every run's figure kept for the range.
-    assert all(len(c["runs"]) == 2 and c["per_s"] == min(c["runs"]) for c in f.capacity)
+    assert all(len(c.runs) == 2 and c.per_s == min(c.runs) for c in f.capacity)
     # Made before the clock; whatever was made while it ran is counted, per row, processes included.
-    assert all(isinstance(c["made_late"], int) and c["made_late"] >= 0 for c in f.capacity)
+    assert all(isinstance(c.made_late, int) and c.made_late >= 0 for c in f.capacity)
 
     text = report(results, datetime.now(UTC), 10.0, "bench/run.py --only fleet")
     assert "## 10. Fleet" in text
@@ -391,21 +392,44 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
     ]
     assert "(No kill in this run.)" in text
     assert all(re.fullmatch(r"[\d,]+ \([\d,]+-[\d,]+\)", r[6]) for r in capacity)  # median (range)
-    late = sum(c["made_late"] for c in f.capacity)
+    late = sum(c.made_late for c in f.capacity)
     assert ("no node ran out of them in any row" in text) == (late == 0)
     goals = {r[0]: r for r in _table(text, "| goal | measured | verdict |")}
     assert len(goals) == 2  # no leader kill, no verdict on it
     assert all(r[2] in ("**met**", "**not met**") for r in goals.values())
 
     # The verdicts follow the figures.
-    for c in f.capacity:
-        c["per_s"] = 5_000.0 if c is f.capacity[0] else 10.0
-    f.fleets[0]["steady"]["latency"] = [0.01] * 99 + [0.25]
+    def with_figures(best: float, others: float, latency: list[float], **failover: Any) -> Results:
+        nonlocal f
+        first = f.fleets[0]
+        f = dataclasses.replace(
+            f,
+            capacity=tuple(
+                dataclasses.replace(c, per_s=best if i == 0 else others) for i, c in enumerate(f.capacity)
+            ),
+            fleets=(
+                dataclasses.replace(first, steady=dataclasses.replace(first.steady, latency=tuple(latency))),
+                *f.fleets[1:],
+            ),
+            failover=dataclasses.replace(f.failover, **failover),
+        )
+        return Results({"fleet": f})
+
+    results = with_figures(5_000.0, 10.0, [0.01] * 99 + [0.25])
     text = report(results, datetime.now(UTC), 10.0, "bench/run.py --only fleet")
     assert [r[2] for r in _table(text, "| goal | measured | verdict |")] == ["**met**", "**met**"]
-    f.capacity[0]["per_s"] = 4_999.0  # the best row
-    f.fleets[0]["steady"]["latency"] = [0.01] * 98 + [0.26, 0.26]
-    o.update(killed="n1", new_leader="n2", kill_at_s=1.0, down_s=1.0, rejoin_s=1.0, lost=1)
+    # The best row just under the goal, p99 just over it, one event lost across a leader kill.
+    results = with_figures(
+        4_999.0,
+        10.0,
+        [0.01] * 98 + [0.26, 0.26],
+        killed="n1",
+        new_leader="n2",
+        kill_at_s=1.0,
+        down_s=1.0,
+        rejoin_s=1.0,
+        lost=1,
+    )
     f.profiles["capacity"] = ["ncalls  tottime  percall  cumtime  percall filename:lineno(function)"]
     text = report(results, datetime.now(UTC), 10.0, "bench/run.py --only fleet")
     goals = {r[0]: r for r in _table(text, "| goal | measured | verdict |")}
@@ -414,7 +438,10 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
 
 
 def test_a_capacity_row_reports_its_median_run_with_every_runs_figure() -> None:
-    runs = [{"per_s": 3.0, "cpu": "c"}, {"per_s": 1.0, "cpu": "a"}, {"per_s": 2.0, "cpu": "b"}]
+    def run(per_s: float, cpu: float) -> Capacity:
+        return Capacity("nats", 10, 2, 1, 1, 500, 1.0, int(per_s), per_s, cpu, None, 0)
+
+    runs = [run(3.0, 0.3), run(1.0, 0.1), run(2.0, 0.2)]
     row = fleet.median_run(runs)
     # The median run's figures, its CPU included, and every run's events/s in run order.
-    assert (row["per_s"], row["cpu"], row["runs"]) == (2.0, "b", [3.0, 1.0, 2.0])
+    assert (row.per_s, row.generator_cores, row.runs) == (2.0, 0.2, (3.0, 1.0, 2.0))

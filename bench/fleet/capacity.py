@@ -11,12 +11,12 @@ import math
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 from bench.fleet.connections import NatsNodes, quiet, setup_frozen, sink_settings, start_nodes
 from bench.fleet.nodes import RETRY, SimNode
 from bench.fleet.phases import node_names, stream_ready
 from bench.fleet.plan import FULL, CapacityRow, FleetPlan
+from bench.fleet.results import Capacity, Window
 from bench.fleet.script import Script, script
 from bench.harness import ROOT
 from bench.steady import cpu_seconds
@@ -109,7 +109,7 @@ async def capacity_window(
     generators: Callable[[], float],
     servers: Sequence[int],
     profile: cProfile.Profile | None = None,
-) -> dict[str, Any]:
+) -> Window:
     """After `window[0]` s of warm-up, what the other side holds (`stored`) over `window[1]` s,
     with the CPU seconds of the generators and of the processes `servers` over that time;
     `profile`, if given, runs over just that window."""
@@ -129,13 +129,13 @@ async def capacity_window(
             profile.disable()
     n1, g1, s1, t1 = await stored(), generators(), server_cpu(), time.monotonic()
     wall = t1 - t0
-    return {
-        "seconds": wall,
-        "events": n1 - n0,
-        "per_s": (n1 - n0) / wall,
-        "generator_cores": (g1 - g0) / wall,
-        "server_cores": (s1 - s0) / wall if servers else None,
-    }
+    return Window(
+        seconds=wall,
+        events=n1 - n0,
+        per_s=(n1 - n0) / wall,
+        generator_cores=(g1 - g0) / wall,
+        server_cores=(s1 - s0) / wall if servers else None,
+    )
 
 
 async def nats_capacity(
@@ -146,7 +146,7 @@ async def nats_capacity(
     window: float,
     tag: str,
     profile: cProfile.Profile | None = None,
-) -> dict[str, Any]:
+) -> Capacity:
     """One capacity row; `profile` (one generator process only) runs over its window."""
     settings = sink_settings(cluster, f"CAP_{tag}")
     nc = await cluster.connect(error_cb=quiet)
@@ -177,23 +177,26 @@ async def nats_capacity(
                         )
                 finally:
                     await flood.stop()
-                measured["made_late"] = flood.made_late
+                made_late = flood.made_late
             finally:
                 await ways.close()
         else:
-            measured = await in_processes(settings, row, (plan.warmup_s, window), stored, servers, stock)
+            measured, made_late = await in_processes(
+                settings, row, (plan.warmup_s, window), stored, servers, stock
+            )
         await js.delete_stream(settings.stream)  # its files and duplicate window are no longer needed
     finally:
         await nc.close()
-    return {
-        "sink": "nats",
-        "nodes": row.nodes,
-        "connections": row.connections,
-        "processes": row.processes,
-        "max_in_flight": row.max_in_flight,
-        "batch": settings.max_batch,
-        **measured,
-    }
+    return Capacity(
+        sink="nats",
+        nodes=row.nodes,
+        connections=row.connections,
+        processes=row.processes,
+        max_in_flight=row.max_in_flight,
+        batch=settings.max_batch,
+        **vars(measured),
+        made_late=made_late,
+    )
 
 
 async def flood_nodes(
@@ -218,9 +221,10 @@ async def in_processes(
     stored: Callable[[], Awaitable[int]],
     servers: Sequence[int],
     stock: int,
-) -> dict[str, Any]:
+) -> tuple[Window, int]:
     """The row's nodes and connections split over `row.processes` generator processes (this
-    module's `flood` command), all started at once; their CPU is read from /proc."""
+    package's `flood` command), all started at once; their CPU is read from /proc. The window, and
+    how many events the processes made while it ran."""
     nodes, conns = row.nodes // row.processes, row.connections // row.processes
     procs = []
     try:
@@ -271,8 +275,7 @@ async def in_processes(
                 proc.kill()
                 await proc.wait()
     # Each process's last line: how many events it made while the clock ran.
-    measured["made_late"] = sum(int(out.split()[-1]) for out in late)
-    return measured
+    return measured, sum(int(out.split()[-1]) for out in late)
 
 
 async def flood_command(

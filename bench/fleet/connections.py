@@ -9,7 +9,6 @@ import gc
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -174,14 +173,16 @@ async def deliver_all(node: SimNode, events: list[Event], give_up_s: float) -> N
             attempt += 1
 
 
-async def start_nodes(nodes: Sequence[SimNode], play: Script, give_up_s: float) -> dict[str, Any]:
+async def start_nodes(
+    nodes: Sequence[SimNode], play: Script, give_up_s: float
+) -> tuple[list[str], float, float]:
     """Every node starts as an agent does: its first delivery (watcher.started) connects its sink,
-    checks the stream and publishes, a few hundred nodes at a time. The wall time and the RSS it
-    added to this process; the events' ids, to be found in the stream."""
+    checks the stream and publishes, a few hundred nodes at a time. The events' ids, to be found
+    in the stream; the wall time, and the RSS it added to this process (MiB)."""
     rss0, t0 = rss_mib(), time.monotonic()
     ids: list[str] = []
     for start in range(0, len(nodes), 250):
         chunk = [(node, node.events(play.start)) for node in nodes[start : start + 250]]
         ids += [e.id for _, events in chunk for e in events]
         await asyncio.gather(*(deliver_all(node, list(events), give_up_s) for node, events in chunk))
-    return {"ids": ids, "start_s": time.monotonic() - t0, "rss_mib": rss_mib() - rss0}
+    return ids, time.monotonic() - t0, rss_mib() - rss0

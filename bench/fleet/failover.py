@@ -14,13 +14,14 @@ from bench.fleet.nodes import Fleet, Ledger
 from bench.fleet.phases import node_names, stream_ready
 from bench.fleet.plan import FleetPlan
 from bench.fleet.reader import Reader, latency, stream_check
+from bench.fleet.results import Failover
 from bench.fleet.script import Script
 from testkit.nats_cluster import NatsCluster
 
 
 async def failover(
     cluster: NatsCluster, plan: FleetPlan, play: Script, say: Callable[[str], None] = lambda _: None
-) -> dict[str, Any]:
+) -> Failover:
     """A run during which the stream's leader is killed (SIGKILL) and later restarted."""
     settings = sink_settings(cluster, "FAILOVER")
     ways = NatsNodes(settings, node_names(0, plan.failover_nodes), plan.max_connections)
@@ -34,8 +35,8 @@ async def failover(
         fleet = Fleet(plan, play, ledger, max_batch=settings.max_batch, seed=7)
         for node_name, send in zip(ways.names, await ways.open(), strict=True):
             fleet.add(node_name, send)
-        started = await start_nodes(fleet.nodes, play, plan.give_up_s)
-        await reader.settled(started["ids"])
+        started, _, _ = await start_nodes(fleet.nodes, play, plan.give_up_s)
+        await reader.settled(started)
 
         async def chaos() -> None:
             if plan.kill_at is None:
@@ -63,34 +64,34 @@ async def failover(
         end_lag = await reader.end_lag()
         await reader.stop()
         say("leader kill: reading the stream back")
-        check = await stream_check(cluster, settings.stream, [*started["ids"], *ids])
+        check = await stream_check(cluster, settings.stream, [*started, *ids])
     finally:
         await reader_nc.close()
         await ways.close()
     stalls = [ledger.stored[i] - ledger.sent[i] for i in ids if i in ledger.stored]
     acks = sorted(ledger.stored.values())
-    return {
-        "nodes": plan.failover_nodes,
-        "connections": ways.connections,
-        "shared": ways.shared,
-        "rate": plan.failover_rate,
-        "seconds": plan.failover_s,
-        "events": len(ids),
-        "killed": killed.get("server"),
-        "new_leader": killed.get("new_leader"),
-        "kill_at_s": killed["at"] - t0 if killed else None,
-        "down_s": killed["restart_at"] - killed["at"] if killed else None,
-        "rejoin_s": killed["healthy_at"] - killed["restart_at"] if killed else None,
-        "max_stall": max(stalls, default=0.0),
+    return Failover(
+        nodes=plan.failover_nodes,
+        connections=ways.connections,
+        shared=ways.shared,
+        rate=plan.failover_rate,
+        seconds=plan.failover_s,
+        events=len(ids),
+        killed=killed.get("server"),
+        new_leader=killed.get("new_leader"),
+        kill_at_s=killed["at"] - t0 if killed else None,
+        down_s=killed["restart_at"] - killed["at"] if killed else None,
+        rejoin_s=killed["healthy_at"] - killed["restart_at"] if killed else None,
+        max_stall=max(stalls, default=0.0),
         # The longest time in which nothing at all was acknowledged while the run lasted.
-        "ack_gap": max((b - a for a, b in itertools.pairwise(acks)), default=0.0),
-        "latency": latency(ids, ledger),
-        "received": sum(1 for i in ids if i in ledger.received),
-        "deliveries": reader.deliveries,
-        "lag_max": reader.max_lag(t0, time.monotonic()),
-        "lag_end": end_lag,
-        "retries": ledger.retries,
-        "abandoned": ledger.abandoned,
-        "errors": dict(ledger.errors.most_common(4)),
-        **check,
-    }
+        ack_gap=max((b - a for a, b in itertools.pairwise(acks)), default=0.0),
+        latency=tuple(latency(ids, ledger)),
+        received=sum(1 for i in ids if i in ledger.received),
+        deliveries=reader.deliveries,
+        lag_max=reader.max_lag(t0, time.monotonic()),
+        lag_end=end_lag,
+        retries=ledger.retries,
+        abandoned=ledger.abandoned,
+        errors=dict(ledger.errors.most_common(4)),
+        **vars(check),
+    )

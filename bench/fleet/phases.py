@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from nats.aio.client import Client
 
@@ -11,6 +10,7 @@ from bench.fleet.connections import NatsNodes, quiet, setup_frozen, sink_setting
 from bench.fleet.nodes import Fleet, Ledger
 from bench.fleet.plan import FleetPlan
 from bench.fleet.reader import Reader, phase_row, stream_check
+from bench.fleet.results import Arrivals, FleetRun, Phase, Started
 from bench.fleet.script import Script
 from testkit.nats_cluster import NatsCluster
 from watcher.sinks.nats import (
@@ -21,7 +21,7 @@ from watcher.sinks.nats import (
 
 async def nats_fleet(
     cluster: NatsCluster, plan: FleetPlan, play: Script, nodes: int, name: str
-) -> dict[str, Any]:
+) -> tuple[Started, FleetRun]:
     """`nodes` simulated nodes at the realistic rate, then the burst, into a stream of their own."""
     settings = sink_settings(cluster, name)
     ways = NatsNodes(settings, node_names(0, nodes), plan.max_connections)
@@ -34,8 +34,8 @@ async def nats_fleet(
         fleet = Fleet(plan, play, ledger, max_batch=settings.max_batch, seed=nodes)
         for node_name, send in zip(ways.names, await ways.open(), strict=True):
             fleet.add(node_name, send)
-        started = await start_nodes(fleet.nodes, play, plan.give_up_s)
-        await reader.settled(started["ids"])
+        started, start_s, rss = await start_nodes(fleet.nodes, play, plan.give_up_s)
+        await reader.settled(started)
         with setup_frozen():
             t0 = time.monotonic()
             steady = await fleet.play(plan.per_node_rate * nodes, plan.steady_s)
@@ -48,34 +48,34 @@ async def nats_fleet(
             t2 = time.monotonic()
         end_lag = await reader.end_lag()
         await reader.stop()
-        check = await stream_check(cluster, settings.stream, [*started.pop("ids"), *steady, *burst])
+        check = await stream_check(cluster, settings.stream, [*started, *steady, *burst])
     finally:
         await reader_nc.close()
         await ways.close()
-    common = {
-        "sink": "nats",
-        "nodes": nodes,
-        "connections": ways.connections,
-        "retries": ledger.retries,
-        "abandoned": ledger.abandoned,
-        **check,
-    }
-    return {
-        "connect": {"nodes": nodes, "connections": ways.connections, "shared": ways.shared, **started},
-        "steady": {
-            **common,
-            **phase_row(steady, ledger, plan.steady_s, t0),
-            "lag_max": reader.max_lag(t0, t1),
-            "lag_end": end_lag,
-        },
-        "burst": {
-            **common,
-            **phase_row(burst, ledger, None, t1),
-            "burst_nodes": len(burst) // len(play.burst.changes),
-            "lag_max": reader.max_lag(t1, t2),
-            "lag_end": end_lag,
-        },
-    }
+
+    def phase(arrivals: Arrivals, since: float, until: float, burst_nodes: int = 0) -> Phase:
+        return Phase(
+            sink="nats",
+            nodes=nodes,
+            connections=ways.connections,
+            retries=ledger.retries,
+            abandoned=ledger.abandoned,
+            stored=check.stored,
+            lost=check.lost,
+            duplicated=check.duplicated,
+            out_of_order=check.out_of_order,
+            **vars(arrivals),
+            lag_max=reader.max_lag(since, until),
+            lag_end=end_lag,
+            burst_nodes=burst_nodes,
+        )
+
+    return Started(nodes, ways.connections, ways.shared, start_s, rss), FleetRun(
+        steady=phase(phase_row(steady, ledger, plan.steady_s, t0), t0, t1),
+        burst=phase(
+            phase_row(burst, ledger, None, t1), t1, t2, burst_nodes=len(burst) // len(play.burst.changes)
+        ),
+    )
 
 
 async def stream_ready(cluster: NatsCluster, nc: Client, settings: NatsSinkSettings) -> None:

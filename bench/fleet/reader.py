@@ -9,7 +9,6 @@ import contextlib
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
-from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -19,6 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from bench.fleet.connections import quiet
 from bench.fleet.nodes import Ledger
+from bench.fleet.results import Arrivals, StreamCheck
 from testkit.nats_cluster import NatsCluster
 
 LAG_EVERY = 0.25
@@ -165,18 +165,12 @@ def latency(ids: Sequence[str], ledger: Ledger) -> list[float]:
     return [ledger.received[i] - ledger.sent[i] for i in ids if i in ledger.received and i in ledger.sent]
 
 
-def phase_row(ids: Sequence[str], ledger: Ledger, seconds: float | None, started: float) -> dict[str, Any]:
+def phase_row(ids: Sequence[str], ledger: Ledger, seconds: float | None, started: float) -> Arrivals:
     """A phase's figures: events, events/s (over `seconds`, or until its last arrival), latency."""
     got = [i for i in ids if i in ledger.received]
     last = max((ledger.received[i] for i in got), default=started)
     span = seconds if seconds is not None else max(last - started, 1e-6)
-    return {
-        "events": len(ids),
-        "received": len(got),
-        "per_s": len(got) / span,
-        "span_s": span,
-        "latency": latency(ids, ledger),
-    }
+    return Arrivals(len(ids), len(got), len(got) / span, span, tuple(latency(ids, ledger)))
 
 
 async def read_stream(cluster: NatsCluster, stream: str, timeout: float = 120) -> list[Msg]:
@@ -204,7 +198,7 @@ async def read_stream(cluster: NatsCluster, stream: str, timeout: float = 120) -
         await nc.close()
 
 
-async def stream_check(cluster: NatsCluster, stream: str, sent: Sequence[str]) -> dict[str, Any]:
+async def stream_check(cluster: NatsCluster, stream: str, sent: Sequence[str]) -> StreamCheck:
     """Read the whole stream back: ids sent but absent, ids stored twice, a node's seq going back."""
     messages = await read_stream(cluster, stream)
     ids: Counter[str] = Counter()
@@ -218,10 +212,10 @@ async def stream_check(cluster: NatsCluster, stream: str, sent: Sequence[str]) -
         last[node] = seq
     lost = [i for i in sent if i not in ids]
     twice = [i for i, n in ids.items() if n > 1]
-    return {
-        "stored": len(messages),
-        "lost": len(lost),
-        "duplicated": sum(ids[i] - 1 for i in twice),
-        "out_of_order": backwards,
-        "examples": {"lost": lost[:3], "duplicated": twice[:3]},
-    }
+    return StreamCheck(
+        stored=len(messages),
+        lost=len(lost),
+        duplicated=sum(ids[i] - 1 for i in twice),
+        out_of_order=backwards,
+        examples={"lost": lost[:3], "duplicated": twice[:3]},
+    )

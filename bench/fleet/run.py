@@ -3,19 +3,19 @@ webhook beside them."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from bench.fleet.capacity import nats_capacity
 from bench.fleet.failover import failover
 from bench.fleet.phases import nats_fleet
 from bench.fleet.plan import FleetPlan
 from bench.fleet.profiles import profiles_of_goals_not_met
-from bench.fleet.results import FleetResult, Row
+from bench.fleet.results import Capacity, FleetResult, FleetRun, ScriptKinds, Started
 from bench.fleet.script import script
 from bench.fleet.webhook import webhook_capacity, webhook_fleet
 from testkit.nats_cluster import running_cluster
@@ -24,16 +24,16 @@ from testkit.nats_cluster import running_cluster
 async def bench_fleet(plan: FleetPlan) -> FleetResult:
     say = _Progress()
     play = script()
-    fleets: list[Row] = []
-    connect: list[Row] = []
-    capacity: list[Row] = []
+    fleets: list[FleetRun] = []
+    connect: list[Started] = []
+    capacity: list[Capacity] = []
     profiles: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="prw-fleet-", dir="/tmp") as tmp:
         async with running_cluster(Path(tmp)) as cluster:
             for nodes in plan.fleets:
                 say(f"{nodes:,} nodes into the cluster")
-                result = await nats_fleet(cluster, plan, play, nodes, str(nodes))
-                connect.append(result.pop("connect"))
+                started, result = await nats_fleet(cluster, plan, play, nodes, str(nodes))
+                connect.append(started)
                 fleets.append(result)
             for i, row in enumerate(plan.capacity):
                 say(
@@ -58,36 +58,25 @@ async def bench_fleet(plan: FleetPlan) -> FleetResult:
     capacity.append(median_run(runs))
     say("done")
     return FleetResult(
-        quick=plan.quick,
-        plan={
-            "steady_s": plan.steady_s,
-            "per_node_rate": plan.per_node_rate,
-            "burst_share": plan.burst_share,
-            "capacity_s": plan.capacity_s,
-            "capacity_runs": plan.capacity_runs,
-            "warmup_s": plan.warmup_s,
-            "max_connections": plan.max_connections,
-            "kill_at": plan.kill_at,
-            "down_s": plan.down_s,
-        },
-        script={
-            "steady": [[str(c.kind) for c in cycle.changes] for cycle in play.steady],
-            "burst": [f"{c.kind} ({c.severity})" for c in play.burst.changes],
-            "mean_events": play.mean_events,
-        },
-        fleets=fleets,
-        connect=connect,
-        capacity=capacity,
+        plan=plan,
+        script=ScriptKinds(
+            steady=tuple(tuple(str(c.kind) for c in cycle.changes) for cycle in play.steady),
+            burst=tuple(f"{c.kind} ({c.severity})" for c in play.burst.changes),
+            mean_events=play.mean_events,
+        ),
+        fleets=tuple(fleets),
+        connect=tuple(connect),
+        capacity=tuple(capacity),
         failover=killed,
         webhook=webhook,
         profiles=profiles,
     )
 
 
-def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def median_run(runs: Sequence[Capacity]) -> Capacity:
     """A capacity row's median run (by events/s), with every run's events/s beside it."""
-    ranked = sorted(runs, key=lambda r: float(r["per_s"]))
-    return {**ranked[(len(ranked) - 1) // 2], "runs": [r["per_s"] for r in runs]}
+    ranked = sorted(runs, key=lambda r: r.per_s)
+    return dataclasses.replace(ranked[(len(ranked) - 1) // 2], runs=tuple(r.per_s for r in runs))
 
 
 class _Progress:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from bench.fleet.capacity import Flood, capacity_window, make_stocks, stock_per_node
 from bench.fleet.connections import setup_frozen, sink_send
@@ -11,6 +10,7 @@ from bench.fleet.nodes import Fleet, Ledger, SimNode
 from bench.fleet.phases import node_names
 from bench.fleet.plan import CapacityRow, FleetPlan
 from bench.fleet.reader import phase_row
+from bench.fleet.results import Arrivals, Capacity, FleetRun, Phase
 from bench.fleet.script import Script
 from bench.receiver import Receiver, serve
 from watcher.secrets import Secret
@@ -31,7 +31,7 @@ def open_sinks(settings: WebhookSinkSettings, count: int) -> list[WebhookSink]:
     return sinks
 
 
-async def webhook_fleet(plan: FleetPlan, play: Script) -> dict[str, Any]:
+async def webhook_fleet(plan: FleetPlan, play: Script) -> FleetRun:
     receiver = Receiver()
     runner, port = await serve(receiver)
     ledger = Ledger()
@@ -56,31 +56,32 @@ async def webhook_fleet(plan: FleetPlan, play: Script) -> dict[str, Any]:
             await sink.close()
         await runner.cleanup()
     sent = [*steady, *burst]
-    common = {
-        "sink": "webhook",
-        "nodes": plan.webhook_nodes,
-        "connections": len(sinks),
-        "open_s": open_s,
-        "retries": ledger.retries,
-        "abandoned": ledger.abandoned,
-        "stored": receiver.count,
-        "lost": sum(1 for i in sent if i not in receiver.ids),
-        "duplicated": receiver.receipts - receiver.count,
-        "out_of_order": None,
-        "lag_max": None,
-        "lag_end": None,
-    }
-    return {
-        "steady": {**common, **phase_row(steady, ledger, plan.steady_s, t0)},
-        "burst": {
-            **common,
-            **phase_row(burst, ledger, None, t1),
-            "burst_nodes": len(burst) // len(play.burst.changes),
-        },
-    }
+
+    def phase(arrivals: Arrivals, burst_nodes: int = 0) -> Phase:
+        return Phase(
+            sink="webhook",
+            nodes=plan.webhook_nodes,
+            connections=len(sinks),
+            open_s=open_s,
+            retries=ledger.retries,
+            abandoned=ledger.abandoned,
+            stored=receiver.count,
+            lost=sum(1 for i in sent if i not in receiver.ids),
+            duplicated=receiver.receipts - receiver.count,
+            out_of_order=None,
+            lag_max=None,
+            lag_end=None,
+            **vars(arrivals),
+            burst_nodes=burst_nodes,
+        )
+
+    return FleetRun(
+        steady=phase(phase_row(steady, ledger, plan.steady_s, t0)),
+        burst=phase(phase_row(burst, ledger, None, t1), burst_nodes=len(burst) // len(play.burst.changes)),
+    )
 
 
-async def webhook_capacity(play: Script, row: CapacityRow, window: tuple[float, float]) -> dict[str, Any]:
+async def webhook_capacity(play: Script, row: CapacityRow, window: tuple[float, float]) -> Capacity:
     receiver = Receiver()
     runner, port = await serve(receiver)
     settings = hook_settings(port)
@@ -101,18 +102,18 @@ async def webhook_capacity(play: Script, row: CapacityRow, window: tuple[float, 
                 measured = await capacity_window(window, stored, time.process_time, ())
         finally:
             await flood.stop()
-        measured["made_late"] = flood.made_late
     finally:
         for sink in sinks:
             await sink.close()
         await runner.cleanup()
     # The receiver is in this process: its CPU is in the generator's figure.
-    return {
-        "sink": "webhook",
-        "nodes": row.nodes,
-        "connections": len(sinks),
-        "processes": 1,
-        "max_in_flight": 1,
-        "batch": settings.max_batch,
-        **measured,
-    }
+    return Capacity(
+        sink="webhook",
+        nodes=row.nodes,
+        connections=len(sinks),
+        processes=1,
+        max_in_flight=1,
+        batch=settings.max_batch,
+        **vars(measured),
+        made_late=flood.made_late,
+    )
