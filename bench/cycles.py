@@ -21,6 +21,8 @@ from watcher.app import Agent
 from watcher.ops.logs import configure_logging
 from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSettings
 
+__all__ = ["agent_for_cycles", "rss_mib"]
+
 
 def rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -27,6 +27,19 @@ from watcher.sinks.nats import (
     NatsSinkSettings,
 )
 
+__all__ = [
+    "Flood",
+    "STOCK_RATE",
+    "capacity_window",
+    "flood_command",
+    "flood_nodes",
+    "in_processes",
+    "make_events",
+    "make_stocks",
+    "nats_capacity",
+    "stock_per_node",
+]
+
 # The events/s that a capacity run's events, made before its clock starts, last for over its
 # warm-up and window; a faster run makes more as it goes (counted, and said in the report).
 STOCK_RATE = 30_000.0

@@ -28,6 +28,20 @@ from watcher.sinks.nats import (
     publisher_for,
 )
 
+__all__ = [
+    "Connections",
+    "NatsNodes",
+    "SharedPublisher",
+    "deliver_all",
+    "open_connections",
+    "quiet",
+    "rss_mib",
+    "setup_frozen",
+    "sink_send",
+    "sink_settings",
+    "start_nodes",
+]
+
 
 async def quiet(_err: Exception) -> None:
     """The reader's connection errors (its server killed): the client reconnects on its own."""

@@ -18,6 +18,8 @@ from bench.fleet.results import Failover
 from bench.fleet.script import Script
 from testkit.nats_cluster import NatsCluster
 
+__all__ = ["failover"]
+
 
 async def failover(
     cluster: NatsCluster, plan: FleetPlan, play: Script, say: Callable[[str], None] = lambda _: None

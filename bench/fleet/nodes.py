@@ -17,6 +17,8 @@ from watcher.backoff import Backoff
 from watcher.model.events import Event, envelope, new_cycle_id
 from watcher.sinks.base import BaseSinkSettings
 
+__all__ = ["RETRY", "Fleet", "Ledger", "Send", "SimNode", "error_kind"]
+
 # The worker's retry backoff (watcher/delivery/worker.py): full jitter from 0.5 s, doubling, up
 # to the sinks' default retry_max_delay.
 RETRY = Backoff(base=0.5, cap=BaseSinkSettings().retry_max_delay, rng=random.Random(17))

@@ -18,6 +18,8 @@ from watcher.sinks.nats import (
     ensure_stream,
 )
 
+__all__ = ["nats_fleet", "node_names", "stream_ready"]
+
 
 async def nats_fleet(
     cluster: NatsCluster, plan: FleetPlan, play: Script, nodes: int, name: str

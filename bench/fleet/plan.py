@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["CapacityRow", "FULL", "FleetPlan", "QUICK"]
+
 
 @dataclass(frozen=True)
 class CapacityRow:

@@ -17,6 +17,8 @@ from bench.fleet.results import Capacity, FleetRun
 from bench.fleet.script import Script
 from testkit.nats_cluster import NatsCluster
 
+__all__ = ["profiled", "profiles_of_goals_not_met", "top_entries"]
+
 
 async def profiled(run: Callable[[], Awaitable[Any]], top: int = 14) -> list[str]:
     """`run` under cProfile: the top entries by own time, as pstats prints them."""

@@ -21,6 +21,8 @@ from bench.fleet.nodes import Ledger
 from bench.fleet.results import Arrivals, StreamCheck
 from testkit.nats_cluster import NatsCluster
 
+__all__ = ["LAG_EVERY", "PULL_EVERY", "Reader", "latency", "phase_row", "read_stream", "stream_check"]
+
 LAG_EVERY = 0.25
 PULL_EVERY = 0.02
 

@@ -20,6 +20,8 @@ from bench.fleet.script import script
 from bench.fleet.webhook import webhook_capacity, webhook_fleet
 from testkit.nats_cluster import running_cluster
 
+__all__ = ["bench_fleet", "median_run"]
+
 
 async def bench_fleet(plan: FleetPlan) -> FleetResult:
     say = _Progress()

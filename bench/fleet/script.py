@@ -14,6 +14,8 @@ from watcher.model.inventory import Inventory
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
 
+__all__ = ["Cycle", "GPU", "NIC", "Script", "script"]
+
 GPU = "nvidia.com/gpu"
 NIC = "intel.com/sriov_netdevice"
 

@@ -16,6 +16,8 @@ from bench.receiver import Receiver, serve
 from watcher.secrets import Secret
 from watcher.sinks.webhook import WebhookSink, WebhookSinkSettings
 
+__all__ = ["hook_settings", "open_sinks", "webhook_capacity", "webhook_fleet"]
+
 
 def hook_settings(port: int) -> WebhookSinkSettings:
     return WebhookSinkSettings(name="hook", url=Secret(value=f"http://127.0.0.1:{port}/"), batch=True)
