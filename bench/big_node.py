@@ -20,7 +20,8 @@ Figures (JSON on stdout):
   db_bytes       outbox.db and its WAL on disk at the end
 Each phase's peak is VmHWM reset before it (/proc/self/clear_refs), so it is that phase's own.
 Give the same --state DIR to a second run to measure a restart against the saved state. To
-measure another version, copy this file into its tree's bench/ and run it from there.
+measure another version, copy this file and bench/cycles.py into its tree's bench/ and run it
+from there.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -67,7 +69,7 @@ def written_bytes() -> int:
     return 0
 
 
-def _median(xs: list[float]) -> float:
+def _median(xs: Sequence[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
@@ -129,27 +131,15 @@ def _change(stdin: IO[str], stdout: IO[str], n: int) -> None:
 
 
 async def measure(args: argparse.Namespace, root: Path, child: subprocess.Popen[str]) -> dict[str, Any]:
-    from watcher.app import Agent
+    from bench.cycles import agent_for_cycles
     from watcher.ops.logs import configure_logging
-    from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSettings
 
     configure_logging("error", "json")
     assert child.stdin is not None
     assert child.stdout is not None
     sock = root / "pod-resources" / "kubelet.sock"
     limit = {"max_receive_bytes": args.max_receive_bytes} if args.max_receive_bytes else {}
-    settings = Settings(
-        node="bench-node",
-        state_dir=args.state,
-        kubelet=KubeletSettings(socket=sock, root_dir=root, timeout=120.0, **limit),
-        watch=WatchSettings(max_rpc_rate=50),
-        http=HttpSettings(enabled=False),
-        sinks=(),
-    )
-    agent = Agent(settings)
-    agent.reactor.limiter.capacity = 10**9  # measure the cycle, not our own rate cap
-    if not await agent.open():
-        raise SystemExit(f"cannot open the outbox in {args.state}")
+    agent = await agent_for_cycles(sock, args.state, root, timeout=120.0, **limit)
     reasons = frozenset({"bench"})
     out: dict[str, Any] = {}
     reset_peak()

@@ -1,6 +1,7 @@
 """Run N unchanged re-query cycles of a real Agent in this (otherwise idle) process and print
-its RSS after start, halfway and at the end as JSON. Used by bench/run.py's memory section, so
-the figure is the agent's own footprint, not the benchmark harness's.
+its RSS after start, halfway and at the end as JSON. Used by the memory section
+(bench/sections/memory.py), so the figure is the agent's own footprint, not the benchmark
+harness's.
 
     python bench/cycles.py SOCKET STATE_DIR CYCLES
 """
@@ -12,12 +13,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from watcher.app import Agent
 from watcher.ops.logs import configure_logging
 from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSettings
+
+__all__ = ["agent_for_cycles", "rss_mib"]
 
 
 def rss_mib() -> float:
@@ -27,12 +31,13 @@ def rss_mib() -> float:
     return float("nan")
 
 
-async def agent_for_cycles(sock: Path, state: Path) -> Agent:
-    """An Agent whose cycles a benchmark drives directly, without its own rate cap."""
+async def agent_for_cycles(sock: Path, state: Path, root: Path | None = None, **kubelet: Any) -> Agent:
+    """An Agent whose cycles a benchmark drives directly, without its own rate cap; `root`: the
+    kubelet's root directory (by default the socket's grandparent), `kubelet`: more of its settings."""
     settings = Settings(
         node="bench-node",
         state_dir=state,
-        kubelet=KubeletSettings(socket=sock, root_dir=sock.parent.parent),
+        kubelet=KubeletSettings(socket=sock, root_dir=root or sock.parent.parent, **kubelet),
         watch=WatchSettings(max_rpc_rate=50),
         http=HttpSettings(enabled=False),
         sinks=(),

@@ -17,8 +17,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bench.receiver import Receiver, serve
 from testkit.ports import free_port
@@ -33,12 +33,90 @@ from watcher.sinks.webhook import WebhookSinkSettings
 from watcher.store.outbox import OUTBOX_FILE, OutboxDatabase
 from watcher.store.store import Store
 
-__all__ = ["bench_ack", "bench_audit", "bench_drain", "bench_events"]
+__all__ = [
+    "Ack",
+    "AckTimes",
+    "Audit",
+    "AuditRun",
+    "Drain",
+    "Timing",
+    "Verify",
+    "bench_ack",
+    "bench_audit",
+    "bench_drain",
+    "bench_events",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = "bench-node"
 # Events are committed in chunks like this, as a busy cycle's would be.
 CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Timing:
+    wall: float  # seconds, medians
+    cpu: float
+
+
+@dataclass(frozen=True)
+class AckTimes:
+    one: Timing  # acknowledging one event
+    batch: Timing  # acknowledging a batch
+
+
+@dataclass(frozen=True)
+class Ack:
+    batch: int  # the sinks' default max_batch
+    reps: int
+    depths: dict[int, AckTimes]  # by queue depth
+
+
+@dataclass(frozen=True)
+class Verify:
+    """What `audit verify` said: its exit code, its first line, and the span of records it read."""
+
+    rc: int
+    says: str
+    records: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class AuditRun:
+    events: int
+    delivered: int
+    dropped: int
+    left: int  # still queued when the budget ran out
+    budget_s: float
+    seconds: float
+    per_s: float
+    deepest: int
+    verify: Verify
+    max_queue: int
+    batch: int
+    fsync: str  # the file sink's fsync policy
+
+
+@dataclass(frozen=True)
+class Audit:
+    queued: AuditRun  # all queued, then the worker started
+    burst: AuditRun  # committed over `spread_s`, the caps enforced
+    spread_s: float
+
+
+@dataclass(frozen=True)
+class Drain:
+    events: int
+    queued_at_up: int
+    dropped: int
+    outage_s: float
+    wait_s: float  # the worker's backoff, from the receiver's return to the first receipt
+    drain_s: float
+    per_s: float
+    per_s_from_up: float
+    retries: int
 
 
 def bench_events(first_seq: int, count: int) -> list[Event]:
@@ -58,13 +136,13 @@ def bench_events(first_seq: int, count: int) -> list[Event]:
 # --- what one acknowledgement costs ---
 
 
-def bench_ack(depths: Sequence[int], reps: int) -> dict[str, Any]:
+def bench_ack(depths: Sequence[int], reps: int) -> Ack:
     """`OutboxDatabase.queues.ack` (which prunes what no sink needs any more) of one event and of one
     batch (the sinks' default max_batch), at each queue depth: wall time (fsync included, what
     a worker waits for) and this thread's CPU time, medians of `reps`. The queue is topped up
     after each ack (not timed), so every ack sees the same depth."""
     batch = BaseSinkSettings().max_batch
-    out: dict[str, Any] = {"batch": batch, "reps": reps, "depths": {}}
+    out: dict[int, AckTimes] = {}
     for depth in depths:
         with tempfile.TemporaryDirectory(prefix="prw-b9a-", dir="/tmp") as tmp:
             db = OutboxDatabase(Path(tmp) / "state" / OUTBOX_FILE)
@@ -81,7 +159,7 @@ def bench_ack(depths: Sequence[int], reps: int) -> dict[str, Any]:
 
             fill(depth)
             oldest = 1
-            timed: dict[str, dict[str, list[float]]] = {}
+            timed: dict[str, Timing] = {}
             for label, size in (("one", 1), ("batch", min(batch, depth))):
                 walls: list[float] = []
                 cpus: list[float] = []
@@ -93,13 +171,11 @@ def bench_ack(depths: Sequence[int], reps: int) -> dict[str, Any]:
                     walls.append(time.perf_counter() - t0)
                     oldest += size
                     fill(size)
-                timed[label] = {"wall": walls, "cpu": cpus}
+                timed[label] = Timing(statistics.median(walls), statistics.median(cpus))
             assert db.sinks.stats("sink").depth == depth, "the queue did not keep its depth"
             db.close()
-        out["depths"][depth] = {
-            label: {k: statistics.median(v) for k, v in t.items()} for label, t in timed.items()
-        }
-    return {"ack": out}
+        out[depth] = AckTimes(timed["one"], timed["batch"])
+    return Ack(batch, reps, out)
 
 
 # --- an audit log taking a burst ---
@@ -120,7 +196,7 @@ class _Delivered:
         self.changed.set()
 
 
-def audit_verify(log: Path) -> dict[str, Any]:
+def audit_verify(log: Path) -> Verify:
     """`pod-resources-watcher audit verify` on the log and its rotated files, as an operator runs it."""
     files = [log, *sorted(log.parent.glob(log.name + ".[0-9]*"))]
     done = subprocess.run(
@@ -133,10 +209,10 @@ def audit_verify(log: Path) -> dict[str, Any]:
     says = done.stdout.strip().splitlines()[0] if done.stdout.strip() else done.stderr.strip()
     span = re.match(r"OK: (\d+) records intact \(records (\d+)\.\.(\d+)\)", says)
     records, first, last = (int(g) for g in span.groups()) if span else (0, 0, 0)
-    return {"rc": done.returncode, "says": says, "records": records, "first": first, "last": last}
+    return Verify(done.returncode, says, records, first, last)
 
 
-async def _audit_run(root: Path, n: int, spread_s: float | None, budget_s: float) -> dict[str, Any]:
+async def _audit_run(root: Path, n: int, spread_s: float | None, budget_s: float) -> AuditRun:
     """`n` events through the file sink at its default settings. `spread_s` None: all queued
     before its worker starts (its own speed; no cap applies before the agent's next commit);
     else committed evenly over that many seconds, the queue caps enforced after every commit
@@ -187,37 +263,36 @@ async def _audit_run(root: Path, n: int, spread_s: float | None, budget_s: float
         await dispatcher.close()
         await store.close()
     elapsed = last - t0 if count else float("nan")
-    return {
-        "events": n,
-        "delivered": count,
-        "dropped": stats.dropped,
-        "left": stats.depth,
-        "budget_s": budget_s,
-        "seconds": elapsed,
-        "per_s": count / elapsed,
-        "deepest": deepest,
-        "verify": audit_verify(settings.path),
-        "max_queue": settings.max_queue,
-        "batch": dispatcher.workers["audit"].batch_size,
-        "fsync": settings.fsync,
-    }
+    return AuditRun(
+        events=n,
+        delivered=count,
+        dropped=stats.dropped,
+        left=stats.depth,
+        budget_s=budget_s,
+        seconds=elapsed,
+        per_s=count / elapsed,
+        deepest=deepest,
+        verify=audit_verify(settings.path),
+        max_queue=settings.max_queue,
+        batch=dispatcher.workers["audit"].batch_size,
+        fsync=settings.fsync,
+    )
 
 
-async def bench_audit(n: int, spread_s: float, budget_s: float = 60.0) -> dict[str, Any]:
+async def bench_audit(n: int, spread_s: float, budget_s: float = 60.0) -> Audit:
     """The audit log's own speed over `n` queued events, then `n` events arriving over
     `spread_s` seconds at the default caps."""
-    out: dict[str, Any] = {}
-    for label, spread in (("queued", None), ("burst", spread_s)):
+    runs = []
+    for spread in (None, spread_s):
         with tempfile.TemporaryDirectory(prefix="prw-b9b-", dir="/tmp") as tmp:
-            out[label] = await _audit_run(Path(tmp), n, spread, budget_s)
-    out["spread_s"] = spread_s
-    return {"audit": out}
+            runs.append(await _audit_run(Path(tmp), n, spread, budget_s))
+    return Audit(runs[0], runs[1], spread_s)
 
 
 # --- a webhook's queue draining after an outage ---
 
 
-async def bench_drain(n: int | None = None, outage_s: float = 2.0) -> dict[str, Any]:
+async def bench_drain(n: int | None = None, outage_s: float = 2.0) -> Drain:
     """`n` events (default: a sink's default max_queue, a full queue) queued for a webhook
     whose receiver is down; once the worker has failed at least once and `outage_s` passed,
     the receiver comes up on that port. Events/s from its first receipt to its last, and how
@@ -263,16 +338,14 @@ async def bench_drain(n: int | None = None, outage_s: float = 2.0) -> dict[str, 
             if runner is not None:
                 await runner.cleanup()
     first, last = min(receiver.ids.values()), max(receiver.ids.values())
-    return {
-        "drain": {
-            "events": n,
-            "queued_at_up": queued,
-            "dropped": dropped,
-            "outage_s": up - down_since,
-            "wait_s": first - up,
-            "drain_s": last - first,
-            "per_s": n / (last - first) if last > first else float("inf"),
-            "per_s_from_up": n / (last - up),
-            "retries": worker.counts["retry"],
-        }
-    }
+    return Drain(
+        events=n,
+        queued_at_up=queued,
+        dropped=dropped,
+        outage_s=up - down_since,
+        wait_s=first - up,
+        drain_s=last - first,
+        per_s=n / (last - first) if last > first else float("inf"),
+        per_s_from_up=n / (last - up),
+        retries=worker.counts["retry"],
+    )

@@ -10,12 +10,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bench.scale_agent import import_floor_mib
 from watcher.settings import KubeletSettings
 
-__all__ = ["ScaleSize", "bench_scale", "FIT"]
+__all__ = ["FIT", "NodeSize", "Scale", "ScaleSize", "bench_scale"]
 
 HERE = Path(__file__).resolve().parent
 # A size of `FIT` pods: the most whose List answer fits the default receive limit.
@@ -30,9 +29,32 @@ class ScaleSize:
     budget_s: float = 60.0  # no more measured cycles after this long (two at least)
 
 
-async def bench_scale(sizes: Sequence[ScaleSize]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class NodeSize:
+    """One size's run of bench/scale_agent.py: per changed cycle, CPU and wall seconds and bytes
+    written; RSS in MiB; the first full decode's seconds."""
+
+    pods: int
+    fit: bool  # the most pods whose List answer fits the receive limit
+    list_bytes: int
+    cpu: tuple[float, ...]
+    wall: tuple[float, ...]
+    written: tuple[int, ...]
+    rss_steady_mib: float
+    rss_peak_mib: float
+    first_cycle_s: float
+
+
+@dataclass(frozen=True)
+class Scale:
+    import_floor_mib: float
+    max_receive_bytes: int
+    sizes: tuple[NodeSize, ...]
+
+
+async def bench_scale(sizes: Sequence[ScaleSize]) -> Scale:
     limit = KubeletSettings().max_receive_bytes  # the default, from the code
-    out: dict[str, Any] = {"import_floor_mib": import_floor_mib(), "max_receive_bytes": limit, "sizes": []}
+    out: list[NodeSize] = []
     for size in sizes:
         which = ["--fit", str(limit)] if size.pods == FIT else ["--pods", str(size.pods)]
         done = await asyncio.to_thread(
@@ -55,8 +77,19 @@ async def bench_scale(sizes: Sequence[ScaleSize]) -> dict[str, Any]:
         if done.returncode != 0:
             raise RuntimeError(f"scale_agent.py {' '.join(which)} failed:\n{done.stderr[-3000:]}")
         result = json.loads(done.stdout)
-        result["fit"] = size.pods == FIT
         assert result["commit_failures"] == 0, f"{which}: the agent's cycles failed to commit"
         assert result["events"] >= len(result["cpu"]), f"{which}: a change was not reported"
-        out["sizes"].append(result)
-    return {"scale": out}
+        out.append(
+            NodeSize(
+                pods=result["pods"],
+                fit=size.pods == FIT,
+                list_bytes=result["list_bytes"],
+                cpu=tuple(result["cpu"]),
+                wall=tuple(result["wall"]),
+                written=tuple(result["written"]),
+                rss_steady_mib=result["rss_steady_mib"],
+                rss_peak_mib=result["rss_peak_mib"],
+                first_cycle_s=result["first_cycle_s"],
+            )
+        )
+    return Scale(import_floor_mib(), limit, tuple(out))

@@ -21,14 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from testkit.ports import free_port
 
-__all__ = ["bench_steady", "steady_seconds", "cpu_seconds", "STEADY_ENV"]
+__all__ = ["STEADY_ENV", "Steady", "bench_steady", "cpu_seconds", "steady_seconds"]
 
 ROOT = Path(__file__).resolve().parent.parent
 STEADY_ENV = "PRW_BENCH_STEADY_S"
@@ -37,6 +37,19 @@ SCRAPE_EVERY_S = 15.0
 # watcher.started, the first timer period's scheduling) finish before the window opens.
 SETTLE_S = 5.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Steady:
+    """The agent process's CPU over the window, and where it went."""
+
+    cpu_s: float
+    wall_s: float
+    share: float  # of one core
+    scrapes: int
+    requeries: float
+    clk_tck: int
+    threads: dict[str, float]  # CPU seconds by thread (name and id), the busiest first
 
 
 def steady_seconds(default: float = 300.0) -> float:
@@ -100,7 +113,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
 
 async def bench_steady(
     seconds: float, scrape_every: float = SCRAPE_EVERY_S, settle_s: float = SETTLE_S
-) -> dict[str, Any]:
+) -> Steady:
     with tempfile.TemporaryDirectory(prefix="prw-b3s-", dir="/tmp") as tmp:
         root = Path(tmp)
         kubelet = root / "kubelet"
@@ -161,17 +174,15 @@ async def bench_steady(
                         proc.wait()
     requeries = "pod_resources_watcher_requeries_total"
     cpu, wall = cpu1 - cpu0, t1 - t0
-    return {
-        "steady": {
-            "cpu_s": cpu,
-            "wall_s": wall,
-            "share": cpu / wall,
-            "scrapes": len(scrapes),
-            "requeries": _metric(last, requeries) - _metric(scrapes[0], requeries),
-            "clk_tck": _CLK_TCK,
-            "threads": {
-                name: cpu - threads0.get(name, 0.0)
-                for name, cpu in sorted(threads1.items(), key=lambda kv: -(kv[1] - threads0.get(kv[0], 0.0)))
-            },
-        }
-    }
+    return Steady(
+        cpu_s=cpu,
+        wall_s=wall,
+        share=cpu / wall,
+        scrapes=len(scrapes),
+        requeries=_metric(last, requeries) - _metric(scrapes[0], requeries),
+        clk_tck=_CLK_TCK,
+        threads={
+            name: cpu - threads0.get(name, 0.0)
+            for name, cpu in sorted(threads1.items(), key=lambda kv: -(kv[1] - threads0.get(kv[0], 0.0)))
+        },
+    )

@@ -19,11 +19,25 @@ import pytest
 import bench.run
 from bench import fleet
 from bench.cycles import agent_for_cycles
-from bench.queues import bench_ack, bench_audit, bench_drain
+from bench.fleet.results import Capacity
+from bench.queues import (
+    Ack,
+    AckTimes,
+    Audit,
+    AuditRun,
+    Drain,
+    Timing,
+    Verify,
+    bench_ack,
+    bench_audit,
+    bench_drain,
+)
+from bench.registry import Results, sections
 from bench.report import report
+from bench.scale import NodeSize, Scale
 from bench.scale_agent import import_floor_mib
 from bench.scale_kubelet import PrebuiltKubelet, list_entry, pods_to_try
-from bench.steady import STEADY_ENV, bench_steady, cpu_seconds, steady_seconds
+from bench.steady import STEADY_ENV, Steady, bench_steady, cpu_seconds, steady_seconds
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.settings import KubeletSettings
 from watcher.sim import fake_answers
@@ -145,43 +159,43 @@ def test_the_import_floor_is_a_fresh_interpreter_with_the_agent_imported() -> No
 
 
 def test_ack_cost_is_measured_at_a_steady_depth() -> None:
-    result = bench_ack((5, 300), reps=3)["ack"]
-    assert set(result["depths"]) == {5, 300}
-    for timings in result["depths"].values():
-        for kind in ("one", "batch"):
-            assert timings[kind]["wall"] > 0 and timings[kind]["cpu"] >= 0
+    result = bench_ack((5, 300), reps=3)
+    assert set(result.depths) == {5, 300}
+    for timings in result.depths.values():
+        for kind in (timings.one, timings.batch):
+            assert kind.wall > 0 and kind.cpu >= 0
 
 
 async def test_the_audit_burst_delivers_and_verifies() -> None:
-    result = (await bench_audit(150, 0.3))["audit"]
-    for run in (result["queued"], result["burst"]):
-        assert run["delivered"] == 150 and run["dropped"] == 0 and run["left"] == 0
-        assert run["verify"] == {
-            "rc": 0,
-            "says": "OK: 150 records intact (records 1..150)",
-            "records": 150,
-            "first": 1,
-            "last": 150,
-        }
-        assert run["per_s"] > 0
-    assert result["burst"]["batch"] == result["queued"]["batch"] >= 1
+    result = await bench_audit(150, 0.3)
+    for run in (result.queued, result.burst):
+        assert run.delivered == 150 and run.dropped == 0 and run.left == 0
+        assert run.verify == Verify(
+            rc=0,
+            says="OK: 150 records intact (records 1..150)",
+            records=150,
+            first=1,
+            last=150,
+        )
+        assert run.per_s > 0
+    assert result.burst.batch == result.queued.batch >= 1
 
 
 async def test_the_drain_waits_out_the_outage_then_counts_every_event() -> None:
-    result = (await bench_drain(120, outage_s=0.3))["drain"]
-    assert result["queued_at_up"] == 120 and result["dropped"] == 0
-    assert result["retries"] >= 1 and result["outage_s"] >= 0.3
-    assert result["per_s"] > 0 and result["wait_s"] >= 0
+    result = await bench_drain(120, outage_s=0.3)
+    assert result.queued_at_up == 120 and result.dropped == 0
+    assert result.retries >= 1 and result.outage_s >= 0.3
+    assert result.per_s > 0 and result.wait_s >= 0
 
 
 @pytest.mark.slow
 async def test_the_steady_state_share_is_a_real_agent_process() -> None:
-    result = (await bench_steady(1.0, scrape_every=0.4, settle_s=0.2))["steady"]
-    assert result["scrapes"] == 3
-    assert 0.99 <= result["wall_s"] < 3
-    assert 0 <= result["cpu_s"] <= result["wall_s"] * 2  # two cores at most
-    assert result["share"] == result["cpu_s"] / result["wall_s"]
-    assert any(name.startswith("python ") for name in result["threads"])
+    result = await bench_steady(1.0, scrape_every=0.4, settle_s=0.2)
+    assert result.scrapes == 3
+    assert 0.99 <= result.wall_s < 3
+    assert 0 <= result.cpu_s <= result.wall_s * 2  # two cores at most
+    assert result.share == result.cpu_s / result.wall_s
+    assert any(name.startswith("python ") for name in result.threads)
 
 
 def test_cpu_seconds_reads_the_process_stat() -> None:
@@ -201,7 +215,7 @@ def test_the_steady_window_comes_from_the_environment(monkeypatch: pytest.Monkey
 
 
 def test_only_names_sections_and_groups() -> None:
-    names = list(bench.run.steps(bench.run.QUICK))
+    names = [s.name for s in sections()]
     assert bench.run.chosen("scale", names) == ["nodes", "ack", "audit", "drain"]
     assert bench.run.chosen("drain,steady", names) == ["steady", "drain"]
     assert bench.run.chosen(None, names) == names
@@ -210,68 +224,73 @@ def test_only_names_sections_and_groups() -> None:
 
 
 def test_the_report_gives_each_new_figure_its_goal_and_verdict() -> None:
-    def audit_run(per_s: float, dropped: int, last: int) -> dict[str, Any]:
-        return {
-            "events": 30_000,
-            "delivered": 30_000 - dropped,
-            "dropped": dropped,
-            "deepest": 9_000,
-            "seconds": 3.0,
-            "per_s": per_s,
-            "batch": 50,
-            "max_queue": 10_000,
-            "verify": {"rc": 0, "says": "OK", "records": last, "first": 1, "last": last},
-            "left": 0,
-            "budget_s": 60.0,
-        }
+    def audit_run(per_s: float, dropped: int, last: int) -> AuditRun:
+        return AuditRun(
+            events=30_000,
+            delivered=30_000 - dropped,
+            dropped=dropped,
+            deepest=9_000,
+            seconds=3.0,
+            per_s=per_s,
+            batch=50,
+            max_queue=10_000,
+            verify=Verify(rc=0, says="OK", records=last, first=1, last=last),
+            left=0,
+            budget_s=60.0,
+            fsync="event",
+        )
 
-    size = {
-        "pods": 10_000,
-        "fit": False,
-        "list_bytes": 1_500_000,
-        "cpu": [0.03] * 10,
-        "wall": [0.04] * 9 + [0.09],
-        "written": [400_000] * 10,
-        "rss_steady_mib": 150.0,
-        "rss_peak_mib": 159.0,
-        "first_cycle_s": 1.0,
-    }
-    results = {
-        "steady": {
-            "cpu_s": 0.12,
-            "wall_s": 300.0,
-            "share": 0.0004,
-            "scrapes": 20,
-            "requeries": 10,
-            "clk_tck": 100,
-            "threads": {"python 1": 0.12},
-        },
-        "scale": {"import_floor_mib": 50.0, "max_receive_bytes": 64 << 20, "sizes": [size]},
-        "ack": {
-            "batch": 50,
-            "reps": 3,
-            "depths": {
-                10: {"one": {"wall": 0.001, "cpu": 0.0005}, "batch": {"wall": 0.002, "cpu": 0.001}},
-                100_000: {"one": {"wall": 0.0019, "cpu": 0.0005}, "batch": {"wall": 0.009, "cpu": 0.001}},
-            },
-        },
-        "audit": {
-            "queued": audit_run(12_000, 0, 30_000),
-            "burst": audit_run(2_400, 5, 29_995),
-            "spread_s": 12.0,
-        },
-        "drain": {
-            "events": 10_000,
-            "queued_at_up": 10_000,
-            "dropped": 0,
-            "outage_s": 2.0,
-            "wait_s": 0.5,
-            "drain_s": 2.0,
-            "per_s": 5_000,
-            "per_s_from_up": 4_000,
-            "retries": 2,
-        },
-    }
+    size = NodeSize(
+        pods=10_000,
+        fit=False,
+        list_bytes=1_500_000,
+        cpu=(0.03,) * 10,
+        wall=(0.04,) * 9 + (0.09,),
+        written=(400_000,) * 10,
+        rss_steady_mib=150.0,
+        rss_peak_mib=159.0,
+        first_cycle_s=1.0,
+    )
+    results = Results(
+        {
+            "steady": Steady(
+                cpu_s=0.12,
+                wall_s=300.0,
+                share=0.0004,
+                scrapes=20,
+                requeries=10,
+                clk_tck=100,
+                threads={"python 1": 0.12},
+            ),
+            "nodes": Scale(import_floor_mib=50.0, max_receive_bytes=64 << 20, sizes=(size,)),
+            "ack": Ack(
+                batch=50,
+                reps=3,
+                depths={
+                    10: AckTimes(one=Timing(wall=0.001, cpu=0.0005), batch=Timing(wall=0.002, cpu=0.001)),
+                    100_000: AckTimes(
+                        one=Timing(wall=0.0019, cpu=0.0005), batch=Timing(wall=0.009, cpu=0.001)
+                    ),
+                },
+            ),
+            "audit": Audit(
+                queued=audit_run(12_000, 0, 30_000),
+                burst=audit_run(2_400, 5, 29_995),
+                spread_s=12.0,
+            ),
+            "drain": Drain(
+                events=10_000,
+                queued_at_up=10_000,
+                dropped=0,
+                outage_s=2.0,
+                wait_s=0.5,
+                drain_s=2.0,
+                per_s=5_000,
+                per_s_from_up=4_000,
+                retries=2,
+            ),
+        }
+    )
     text = report(results, datetime.now(UTC), 60.0, "bench/run.py --only steady,scale")
     line = {row.split("|")[1].strip(): row for row in text.splitlines() if row.startswith("|")}
     assert "**met**" in line["300 s"]  # 0.04 % of one core
@@ -324,36 +343,34 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
     """A tiny fleet through the nats sink's Publisher into a real 3-node cluster and through the
     webhook sink into one receiver: every event arrives once, the stream read back agrees, and the
     report renders each table with its goals."""
-    results = await fleet.bench_fleet(TINY_FLEET)
-    f = results["fleet"]
-    runs = [*f["fleets"], f["webhook"]]
-    for run in [r[phase] for r in runs for phase in ("steady", "burst")]:
-        assert run["events"] > 0 and run["received"] == run["events"]
-        assert run["lost"] == 0 and run["duplicated"] == 0 and run["abandoned"] == 0
-        assert len(run["latency"]) == run["events"] and all(0 < x < 5 for x in run["latency"])
-    assert [(c["nodes"], c["connections"], c["shared"]) for c in f["connect"]] == [
+    f = await fleet.bench_fleet(TINY_FLEET)
+    results = Results({"fleet": f})
+    runs = [*f.fleets, f.webhook]
+    for run in [phase for r in runs for phase in (r.steady, r.burst)]:
+        assert run.events > 0 and run.received == run.events
+        assert run.lost == 0 and run.duplicated == 0 and run.abandoned == 0
+        assert len(run.latency) == run.events and all(0 < x < 5 for x in run.latency)
+    assert [(c.nodes, c.connections, c.shared) for c in f.connect] == [
         (20, 20, False),
         (30, 20, True),
     ]
-    for nodes, run in zip((20, 30), f["fleets"], strict=True):
-        steady, burst = run["steady"], run["burst"]
-        assert burst["burst_nodes"] == nodes // 10 and burst["events"] == nodes // 10 * len(
-            f["script"]["burst"]
-        )
-        assert steady["lag_end"] == 0 and steady["out_of_order"] == 0
+    for nodes, run in zip((20, 30), f.fleets, strict=True):
+        steady, burst = run.steady, run.burst
+        assert burst.burst_nodes == nodes // 10 and burst.events == nodes // 10 * len(f.script.burst)
+        assert steady.lag_end == 0 and steady.out_of_order == 0
         # Every event is in the stream read back: each node's watcher.started, steady, burst.
-        assert steady["stored"] == nodes + steady["events"] + burst["events"]
-    o = f["failover"]
-    assert o["killed"] is None and o["events"] > 0
-    assert o["lost"] == 0 and o["duplicated"] == 0 and o["received"] == o["events"]
-    assert o["stored"] == o["nodes"] + o["events"]  # and each node's watcher.started
-    assert [(c["sink"], c["processes"]) for c in f["capacity"]] == [("nats", 1), ("nats", 2), ("webhook", 1)]
-    assert all(c["per_s"] > 0 and c["generator_cores"] > 0 for c in f["capacity"])
-    assert f["capacity"][0]["server_cores"] > 0
+        assert steady.stored == nodes + steady.events + burst.events
+    o = f.failover
+    assert o.killed is None and o.events > 0
+    assert o.lost == 0 and o.duplicated == 0 and o.received == o.events
+    assert o.stored == o.nodes + o.events  # and each node's watcher.started
+    assert [(c.sink, c.processes) for c in f.capacity] == [("nats", 1), ("nats", 2), ("webhook", 1)]
+    assert all(c.per_s > 0 and c.generator_cores > 0 for c in f.capacity)
+    assert f.capacity[0].server_cores > 0
     # Each row is its median run (of two, the lower), with every run's figure kept for the range.
-    assert all(len(c["runs"]) == 2 and c["per_s"] == min(c["runs"]) for c in f["capacity"])
+    assert all(len(c.runs) == 2 and c.per_s == min(c.runs) for c in f.capacity)
     # Made before the clock; whatever was made while it ran is counted, per row, processes included.
-    assert all(isinstance(c["made_late"], int) and c["made_late"] >= 0 for c in f["capacity"])
+    assert all(isinstance(c.made_late, int) and c.made_late >= 0 for c in f.capacity)
 
     text = report(results, datetime.now(UTC), 10.0, "bench/run.py --only fleet")
     assert "## 10. Fleet" in text
@@ -375,22 +392,45 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
     ]
     assert "(No kill in this run.)" in text
     assert all(re.fullmatch(r"[\d,]+ \([\d,]+-[\d,]+\)", r[6]) for r in capacity)  # median (range)
-    late = sum(c["made_late"] for c in f["capacity"])
+    late = sum(c.made_late for c in f.capacity)
     assert ("no node ran out of them in any row" in text) == (late == 0)
     goals = {r[0]: r for r in _table(text, "| goal | measured | verdict |")}
     assert len(goals) == 2  # no leader kill, no verdict on it
     assert all(r[2] in ("**met**", "**not met**") for r in goals.values())
 
     # The verdicts follow the figures.
-    for c in f["capacity"]:
-        c["per_s"] = 5_000.0 if c is f["capacity"][0] else 10.0
-    f["fleets"][0]["steady"]["latency"] = [0.01] * 99 + [0.25]
+    def with_figures(best: float, others: float, latency: list[float], **failover: Any) -> Results:
+        nonlocal f
+        first = f.fleets[0]
+        f = dataclasses.replace(
+            f,
+            capacity=tuple(
+                dataclasses.replace(c, per_s=best if i == 0 else others) for i, c in enumerate(f.capacity)
+            ),
+            fleets=(
+                dataclasses.replace(first, steady=dataclasses.replace(first.steady, latency=tuple(latency))),
+                *f.fleets[1:],
+            ),
+            failover=dataclasses.replace(f.failover, **failover),
+        )
+        return Results({"fleet": f})
+
+    results = with_figures(5_000.0, 10.0, [0.01] * 99 + [0.25])
     text = report(results, datetime.now(UTC), 10.0, "bench/run.py --only fleet")
     assert [r[2] for r in _table(text, "| goal | measured | verdict |")] == ["**met**", "**met**"]
-    f["capacity"][0]["per_s"] = 4_999.0  # the best row
-    f["fleets"][0]["steady"]["latency"] = [0.01] * 98 + [0.26, 0.26]
-    o.update(killed="n1", new_leader="n2", kill_at_s=1.0, down_s=1.0, rejoin_s=1.0, lost=1)
-    f["profiles"]["capacity"] = ["ncalls  tottime  percall  cumtime  percall filename:lineno(function)"]
+    # The best row just under the goal, p99 just over it, one event lost across a leader kill.
+    results = with_figures(
+        4_999.0,
+        10.0,
+        [0.01] * 98 + [0.26, 0.26],
+        killed="n1",
+        new_leader="n2",
+        kill_at_s=1.0,
+        down_s=1.0,
+        rejoin_s=1.0,
+        lost=1,
+    )
+    f.profiles["capacity"] = ["ncalls  tottime  percall  cumtime  percall filename:lineno(function)"]
     text = report(results, datetime.now(UTC), 10.0, "bench/run.py --only fleet")
     goals = {r[0]: r for r in _table(text, "| goal | measured | verdict |")}
     assert [r[2] for r in goals.values()] == ["**not met**", "**not met**", "**not met**"]
@@ -398,7 +438,10 @@ async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports
 
 
 def test_a_capacity_row_reports_its_median_run_with_every_runs_figure() -> None:
-    runs = [{"per_s": 3.0, "cpu": "c"}, {"per_s": 1.0, "cpu": "a"}, {"per_s": 2.0, "cpu": "b"}]
+    def run(per_s: float, cpu: float) -> Capacity:
+        return Capacity("nats", 10, 2, 1, 1, 500, 1.0, int(per_s), per_s, cpu, None, 0)
+
+    runs = [run(3.0, 0.3), run(1.0, 0.1), run(2.0, 0.2)]
     row = fleet.median_run(runs)
     # The median run's figures, its CPU included, and every run's events/s in run order.
-    assert (row["per_s"], row["cpu"], row["runs"]) == (2.0, "b", [3.0, 1.0, 2.0])
+    assert (row.per_s, row.generator_cores, row.runs) == (2.0, 0.2, (3.0, 1.0, 2.0))

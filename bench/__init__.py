@@ -1,0 +1,2 @@
+"""`make bench`: the benchmarks behind BENCHMARKS.md (bench/run.py drives them). Dev-only: never
+in the wheel."""
