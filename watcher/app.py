@@ -80,7 +80,7 @@ def http_options(http: HttpSettings, sinks: Sequence[BaseSinkSettings] = ()) -> 
 class Agent:
     """One node's watcher: `run()` until `stop` is set; `reload()` applies a new configuration.
 
-    Test and benchmark seams (public, documented in the README): `open()` then `requery()` drives
+    Test and benchmark seams (public, documented in docs/architecture.md): `open()` then `requery()` drives
     cycles without the loop; `wake(reason)` asks the running loop for one; `subscribe`,
     `subscribe_cycles` and `subscribe_deliveries` tell of every stored event, finished re-query
     and delivery; `metrics.value(...)` reads the counters; `kubelet_health`, `seq` and

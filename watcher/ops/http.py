@@ -38,10 +38,10 @@ WRITE_CHUNK = 64 * 1024
 # and the most asyncio accepts in one turn of the loop. The guard sees a connection two turns after
 # it was accepted and the descriptor of one it closed is released a turn later, so while a flood
 # is being accepted up to 3 x BACKLOG descriptors come on top of max_connections, for a few
-# milliseconds (the README's fd budget).
+# milliseconds (docs/endpoints-and-metrics.md, File descriptors).
 BACKLOG = 64
 # Descriptors the agent needs for itself besides HTTP connections and sinks: about 30 measured
-# (outbox, inotify, the kubelet's channel, logs), with a little room (the README's fd budget).
+# (outbox, inotify, the kubelet's channel, logs), with a little room (docs/endpoints-and-metrics.md, File descriptors).
 FD_OWN = 32
 # How long shutting down waits for a request in flight before cutting it off, seconds.
 SHUTDOWN_S = 2.0

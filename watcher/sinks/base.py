@@ -273,7 +273,7 @@ def check_kinds(path: str, settings: BaseSinkSettings) -> None:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(
             f"{path}.kinds[{i}]: matches no event kind{hint} (the kinds are {', '.join(families)}: "
-            "README, Events, lists each)"
+            "docs/events.md lists each)"
         )
 
 

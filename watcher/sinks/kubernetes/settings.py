@@ -55,7 +55,7 @@ class KubernetesSinkSettings(BaseSinkSettings):
         default=True, metadata=field_meta("Create Events on the affected Pods and the Node.")
     )
     conditions: bool = field(
-        default=True, metadata=field_meta("Keep one Node condition per device resource (see the README).")
+        default=True, metadata=field_meta("Keep one Node condition per device resource (docs/kubernetes.md).")
     )
     condition_types: Mapping[str, str] = field(
         default_factory=dict,

@@ -99,7 +99,7 @@ async def connect(
             if state.last != text:
                 state.last = text
                 log.error(
-                    "the NATS server refused a request of this agent's user: grant it (README, NATS: "
+                    "the NATS server refused a request of this agent's user: grant it (docs/nats.md: "
                     "least privilege)",
                     sink=settings.name,
                     error=text,

@@ -48,7 +48,7 @@ async def ensure_stream(js: nats.js.client.JetStreamContext, settings: NatsSinkS
         if not s.create_stream:
             raise StreamError(
                 f"stream {s.stream} does not exist: create it (subjects {s.subject_prefix}.>, a duplicate "
-                f"window of at least {s.max_age:g} s; README, NATS JetStream) or set create_stream = true"
+                f"window of at least {s.max_age:g} s; docs/nats.md) or set create_stream = true"
             ) from None
         info = await js.add_stream(
             StreamConfig(
