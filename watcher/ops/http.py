@@ -41,7 +41,8 @@ WRITE_CHUNK = 64 * 1024
 # milliseconds (docs/endpoints-and-metrics.md, File descriptors).
 BACKLOG = 64
 # Descriptors the agent needs for itself besides HTTP connections and sinks: about 30 measured
-# (outbox, inotify, the kubelet's channel, logs), with a little room (docs/endpoints-and-metrics.md, File descriptors).
+# (outbox, inotify, the kubelet's channel, logs), with a little room (the fd budget in
+# docs/endpoints-and-metrics.md).
 FD_OWN = 32
 # How long shutting down waits for a request in flight before cutting it off, seconds.
 SHUTDOWN_S = 2.0
