@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from tests.agent_harness import Running, make_settings, running_agent
+from testkit.agent import Running, make_settings, running_agent
 from watcher.kubelet.identity import FileIdentity, is_replacement
 from watcher.sim.fake_kubelet import FakeKubelet
 

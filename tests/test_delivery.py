@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from testkit.agent import make_settings, running_agent, serve_post, write_agent_config
+from testkit.planted_secret import PLANTED_SECRET
 from testkit.ports import free_port
-from tests.agent_harness import make_settings, running_agent, serve_post, write_agent_config
-from tests.conftest import PLANTED_SECRET
 from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import envelope

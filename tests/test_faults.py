@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from tests.agent_harness import Running, make_settings, running_agent
-from tests.conftest import FailingDisk, fill
+from testkit.agent import Running, make_settings, running_agent
+from testkit.disks import FailingDisk, fill
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.build import build
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -208,7 +208,7 @@ async def test_a_receiver_that_trickles_its_status_line_times_out_and_is_retried
 async def test_a_2xx_with_a_trickling_or_huge_body_is_delivered_at_once() -> None:
     from aiohttp import web
 
-    from tests.agent_harness import serve_post
+    from testkit.agent import serve_post
     from watcher.sinks.http import HttpClient
 
     async def trickle(request: web.Request) -> web.StreamResponse:

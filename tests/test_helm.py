@@ -25,7 +25,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.test_deploy import (
+from testkit.manifests import (
     DEPLOY,
     OVERLAYS,
     REPORTING,

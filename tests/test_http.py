@@ -29,7 +29,7 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from tests.agent_harness import make_settings, running_agent, write_agent_config
+from testkit.agent import make_settings, running_agent, write_agent_config
 from watcher.config import ConfigError
 from watcher.ops.connections import ConnectionLimits
 from watcher.ops.http import BACKLOG, Health, HttpOptions, HttpServer, InventoryCache

@@ -32,9 +32,9 @@ import pytest
 from nats.js.api import StreamConfig
 from structlog.testing import capture_logs
 
+from testkit.agent import make_settings, running_agent
 from testkit.nats_cluster import NatsCluster, NatsServer
-from tests.agent_harness import make_settings, running_agent
-from tests.conftest import PLANTED_SECRET
+from testkit.planted_secret import PLANTED_SECRET
 from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
+from testkit.agent import Running, make_settings, running_agent, write_agent_config
 from testkit.nats_cluster import NatsCluster, running_cluster
-from tests.agent_harness import Running, make_settings, running_agent, write_agent_config
 from watcher.config import ConfigError
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, new_cycle_id
@@ -479,7 +479,7 @@ async def test_a_sigkill_between_publish_and_outbox_ack_is_deduplicated_by_the_s
         hold.mkdir()
         log = tmp_path / "agent.log"
         held = _agent_process(
-            ["-m", "tests.nats_kill_point", str(hold), "1", "--", "run", "-c", str(config)], log
+            ["-m", "testkit.nats_kill_point", str(hold), "1", "--", "run", "-c", str(config)], log
         )
         try:
             await _wait_for(lambda: (hold / "published").exists(), 30, "the first acknowledged publish")

@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.agent_harness import Running, make_settings, running_agent, serve_post
-from tests.conftest import PLANTED_SECRET
+from testkit.agent import Running, make_settings, running_agent, serve_post
+from testkit.planted_secret import PLANTED_SECRET
 from watcher.cli import main
 from watcher.secrets import Secret
 from watcher.sim.fake_kubelet import FakeKubelet

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import structlog
 
-from tests.receivers import WebhookReceiver
+from testkit.receivers import WebhookReceiver
 from watcher.cli import main
 from watcher.delivery.dispatcher import Dispatcher
 from watcher.kubelet.decoding import Decoder

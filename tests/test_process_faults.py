@@ -1,6 +1,6 @@
 """Process faults: the agent SIGKILLed inside its outbox transaction, the audit log cut mid-record.
 
-The agent runs as a real process (`python -m tests.kill_point`, the CLI with a kill point armed)
+The agent runs as a real process (`python -m testkit.store_kill_point`, the CLI with a kill point armed)
 against a fake kubelet in this process; the audit log (a `file` sink) is the record of what was
 emitted. After each kill the agent is started again, unarmed: the database must be intact, and
 every change must be in the log exactly once, with seqs that neither repeat nor skip.
@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from tests.agent_harness import write_agent_config
-from tests.conftest import fill
+from testkit.agent import write_agent_config
+from testkit.disks import fill
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, new_cycle_id
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -67,7 +67,7 @@ class _Agent:
                 [
                     sys.executable,
                     "-m",
-                    "tests.kill_point",
+                    "testkit.store_kill_point",
                     str(self.hold_dir),
                     str(hold_at),
                     "--",

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from testkit.agent import write_agent_config
 from testkit.ports import free_port
-from tests.agent_harness import write_agent_config
 from watcher.sim.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"

@@ -1,4 +1,4 @@
-"""The HTTP sinks against real receivers that enforce each service's rules (tests/receivers.py):
+"""The HTTP sinks against real receivers that enforce each service's rules (testkit/receivers.py):
 Slack, PagerDuty, webhooks (JSON, CloudEvents, Standard Webhooks), the one retry policy end to
 end through the Dispatcher and a real Outbox, and secrets that never leak."""
 
@@ -32,7 +32,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from tests.receivers import PagerDutyReceiver, PathEchoReceiver, Receiver, SlackReceiver, WebhookReceiver
+from testkit.receivers import PagerDutyReceiver, PathEchoReceiver, Receiver, SlackReceiver, WebhookReceiver
 from watcher.cli import main
 from watcher.config import ConfigError
 from watcher.delivery.dispatcher import Dispatcher, SinkWorker

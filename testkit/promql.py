@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.agent_harness import make_settings, running_agent
+from testkit.agent import make_settings, running_agent
 from watcher.sim.fake_kubelet import FakeKubelet
 
 # What PromQL itself spells; every other word in an expression is a metric name.

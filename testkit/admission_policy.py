@@ -49,7 +49,8 @@ try:
     from cel.stdlib import join
 except ImportError as err:  # pragma: no cover - a missing test dependency
     raise ImportError(
-        'tests/admission.py needs a CEL evaluator: add "common-expression-language>=0.10" to the test extra'
+        "testkit/admission_policy.py needs a CEL evaluator:"
+        ' add "common-expression-language>=0.10" to the test extra'
     ) from err
 
 ROOT = Path(__file__).resolve().parent.parent
