@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]  # the test extra's, untyped
 
 from testkit.changes import Changes
 from watcher.app import Agent

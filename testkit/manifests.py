@@ -10,10 +10,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # the test extra's pyyaml, untyped
 
 try:
-    from kubernetes_validate import utils as kv_utils
+    from kubernetes_validate import utils as kv_utils  # type: ignore[import-untyped]
 except ImportError as err:  # pragma: no cover - a missing test dependency
     raise ImportError(
         'testkit/manifests.py needs kubernetes-validate: add "kubernetes-validate>=1.30" to the test extra'
@@ -68,7 +68,7 @@ SCHEMA_VERSION = kv_utils.latest_version()
 # --- YAML -----------------------------------------------------------------------------------------
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
     """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last one silently)."""
 
 
@@ -79,7 +79,8 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) 
         if key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
         seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
+    mapping: dict[Any, Any] = loader.construct_mapping(node, deep=deep)
+    return mapping
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
@@ -124,7 +125,7 @@ def _read_kustomization(directory: Path, kind: str) -> dict[str, Any]:
     path = directory / "kustomization.yaml"
     if not path.is_file():
         raise KustomizeError(f"{directory}: no kustomization.yaml")
-    k = load_yaml(path)
+    k: dict[str, Any] = load_yaml(path)
     unsupported = set(k) - KUSTOMIZATION_KEYS
     if unsupported:
         raise KustomizeError(f"{path}: fields this builder does not implement: {sorted(unsupported)}")

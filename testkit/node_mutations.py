@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from testkit.node_model import DevKey, MContainer, Model, Numa
+from testkit.node_model import DevKey, MContainer, MemKey, Model, Numa
 
 __all__ = ["MUTATIONS", "first_container", "with_container"]
 
@@ -103,7 +103,7 @@ def _pod_memory_changed(model: Model) -> Model | None:
         return None
     key = min(model.pods)
     p = model.pods[key]
-    memory = {k: v + 1 for k, v in p.memory.items()} if p.memory else {("memory", (0,)): 1}
+    memory: dict[MemKey, int] = {k: v + 1 for k, v in p.memory.items()} if p.memory else {("memory", (0,)): 1}
     return dataclasses.replace(model, pods={**model.pods, key: dataclasses.replace(p, memory=memory)})
 
 
@@ -112,7 +112,9 @@ def _container_memory_changed(model: Model) -> Model | None:
     if found is None:
         return None
     pod_key, name, c = found
-    memory = {k: v + 1 for k, v in c.memory.items()} if c.memory else {("hugepages-2Mi", ()): 2}
+    memory: dict[MemKey, int] = (
+        {k: v + 1 for k, v in c.memory.items()} if c.memory else {("hugepages-2Mi", ()): 2}
+    )
     return with_container(model, pod_key, name, dataclasses.replace(c, memory=memory))
 
 

@@ -293,7 +293,7 @@ def parse_cloudevent(headers: Mapping[str, str], body: bytes) -> CloudEventSeen:
     try:
         from cloudevents.core.bindings.http import HTTPMessage, from_http_event
     except ImportError:  # cloudevents 1.x
-        from cloudevents.http import from_http  # type: ignore[import-not-found,no-redef]
+        from cloudevents.http import from_http  # type: ignore[import-not-found]
 
         event = from_http(dict(headers), body)
         return CloudEventSeen(dict(event.get_attributes()), event.get_data())
