@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,16 @@ class Running:
     kubelet: FakeKubelet
     task: asyncio.Task[None]
     _marks: int = 0
+
+    async def add_devices(
+        self, resource: str, devices: Iterable[tuple[str, tuple[int, ...]]], timeout: float = 10.0
+    ) -> None:
+        """Add each (device id, NUMA nodes) to the fake kubelet in turn, the next once the agent
+        reported this one (device.added and the capacity change: two events)."""
+        for device, numa in devices:
+            mark = len(self.recorder.events)
+            self.kubelet.add_device(resource, device, numa)
+            await self.recorder.kinds_after(mark, 2, timeout)
 
     def queries_ok(self) -> float:
         """Re-queries the kubelet answered (changed or not)."""

@@ -48,10 +48,7 @@ async def test_audit_log_rotates_keeps_its_chain_and_verify_names_the_broken_rec
     )
     async with fake, running_agent(settings, fake) as run:
         await run.recorder.kinds_after(0, 1)
-        for i in range(12):
-            mark = len(run.recorder.events)
-            fake.add_device(GPU, f"GPU-churn-{i}", (i % 2,))
-            await run.recorder.kinds_after(mark, 2)
+        await run.add_devices(GPU, [(f"GPU-churn-{i}", (i % 2,)) for i in range(12)])
         await run.quiet_cycle()
         seqs = [e.seq for e in run.recorder.events]
     files = sorted(audit.parent.glob("audit.jsonl*"))
@@ -349,10 +346,7 @@ async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(short_tmp:
     with capture_logs() as logs:
         async with fake, running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
-            for i in range(3):
-                mark = len(run.recorder.events)
-                fake.add_device(GPU, f"GPU-cap-{i}", (0,))
-                await run.recorder.kinds_after(mark, 2)
+            await run.add_devices(GPU, [(f"GPU-cap-{i}", (0,)) for i in range(3)])
             # While an attempt is in flight the caps wait for it (its batch is the oldest) and the
             # worker applies them when it ends: nothing to await but the outcome.
             async with asyncio.timeout(5):
@@ -391,10 +385,7 @@ async def test_a_hung_sink_delays_neither_other_sinks_nor_the_watch_loop(short_t
     try:
         async with fake, running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
-            for i in range(5):
-                mark = len(run.recorder.events)
-                fake.add_device(GPU, f"GPU-h{i}", (1,))
-                await run.recorder.kinds_after(mark, 2, timeout=5)
+            await run.add_devices(GPU, [(f"GPU-h{i}", (1,)) for i in range(5)], timeout=5)
             total = len(run.recorder.events)
             audit_worker = run.agent.dispatcher.workers["audit"]
             await run.recorder.until(lambda: audit_worker.counts["delivered"] == total, timeout=5)

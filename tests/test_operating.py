@@ -295,10 +295,7 @@ async def test_reload_keeps_the_queued_events_of_unchanged_sinks(short_tmp: Path
     try:
         async with fake, running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
-            for i in range(3):
-                mark = len(run.recorder.events)
-                fake.add_device(GPU, f"GPU-r{i}", (0,))
-                await run.recorder.kinds_after(mark, 2)
+            await run.add_devices(GPU, [(f"GPU-r{i}", (0,)) for i in range(3)])
             queued = (await run.agent.outbox.stats("hook")).depth
             assert queued == len(run.recorder.events)  # the receiver is down: all queued
             # The audit sink goes, a console sink comes, the webhook stays as it was.
