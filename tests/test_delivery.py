@@ -183,13 +183,13 @@ async def test_alertmanager_fires_while_the_condition_lasts_and_resolves(
             "severity": "critical",
         }
         first_update = alerts[0]["updatedAt"]
+
+        async def resent() -> bool:
+            return (await _am_alerts(session, alertmanager))[0]["updatedAt"] != first_update
+
         # While it lasts it is re-sent (here every second).
         resend = asyncio.ensure_future(sink.background()())  # type: ignore[misc]
         try:
-
-            async def resent() -> bool:
-                return (await _am_alerts(session, alertmanager))[0]["updatedAt"] != first_update
-
             await wait_until(resent, timeout=10, interval=0.2)  # another process's state
         finally:
             resend.cancel()

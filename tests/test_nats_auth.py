@@ -518,14 +518,18 @@ async def test_the_agents_log_lines_on_an_auth_failure_hold_no_secret(
         with capture_logs() as logs:
             async with fake, running_agent(settings, fake):
                 # Each sink's delivery refused, as the worker logs it (retried: see `refused`).
-                async with asyncio.timeout(15):
-                    while {"nats-token", "nats-url"} - {
-                        e.get("sink")
-                        for e in logs
-                        if e["event"] == "delivery failed; will retry"
-                        and "authorization failed" in e["error"]
-                    }:
-                        await asyncio.sleep(0.05)
+                await wait_until(
+                    lambda: (
+                        {"nats-token", "nats-url"}
+                        <= {
+                            e.get("sink")
+                            for e in logs
+                            if e["event"] == "delivery failed; will retry"
+                            and "authorization failed" in e["error"]
+                        }
+                    ),
+                    15,
+                )
     out, err = capfd.readouterr()
     assert_unseen([PLANTED_SECRET, url_password, f"prw:{url_password}"], out, err, *logs)
 
