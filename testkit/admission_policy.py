@@ -53,6 +53,18 @@ except ImportError as err:  # pragma: no cover - a missing test dependency
         ' add "common-expression-language>=0.10" to the test extra'
     ) from err
 
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "POLICY_FILE",
+    "REASON_CODES",
+    "Denial",
+    "Policy",
+    "PolicyError",
+    "admit",
+    "load",
+    "review",
+]
+
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_FILE = ROOT / "deploy" / "kubernetes" / "reporting" / "admissionpolicy.yaml"
 

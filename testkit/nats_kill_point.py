@@ -23,6 +23,8 @@ from watcher.sinks import registry
 from watcher.sinks.base import Outcome, SinkContext
 from watcher.sinks.nats import NatsSink, NatsSinkSettings
 
+__all__ = ["arm"]
+
 
 def arm(hold_dir: Path, nth: int) -> None:
     count = 0

@@ -22,6 +22,8 @@ from watcher.cli import main
 from watcher.model.events import Event
 from watcher.store.hooks import StoreHooks, install_hooks
 
+__all__ = ["arm"]
+
 
 def arm(hold_dir: Path, nth: int) -> None:
     def connected(db: sqlite3.Connection) -> None:
