@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.agent import Running, make_settings, running_agent
 from testkit.changes import Changes
-from testkit.http_server import serve_post
+from testkit.http_server import HttpServer
 from testkit.planted_secret import PLANTED_SECRET
 from testkit.processes import fake_kubelet_process
 from watcher.cli import main
@@ -282,17 +282,16 @@ class _Flaky:
 
 async def test_reload_keeps_the_queued_events_of_unchanged_sinks(short_tmp: Path) -> None:
     receiver = _Flaky()
-    server = await serve_post(receiver.handle)
-    hook = WebhookSinkSettings(
-        name="hook",
-        url=Secret(value=server.url()),
-        bearer_token=Secret(value=PLANTED_SECRET),
-        retry_max_delay=0.2,
-    )
-    audit = FileSinkSettings(name="audit", path=short_tmp / "a.jsonl")
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    settings = dataclasses.replace(make_settings(short_tmp), sinks=(hook, audit))
-    try:
+    async with HttpServer(receiver.handle) as server:
+        hook = WebhookSinkSettings(
+            name="hook",
+            url=Secret(value=server.url()),
+            bearer_token=Secret(value=PLANTED_SECRET),
+            retry_max_delay=0.2,
+        )
+        audit = FileSinkSettings(name="audit", path=short_tmp / "a.jsonl")
+        fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+        settings = dataclasses.replace(make_settings(short_tmp), sinks=(hook, audit))
         async with fake, running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
             await run.add_devices(GPU, [(f"GPU-r{i}", (0,)) for i in range(3)])
@@ -305,8 +304,6 @@ async def test_reload_keeps_the_queued_events_of_unchanged_sinks(short_tmp: Path
             receiver.up = True
             await receiver.until(len(run.recorder.events))
             assert [str(e.id) for e in run.recorder.events] == list(dict.fromkeys(receiver.ids))
-    finally:
-        await server.close()
 
 
 async def test_reload_to_another_socket_reconnects(short_tmp: Path) -> None:
@@ -402,13 +399,12 @@ async def test_send_test_reports_the_receivers_answer(
     short_tmp: Path, capfd: pytest.CaptureFixture[str], status: int, code: int
 ) -> None:
     echo = _Echo(status)
-    server = await serve_post(echo.handle)
     config = short_tmp / "w.toml"
-    config.write_text(f'state_dir = "{short_tmp}"\n[sinks.team]\ntype = "webhook"\nurl = "{server.url()}"\n')
-    try:
+    async with HttpServer(echo.handle) as server:
+        config.write_text(
+            f'state_dir = "{short_tmp}"\n[sinks.team]\ntype = "webhook"\nurl = "{server.url()}"\n'
+        )
         rc = await asyncio.to_thread(main, ["send-test", "team", "--config", str(config)])
-    finally:
-        await server.close()
     out = capfd.readouterr().out
     assert rc == code
     assert f"HTTP {status}" in out
