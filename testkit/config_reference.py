@@ -148,7 +148,7 @@ def _top_level() -> Iterator[str]:
     yield from _rows(Settings, scalars)
     for f in fields:
         table = hints[f.name]
-        if f.name == "sinks" or not dataclasses.is_dataclass(table):
+        if f.name == "sinks" or not (isinstance(table, type) and dataclasses.is_dataclass(table)):
             continue
         yield ""
         yield f"## [{f.name}]"

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # the test extra's pyyaml, untyped
 
 from watcher.sim.apiserver import Grant, grants_for
 from watcher.sim.apiserver.rbac import SHIPPED_RBAC

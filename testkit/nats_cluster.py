@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 import nats
 import nats.js.errors
-from nats.aio.client import Client
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
@@ -160,7 +160,7 @@ class NatsCluster:
             finally:
                 await nc.close()
 
-    async def connect(self, **options: object) -> Client:
+    async def connect(self, **options: object) -> NatsClient:
         running = [s.url for s in self.servers if s.running]
         return await nats.connect(
             servers=running,

@@ -1,7 +1,7 @@
 """The reporting component's ValidatingAdmissionPolicy (deploy/kubernetes/reporting/admissionpolicy.yaml),
-its CEL run as the API server runs it (tests/admission.py): the agent's ServiceAccount may update only
-its own Node's status, and there only conditions whose type ends in DevicesUnavailable; nobody else is
-affected."""
+its CEL run as the API server runs it (testkit/admission_policy.py): the agent's ServiceAccount may
+update only its own Node's status, and there only conditions whose type ends in DevicesUnavailable;
+nobody else is affected."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.admission import POLICY_FILE, Policy, PolicyError, admit, load, review
+from testkit.admission_policy import POLICY_FILE, Policy, PolicyError, admit, load, review
 
 AGENT = "system:serviceaccount:pod-resources-watcher:pod-resources-watcher"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"

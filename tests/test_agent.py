@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from tests.agent_harness import Running, make_settings, running_agent
+from testkit.agent import Running, make_settings, running_agent
+from testkit.processes import fake_kubelet_process
 from watcher.kubelet.identity import FileIdentity, is_replacement
 from watcher.sim.fake_kubelet import FakeKubelet
 
@@ -372,14 +373,7 @@ async def test_falls_back_to_polling_when_inotify_is_exhausted(fake: FakeKubelet
 def test_run_stops_cleanly_on_sigterm_and_sigint(short_tmp: Path) -> None:
     """The real command: events on stdout, a clean exit on each signal."""
     root = short_tmp / "kubelet"
-    fake = subprocess.Popen(
-        [sys.executable, "-m", "watcher", "fake-kubelet", "--root", str(root)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert fake.stderr is not None
-        assert "serving" in fake.stderr.readline()
+    with fake_kubelet_process(root):
         config = short_tmp / "watcher.toml"
         config.write_text(
             f'node = "node-a"\nstate_dir = "{short_tmp / "state"}"\n'
@@ -403,11 +397,6 @@ def test_run_stops_cleanly_on_sigterm_and_sigint(short_tmp: Path) -> None:
             assert time.monotonic() - started < 10
             assert "watcher stopped" in err
             assert "Traceback" not in err
-    finally:
-        fake.send_signal(signal.SIGTERM)
-        fake.wait(timeout=15)
-        if fake.stderr is not None:
-            fake.stderr.close()
 
 
 async def test_chmod_of_the_socket_is_not_a_restart(fake: FakeKubelet, short_tmp: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tests.promql import PROMETHEUS_METRICS, metric_names, promtool, sample_names, scrape_running_agent
+from testkit.promql import PROMETHEUS_METRICS, metric_names, promtool, sample_names, scrape_running_agent
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yaml"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from tests.receivers import WebhookReceiver
+from testkit.receivers import WebhookReceiver
 from watcher.cli import main
 from watcher.config import ConfigError
 from watcher.model.changes import Change, Kind, Severity

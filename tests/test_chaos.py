@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent_harness import make_settings, running_agent
+from testkit.agent import make_settings, running_agent
 from watcher.model.build import build
 from watcher.model.events import Event
 from watcher.model.inventory import Inventory

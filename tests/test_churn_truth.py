@@ -13,7 +13,7 @@ import dataclasses
 from collections import Counter
 from pathlib import Path
 
-from tests.agent_harness import make_settings, running_agent
+from testkit.agent import make_settings, running_agent
 from watcher.model.changes import Severity
 from watcher.model.conditions import condition_of
 from watcher.model.events import Event

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.conftest import PLANTED_SECRET
+from testkit.planted_secret import PLANTED_SECRET
 from watcher.cli import PROG, build_parser, main
 from watcher.sim.fake_kubelet import FakeKubelet
 

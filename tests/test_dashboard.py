@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.promql import metric_names, promtool, sample_names, scrape_running_agent
+from testkit.promql import metric_names, promtool, sample_names, scrape_running_agent
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "pod-resources-watcher.json"

@@ -17,16 +17,9 @@ from google.protobuf.message import DecodeError, Message
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.test_inventory_properties import (
-    FAST,
-    MUTATIONS,
-    MContainer,
-    Model,
-    _shuffled,
-    models,
-    render,
-    render_claim_resource,
-)
+from testkit.node_model import FAST, MContainer, Model, models
+from testkit.node_mutations import MUTATIONS
+from testkit.node_rendering import render, render_claim_resource, shuffled
 from watcher.kubelet.decoding import Decoder, Outcome
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.build import build, from_canonical
@@ -49,10 +42,10 @@ def _kubelet_render(model: Model, rng: random.Random) -> tuple[bytes | None, byt
                 out.append(
                     api_pb2.ContainerDevices(resource_name=resource, device_ids=[dev_id], topology=topology)
                 )
-        return _shuffled(rng, out)
+        return shuffled(rng, out)
 
     def memory(blocks: dict[tuple[str, tuple[int, ...]], int]) -> list[api_pb2.ContainerMemory]:
-        return _shuffled(
+        return shuffled(
             rng,
             [
                 api_pb2.ContainerMemory(
@@ -65,7 +58,7 @@ def _kubelet_render(model: Model, rng: random.Random) -> tuple[bytes | None, byt
         )
 
     def claims(c: MContainer) -> list[api_pb2.DynamicResource]:
-        return _shuffled(
+        return shuffled(
             rng,
             [
                 api_pb2.DynamicResource(
@@ -81,32 +74,32 @@ def _kubelet_render(model: Model, rng: random.Random) -> tuple[bytes | None, byt
     if model.known:
         alloc = api_pb2.AllocatableResourcesResponse(
             devices=devices(model.devices),
-            cpu_ids=_shuffled(rng, model.cpu_ids),
+            cpu_ids=shuffled(rng, model.cpu_ids),
             memory=memory(model.memory),
         ).SerializeToString()
     pods = [
         api_pb2.PodResources(
             namespace=ns,
             name=name,
-            containers=_shuffled(
+            containers=shuffled(
                 rng,
                 [
                     api_pb2.ContainerResources(
                         name=cname,
                         devices=devices(c.devices),
-                        cpu_ids=_shuffled(rng, c.cpu_ids),
+                        cpu_ids=shuffled(rng, c.cpu_ids),
                         memory=memory(c.memory),
                         dynamic_resources=claims(c),
                     )
                     for cname, c in p.containers.items()
                 ],
             ),
-            cpu_ids=_shuffled(rng, p.cpu_ids),
+            cpu_ids=shuffled(rng, p.cpu_ids),
             memory=memory(p.memory),
         )
         for (ns, name), p in model.pods.items()
     ]
-    return alloc, api_pb2.ListPodResourcesResponse(pod_resources=_shuffled(rng, pods)).SerializeToString()
+    return alloc, api_pb2.ListPodResourcesResponse(pod_resources=shuffled(rng, pods)).SerializeToString()
 
 
 def _wire(model: Model, rng: random.Random) -> tuple[bytes | None, bytes]:

@@ -16,10 +16,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from testkit.agent import make_settings, running_agent, write_agent_config
+from testkit.http_server import HttpServer, serve_post
+from testkit.planted_secret import PLANTED_SECRET
 from testkit.ports import free_port
 from testkit.tools import tool
-from tests.agent_harness import make_settings, running_agent, serve_post, write_agent_config
-from tests.conftest import PLANTED_SECRET
+from testkit.waiting import wait_until
 from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import envelope
@@ -46,10 +48,7 @@ async def test_audit_log_rotates_keeps_its_chain_and_verify_names_the_broken_rec
     )
     async with fake, running_agent(settings, fake) as run:
         await run.recorder.kinds_after(0, 1)
-        for i in range(12):
-            mark = len(run.recorder.events)
-            fake.add_device(GPU, f"GPU-churn-{i}", (i % 2,))
-            await run.recorder.kinds_after(mark, 2)
+        await run.add_devices(GPU, [(f"GPU-churn-{i}", (i % 2,)) for i in range(12)])
         await run.quiet_cycle()
         seqs = [e.seq for e in run.recorder.events]
     files = sorted(audit.parent.glob("audit.jsonl*"))
@@ -114,15 +113,14 @@ async def _am_alerts(session: aiohttp.ClientSession, url: str) -> list[dict[str,
 
 
 async def _until_ready(session: aiohttp.ClientSession, url: str) -> None:
-    async with asyncio.timeout(20):
-        while True:
-            try:
-                async with session.get(f"{url}/-/ready") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)  # a separate process: nothing to await but its port
+    async def ready() -> bool:
+        try:
+            async with session.get(f"{url}/-/ready") as response:
+                return response.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await wait_until(ready, timeout=20, interval=0.1)  # a separate process: nothing to await but its port
 
 
 async def test_alertmanager_fires_while_the_condition_lasts_and_resolves(
@@ -181,19 +179,23 @@ async def test_alertmanager_fires_while_the_condition_lasts_and_resolves(
             "severity": "critical",
         }
         first_update = alerts[0]["updatedAt"]
+
+        async def resent() -> bool:
+            return (await _am_alerts(session, alertmanager))[0]["updatedAt"] != first_update
+
         # While it lasts it is re-sent (here every second).
         resend = asyncio.ensure_future(sink.background()())  # type: ignore[misc]
         try:
-            async with asyncio.timeout(10):
-                while (await _am_alerts(session, alertmanager))[0]["updatedAt"] == first_update:
-                    await asyncio.sleep(0.2)  # polling another process's state
+            await wait_until(resent, timeout=10, interval=0.2)  # another process's state
         finally:
             resend.cancel()
             await asyncio.gather(resend, return_exceptions=True)
         assert (await sink.deliver([back])).delivered
-        async with asyncio.timeout(10):
-            while await _am_alerts(session, alertmanager):
-                await asyncio.sleep(0.1)
+
+        async def resolved() -> bool:
+            return not await _am_alerts(session, alertmanager)
+
+        await wait_until(resolved, timeout=10, interval=0.1)
     await sink.close()
 
 
@@ -245,12 +247,6 @@ def _audit_events(path: Path) -> list[dict[str, object]]:
     return sorted(out, key=lambda e: int(e["seq"]))  # type: ignore[call-overload]
 
 
-async def _wait_for(predicate, timeout: float) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.05)  # another process's files: nothing to await
-
-
 @pytest.mark.slow
 async def test_nothing_is_lost_when_the_receiver_is_down_and_the_agent_is_killed(
     short_tmp: Path, receiver_port: int
@@ -288,12 +284,12 @@ retry_max_delay = 0.5
         for i in range(start, start + count):
             fake.add_device(GPU, f"GPU-c{i}", (i % 2,))
             want = len(_audit_events(audit)) + 1
-            await _wait_for(lambda want=want: len(_audit_events(audit)) >= want, 20)
+            await wait_until(lambda want=want: len(_audit_events(audit)) >= want, 20)
 
     async with fake:
         agent = start_agent()
         try:
-            await _wait_for(lambda: len(_audit_events(audit)) >= 1, 30)
+            await wait_until(lambda: len(_audit_events(audit)) >= 1, 30)
             await churn(0, 100)
             agent.send_signal(signal.SIGKILL)
             agent.wait(timeout=10)
@@ -303,17 +299,9 @@ retry_max_delay = 0.5
             assert len(expected) >= 200
 
             recorder = _Recorder()
-            app = web.Application()
-            app.router.add_post("/events", recorder.handle)
-            runner = web.AppRunner(app, access_log=None)  # its lines would carry the URL's token
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", receiver_port)
-            await site.start()
-            try:
+            async with HttpServer(recorder.handle, path="/events", port=receiver_port):
                 want = {str(e["id"]) for e in expected}
-                await _wait_for(lambda: want <= set(recorder.ids), 60)
-            finally:
-                await runner.cleanup()
+                await wait_until(lambda: want <= set(recorder.ids), 60)
         finally:
             agent.send_signal(signal.SIGTERM)
             agent.wait(timeout=20)
@@ -354,10 +342,7 @@ async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(short_tmp:
     with capture_logs() as logs:
         async with fake, running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
-            for i in range(3):
-                mark = len(run.recorder.events)
-                fake.add_device(GPU, f"GPU-cap-{i}", (0,))
-                await run.recorder.kinds_after(mark, 2)
+            await run.add_devices(GPU, [(f"GPU-cap-{i}", (0,)) for i in range(3)])
             # While an attempt is in flight the caps wait for it (its batch is the oldest) and the
             # worker applies them when it ends: nothing to await but the outcome.
             async with asyncio.timeout(5):
@@ -388,18 +373,15 @@ async def test_a_hung_sink_delays_neither_other_sinks_nor_the_watch_loop(short_t
         await hang.wait()
         return web.Response(status=204)
 
-    runner, port = await serve_post(never)
-    slow = WebhookSinkSettings(name="slow", url=Secret(value=f"http://127.0.0.1:{port}/"), timeout=60)
+    server = await serve_post(never)
+    slow = WebhookSinkSettings(name="slow", url=Secret(value=server.url()), timeout=60)
     audit = FileSinkSettings(name="audit", path=short_tmp / "audit.jsonl")
     fake = FakeKubelet(short_tmp / "kubelet", seed=2)
     settings = dataclasses.replace(make_settings(short_tmp), sinks=(slow, audit))
     try:
         async with fake, running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
-            for i in range(5):
-                mark = len(run.recorder.events)
-                fake.add_device(GPU, f"GPU-h{i}", (1,))
-                await run.recorder.kinds_after(mark, 2, timeout=5)
+            await run.add_devices(GPU, [(f"GPU-h{i}", (1,)) for i in range(5)], timeout=5)
             total = len(run.recorder.events)
             audit_worker = run.agent.dispatcher.workers["audit"]
             await run.recorder.until(lambda: audit_worker.counts["delivered"] == total, timeout=5)
@@ -407,4 +389,4 @@ async def test_a_hung_sink_delays_neither_other_sinks_nor_the_watch_loop(short_t
             hang.set()
     finally:
         hang.set()
-        await runner.cleanup()
+        await server.close()

@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import re
@@ -30,17 +29,28 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
-import yaml
+from kubernetes_validate import utils as kv_utils
 
-try:
-    import kubernetes_validate
-    from kubernetes_validate import utils as kv_utils
-except ImportError as err:  # pragma: no cover - a missing test dependency
-    raise ImportError(
-        'tests/test_deploy.py needs kubernetes-validate: add "kubernetes-validate>=1.30" to the test extra'
-    ) from err
-
+from testkit.manifests import (
+    BASE,
+    DEPLOY,
+    MONITORING,
+    OVERLAYS,
+    REPORTING,
+    SCHEMA_VERSION,
+    SELINUX,
+    KustomizeError,
+    apply_patch,
+    build,
+    env_file,
+    kinds,
+    load_yaml,
+    load_yaml_docs,
+    object_key,
+    the,
+)
 from testkit.tools import ON_CI, find, missing_message, tool
 from watcher.cli import main
 from watcher.ops.http import BACKLOG, FD_OWN
@@ -49,16 +59,6 @@ from watcher.sinks import registry
 from watcher.sinks.http import HTTP_SINK_CONNECTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
-BASE = DEPLOY / "kubernetes"
-SELINUX = BASE / "selinux"
-MONITORING = BASE / "monitoring"
-REPORTING = BASE / "reporting"
-OVERLAYS = {
-    "selinux": DEPLOY / "overlays" / "selinux",
-    "monitoring": DEPLOY / "overlays" / "monitoring",
-    "kubernetes-reporting": DEPLOY / "overlays" / "kubernetes-reporting",
-}
 UNIT = DEPLOY / "systemd" / "pod-resources-watcher.service"
 DOCKERFILE = DEPLOY / "Dockerfile"
 
@@ -93,253 +93,8 @@ HTTP_PORT = 9108
 # Variables the config reads that the DaemonSet sets from the downward API, not from the Secret.
 DOWNWARD_API = {"POD_IP": "status.podIP"}
 MONITORING_NAMESPACE = "monitoring"
-# Kinds that are not namespaced (the namespace transformer leaves them alone).
-CLUSTER_SCOPED = {
-    "Namespace",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "PriorityClass",
-    "CustomResourceDefinition",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-}
 # Kinds kubernetes-validate has no schema for; each has a hand-written check below.
 CRDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
-
-
-# --- YAML -----------------------------------------------------------------------------------------
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last one silently)."""
-
-
-def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-
-
-def load_yaml_docs(text: str) -> list[Any]:
-    return [doc for doc in yaml.load_all(text, Loader=_StrictLoader) if doc is not None]
-
-
-def load_yaml(path: Path) -> Any:
-    (doc,) = load_yaml_docs(path.read_text())
-    return doc
-
-
-# --- a small kustomize ----------------------------------------------------------------------------
-
-KUSTOMIZATION_KEYS = {
-    "apiVersion",
-    "kind",
-    "namespace",
-    "resources",
-    "components",
-    "configMapGenerator",
-    "secretGenerator",
-    "patches",
-}
-GENERATOR_KEYS = {"name", "files", "literals", "envs", "type", "namespace", "behavior"}
-
-
-class KustomizeError(AssertionError):
-    pass
-
-
-def _existing(directory: Path, ref: str, what: str) -> Path:
-    path = (directory / ref).resolve()
-    if not path.exists():
-        raise KustomizeError(f"{directory}/kustomization.yaml: {what} {ref!r} does not exist")
-    return path
-
-
-def _read_kustomization(directory: Path, kind: str) -> dict[str, Any]:
-    path = directory / "kustomization.yaml"
-    if not path.is_file():
-        raise KustomizeError(f"{directory}: no kustomization.yaml")
-    k = load_yaml(path)
-    unsupported = set(k) - KUSTOMIZATION_KEYS
-    if unsupported:
-        raise KustomizeError(f"{path}: fields this builder does not implement: {sorted(unsupported)}")
-    want_api = (
-        "kustomize.config.k8s.io/v1alpha1" if kind == "Component" else "kustomize.config.k8s.io/v1beta1"
-    )
-    if k.get("kind") != kind or k.get("apiVersion") != want_api:
-        raise KustomizeError(f"{path}: expected {want_api} {kind}, got {k.get('apiVersion')} {k.get('kind')}")
-    return k
-
-
-def _env_file(path: Path) -> dict[str, str]:
-    """kustomize's env-file format: KEY=VALUE lines; blank lines and # comments skipped."""
-    out: dict[str, str] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not key.strip():
-            raise KustomizeError(f"{path}:{n}: not KEY=VALUE")
-        out[key.strip()] = value
-    return out
-
-
-def _generate(directory: Path, spec: dict[str, Any], kind: str) -> dict[str, Any]:
-    unsupported = set(spec) - GENERATOR_KEYS
-    if unsupported:
-        raise KustomizeError(f"{directory}: generator fields not implemented: {sorted(unsupported)}")
-    data: dict[str, str] = {}
-    for ref in spec.get("files", []):
-        key, _, file = ref.rpartition("=")
-        path = _existing(directory, file, "file")
-        data[key or path.name] = path.read_text()
-    for literal in spec.get("literals", []):
-        key, _, value = literal.partition("=")
-        data[key] = value
-    for ref in spec.get("envs", []):
-        data.update(_env_file(_existing(directory, ref, "env file")))
-    obj: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": {"name": spec["name"]}}
-    if kind == "Secret":
-        obj["type"] = spec.get("type", "Opaque")
-        obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
-    else:
-        obj["data"] = data
-    if "namespace" in spec:
-        obj["metadata"]["namespace"] = spec["namespace"]
-    return obj
-
-
-def _add_generated(objs: list[dict[str, Any]], spec: dict[str, Any], obj: dict[str, Any]) -> None:
-    """behavior create (the default) adds the object; merge and replace change the one of that kind,
-    name and namespace already built (a component's way to change the base's generated ConfigMap)."""
-    behavior = spec.get("behavior", "create")
-    if behavior == "create":
-        objs.append(obj)
-        return
-    if behavior not in ("merge", "replace"):
-        raise KustomizeError(f"generator behavior {behavior!r} not implemented")
-    namespace = obj["metadata"].get("namespace", "")
-    hits = [o for o in objs if _key(o) == (obj["kind"], namespace, obj["metadata"]["name"])]
-    if not hits:
-        raise KustomizeError(f"generator {spec['name']}: behavior {behavior} finds nothing to {behavior}")
-    (existing,) = hits
-    if behavior == "merge":
-        existing["data"].update(obj["data"])
-    else:
-        existing["data"] = obj["data"]
-
-
-def _pointer(path: str) -> list[str]:
-    if not path.startswith("/"):
-        raise KustomizeError(f"not a JSON pointer: {path!r}")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def _json_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> None:
-    """RFC 6902 add / replace / remove, as kustomize applies a JSON 6902 patch."""
-    for op in ops:
-        *parents, last = _pointer(op["path"])
-        node: Any = obj
-        for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        kind = op["op"]
-        if isinstance(node, list):
-            index = len(node) if last == "-" else int(last)
-            if kind == "add":
-                node.insert(index, copy.deepcopy(op["value"]))
-            elif kind == "replace":
-                node[index] = copy.deepcopy(op["value"])
-            elif kind == "remove":
-                del node[index]
-            else:
-                raise KustomizeError(f"JSON patch op {kind!r} not implemented")
-        elif kind == "add":
-            node[last] = copy.deepcopy(op["value"])
-        elif kind in ("replace", "remove"):
-            if last not in node:
-                raise KustomizeError(f"{kind} {op['path']}: no such path")
-            if kind == "remove":
-                del node[last]
-            else:
-                node[last] = copy.deepcopy(op["value"])
-        else:
-            raise KustomizeError(f"JSON patch op {kind!r} not implemented")
-
-
-def _matches(obj: dict[str, Any], target: dict[str, Any]) -> bool:
-    group, _, version = obj["apiVersion"].rpartition("/")
-    have = {"group": group, "version": version, "kind": obj["kind"], "name": obj["metadata"]["name"]}
-    unsupported = set(target) - set(have)
-    if unsupported:
-        raise KustomizeError(f"patch target fields not implemented: {sorted(unsupported)}")
-    return all(have[k] == v for k, v in target.items())
-
-
-def _apply_patch(directory: Path, patch: dict[str, Any], objs: list[dict[str, Any]]) -> None:
-    if set(patch) - {"path", "patch", "target"} or "target" not in patch:
-        raise KustomizeError(f"{directory}: only JSON 6902 patches with a target are implemented: {patch}")
-    text = _existing(directory, patch["path"], "patch").read_text() if "path" in patch else patch["patch"]
-    ops = load_yaml_docs(text)
-    if len(ops) != 1 or not isinstance(ops[0], list):
-        raise KustomizeError(f"{directory}: patch {patch} is not a JSON 6902 list (strategic merge?)")
-    hits = [o for o in objs if _matches(o, patch["target"])]
-    if not hits:
-        raise KustomizeError(f"{directory}: patch target {patch['target']} matches nothing")
-    for obj in hits:
-        _json_patch(obj, ops[0])
-
-
-def _run(directory: Path, kind: str, accumulated: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    k = _read_kustomization(directory, kind)
-    objs = list(accumulated)
-    for ref in k.get("resources", []):
-        path = _existing(directory, ref, "resource")
-        objs += build(path) if path.is_dir() else copy.deepcopy(load_yaml_docs(path.read_text()))
-    for ref in k.get("components", []):
-        objs = _run(_existing(directory, ref, "component"), "Component", objs)
-    for kind, generators in (("ConfigMap", "configMapGenerator"), ("Secret", "secretGenerator")):
-        for spec in k.get(generators, []):
-            _add_generated(objs, spec, _generate(directory, spec, kind))
-    for patch in k.get("patches", []):
-        _apply_patch(directory, patch, objs)
-    if "namespace" in k:
-        for obj in objs:
-            if obj["kind"] not in CLUSTER_SCOPED:
-                obj["metadata"]["namespace"] = k["namespace"]
-    return objs
-
-
-def build(directory: Path) -> list[dict[str, Any]]:
-    """Build a kustomization directory: resources (files and directories), components, config map and
-    secret generators (without the name hash; behavior create, merge or replace), JSON 6902 patches,
-    namespace."""
-    objs = _run(directory.resolve(), "Kustomization", [])
-    keys = [_key(o) for o in objs]
-    duplicates = {k for k in keys if keys.count(k) > 1}
-    if duplicates:
-        raise KustomizeError(f"{directory}: the same object twice: {sorted(duplicates)}")
-    return objs
-
-
-def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
-    return (obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
-
-
-def kinds(objs: list[dict[str, Any]]) -> list[str]:
-    return sorted(o["kind"] for o in objs)
-
-
-def the(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (obj,) = [o for o in objs if o["kind"] == kind]
-    return obj
 
 
 # --- real kustomize -------------------------------------------------------------------------------
@@ -406,7 +161,7 @@ def container(daemonset: dict[str, Any]) -> dict[str, Any]:
 def privileged_variant() -> list[dict[str, Any]]:
     """The base with the selinux component's alternative patch (privileged.yaml) instead of spc_t."""
     objs = build(BASE)
-    _apply_patch(
+    apply_patch(
         SELINUX,
         {"path": "privileged.yaml", "target": {"kind": "DaemonSet", "name": "pod-resources-watcher"}},
         objs,
@@ -429,7 +184,7 @@ def test_base_builds_to_exactly_the_expected_objects(built: dict[str, list[dict[
     assert the(objs, "Namespace")["metadata"]["name"] == NAMESPACE
     for obj in objs:
         if obj["kind"] != "Namespace":
-            assert obj["metadata"]["namespace"] == NAMESPACE, _key(obj)
+            assert obj["metadata"]["namespace"] == NAMESPACE, object_key(obj)
     config_map = the(objs, "ConfigMap")
     assert config_map["metadata"]["name"] == CONFIG_MAP
     assert list(config_map["data"]) == ["config.toml"]
@@ -511,10 +266,10 @@ def test_every_file_in_the_kustomize_tree_is_used() -> None:
 def test_real_kustomize_builds_the_same_objects(variant: str, built: dict[str, list[dict[str, Any]]]) -> None:
     real = without_name_hashes(kubectl_kustomize(VARIANTS[variant]))
     ours = built[variant]
-    assert sorted(map(_key, real)) == sorted(map(_key, ours))
-    by_key = {_key(o): o for o in ours}
+    assert sorted(map(object_key, real)) == sorted(map(object_key, ours))
+    by_key = {object_key(o): o for o in ours}
     for obj in real:
-        assert obj == by_key[_key(obj)], _key(obj)
+        assert obj == by_key[object_key(obj)], object_key(obj)
 
 
 @needs_kubectl
@@ -530,8 +285,6 @@ def test_real_kustomize_hashes_generated_names_and_rewrites_references() -> None
 
 # --- schemas --------------------------------------------------------------------------------------
 
-SCHEMA_VERSION = kv_utils.latest_version()
-
 
 def _validate_all(objs: list[dict[str, Any]]) -> None:
     for obj in objs:
@@ -541,7 +294,9 @@ def _validate_all(objs: list[dict[str, Any]]) -> None:
             kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
         except kubernetes_validate.ValidationError as err:
             where = ".".join(str(p) for p in err.path)
-            pytest.fail(f"{_key(obj)} invalid against Kubernetes {SCHEMA_VERSION}: {where}: {err.message}")
+            pytest.fail(
+                f"{object_key(obj)} invalid against Kubernetes {SCHEMA_VERSION}: {where}: {err.message}"
+            )
 
 
 def test_schema_version_is_recent() -> None:
@@ -762,7 +517,7 @@ SECRET_BLOCK = re.compile(
 
 
 def _secret_env() -> dict[str, str]:
-    return _env_file(BASE / "secrets.env")
+    return env_file(BASE / "secrets.env")
 
 
 def _shipped_config(built: dict[str, list[dict[str, Any]]]) -> str:
@@ -1050,7 +805,7 @@ def test_reporting_objects_validate_from_kubernetes_1_30_on(
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as err:
-            pytest.fail(f"{_key(obj)} invalid against Kubernetes {version}: {err.message}")
+            pytest.fail(f"{object_key(obj)} invalid against Kubernetes {version}: {err.message}")
 
 
 def test_reporting_mounts_a_short_lived_pod_bound_token(built: dict[str, list[dict[str, Any]]]) -> None:
@@ -1099,7 +854,7 @@ def test_reporting_config_is_the_base_config_plus_the_kubernetes_sink(
     # Only config.toml changes; the ConfigMap keeps its name and namespace (merged, not a second one).
     config_map = the(built["kubernetes-reporting"], "ConfigMap")
     assert list(config_map["data"]) == ["config.toml"]
-    assert _key(config_map) == ("ConfigMap", NAMESPACE, CONFIG_MAP)
+    assert object_key(config_map) == ("ConfigMap", NAMESPACE, CONFIG_MAP)
 
 
 def test_reporting_config_passes_check_config(

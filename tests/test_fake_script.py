@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_harness import make_settings, running_agent
+from testkit.agent import make_settings, running_agent
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_script import ScriptError, parse_script, play
 

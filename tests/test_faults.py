@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 from structlog.testing import capture_logs
 
-from tests.agent_harness import Running, make_settings, running_agent
-from tests.conftest import FailingDisk, fill
+from testkit.agent import Running, make_settings, running_agent
+from testkit.disks import FailingDisk, fill
+from testkit.waiting import wait_until
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.build import build
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -38,9 +38,7 @@ async def _get(run: Running, path: str) -> tuple[int, str]:
 
 async def _logged(logs: list[dict[str, Any]], predicate: Callable[[dict[str, Any]], bool]) -> None:
     """Until a captured log line matches; log lines have no event to await, so poll briefly."""
-    async with asyncio.timeout(10):
-        while not any(predicate(e) for e in logs):
-            await asyncio.sleep(0.02)
+    await wait_until(lambda: any(predicate(e) for e in logs), timeout=10, interval=0.02)
 
 
 async def test_garbage_answers_are_logged_and_the_agent_recovers(short_tmp: Path) -> None:
@@ -208,7 +206,7 @@ async def test_a_receiver_that_trickles_its_status_line_times_out_and_is_retried
 async def test_a_2xx_with_a_trickling_or_huge_body_is_delivered_at_once() -> None:
     from aiohttp import web
 
-    from tests.agent_harness import serve_post
+    from testkit.http_server import serve_post
     from watcher.sinks.http import HttpClient
 
     async def trickle(request: web.Request) -> web.StreamResponse:
@@ -221,54 +219,34 @@ async def test_a_2xx_with_a_trickling_or_huge_body_is_delivered_at_once() -> Non
             await response.write(b"x" * (8 << 20))
         return response
 
-    runner, port = await serve_post(trickle)
+    server = await serve_post(trickle)
     client = HttpClient(timeout=30.0)
     try:
         started = time.monotonic()
-        outcome = await client.post(f"http://127.0.0.1:{port}/", b"{}", {"Content-Type": "application/json"})
+        outcome = await client.post(server.url(), b"{}", {"Content-Type": "application/json"})
         took = time.monotonic() - started
     finally:
         await client.close()
-        await runner.cleanup()
+        await server.close()
         gc.collect()  # finalize the dropped connection on this loop, not the next test's
     assert outcome.delivered
     assert took < 5  # the answer is the status; the body is not waited for
 
 
 async def test_a_certificate_for_another_host_is_refused_unless_verification_is_off(short_tmp: Path) -> None:
-    import ssl
-
     from aiohttp import web
 
+    from testkit.certificates import self_signed, server_context
+    from testkit.http_server import serve_post
     from watcher.sinks.http import HttpClient
 
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl is needed to make the test certificate")
-    cert, key = short_tmp / "cert.pem", short_tmp / "key.pem"
-    await asyncio.to_thread(
-        subprocess.run,
-        [
-            openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-            "-subj", "/CN=wrong.invalid", "-addext", "subjectAltName=DNS:wrong.invalid",
-            "-keyout", str(key), "-out", str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cert, key)
+    cert, key = self_signed(short_tmp, host="wrong.invalid")
 
     async def ok(_: web.Request) -> web.Response:
         return web.Response(status=204)
 
-    app = web.Application()
-    app.router.add_post("/", ok)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = __import__("socket").create_server(("127.0.0.1", 0))
-    await web.SockSite(runner, sock, ssl_context=ctx).start()
-    url = f"https://127.0.0.1:{sock.getsockname()[1]}/"
+    server = await serve_post(ok, ssl_context=server_context(cert, key))
+    url = server.url()
     strict = HttpClient(timeout=5, ca_file=cert)
     lax = HttpClient(timeout=5, ca_file=cert, tls_verify=False)
     try:
@@ -277,7 +255,7 @@ async def test_a_certificate_for_another_host_is_refused_unless_verification_is_
     finally:
         await strict.close()
         await lax.close()
-        await runner.cleanup()
+        await server.close()
     # The CA is trusted, but the certificate names another host: refused, and retried later.
     assert refused.retry
     assert "certificate" in refused.error.lower() or "hostname" in refused.error.lower()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tests.agent_harness import make_settings, running_agent
+from testkit.agent import make_settings, running_agent
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.flapping import FlapRule, Flaps
 from watcher.model.routing import Route

@@ -24,8 +24,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from testkit.tools import tool
-from tests.test_deploy import (
+from testkit.manifests import (
     DEPLOY,
     OVERLAYS,
     REPORTING,
@@ -35,6 +34,7 @@ from tests.test_deploy import (
     load_yaml_docs,
     the,
 )
+from testkit.tools import tool
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = DEPLOY / "helm" / "pod-resources-watcher"

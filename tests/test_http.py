@@ -29,7 +29,10 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from tests.agent_harness import make_settings, running_agent, write_agent_config
+from testkit.agent import make_settings, running_agent, write_agent_config
+from testkit.certificates import client_context
+from testkit.changes import Changes
+from testkit.waiting import wait_until
 from watcher.config import ConfigError
 from watcher.ops.connections import ConnectionLimits
 from watcher.ops.http import BACKLOG, Health, HttpOptions, HttpServer, InventoryCache
@@ -87,25 +90,22 @@ class _Figures:
         self.closed: Counter[str] = Counter()
         self.open = 0
         self.renders = 0
-        self._changed = asyncio.Event()
+        self._changes = Changes()
 
     def http_connection_closed(self, reason: str) -> None:
         self.closed[reason] += 1
-        self._changed.set()
+        self._changes.notify()
 
     def http_connections_open(self, count: int) -> None:
         self.open = count
-        self._changed.set()
+        self._changes.notify()
 
     def inventory_rendered(self) -> None:
         self.renders += 1
-        self._changed.set()
+        self._changes.notify()
 
     async def until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not predicate():
-                self._changed.clear()
-                await self._changed.wait()
+        await self._changes.until(predicate, timeout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -408,13 +408,6 @@ async def test_a_cap_that_does_not_fit_the_open_files_limit_is_said_at_start() -
 # --- TLS client certificates ------------------------------------------------------------------------
 
 
-def _client_tls(pki: Path, cert: str | None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    if cert is not None:
-        ctx.load_cert_chain(str(pki / f"{cert}.crt"), str(pki / f"{cert}.key"))
-    return ctx
-
-
 async def test_a_client_certificate_from_the_ca_admits_to_inventory(short_tmp: Path, pki: Path) -> None:
     settings = _with_http(
         make_settings(short_tmp),
@@ -428,19 +421,19 @@ async def test_a_client_certificate_from_the_ca_admits_to_inventory(short_tmp: P
         await run.recorder.kinds_after(0, 1)
         await _bound(run)
         url = _agent_url(run, "/inventory", "https")
-        status, _, body = await _fetch(url, ssl_context=_client_tls(pki, "client"))
+        status, _, body = await _fetch(url, ssl_context=client_context(pki, "client"))
         assert status == 200
         assert json.loads(body)["hash"] == run.agent.inventory.content_hash  # type: ignore[union-attr]
 
         # No certificate: refused /inventory, but probes and scrapers (which carry none) get in.
-        assert (await _fetch(url, ssl_context=_client_tls(pki, None)))[0] == 403
+        assert (await _fetch(url, ssl_context=client_context(pki, None)))[0] == 403
         healthz = _agent_url(run, "/healthz", "https")
-        assert (await _fetch(healthz, ssl_context=_client_tls(pki, None)))[0] == 200
+        assert (await _fetch(healthz, ssl_context=client_context(pki, None)))[0] == 200
 
         # A certificate from another CA does not get past the handshake, to any path.
         for path in ("/inventory", "/healthz"):
             with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
-                await _fetch(_agent_url(run, path, "https"), ssl_context=_client_tls(pki, "rogue"))
+                await _fetch(_agent_url(run, path, "https"), ssl_context=client_context(pki, "rogue"))
         # Nor does plain HTTP.
         with pytest.raises(aiohttp.ClientError):
             await _fetch(_agent_url(run, "/healthz"))
@@ -605,12 +598,6 @@ def _audit_kinds(path: Path) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-async def _until(predicate: Callable[[], bool], timeout: float = 15) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.05)  # another process's files: nothing to await
-
-
 async def _slowloris(port: int, connected: Callable[[], None]) -> float | None:
     """One byte every 0.5 s, never a complete request. Seconds until the server closed it; None if
     it never did (or the connection never opened)."""
@@ -683,7 +670,7 @@ async def test_1100_slow_clients_under_a_1024_descriptor_limit_do_not_blind_the_
         )
         proc = _start_agent(config, log)
         try:
-            await _until(lambda: any(e.get("event") == "serving HTTP" for e in _log_entries(log)))
+            await wait_until(lambda: any(e.get("event") == "serving HTTP" for e in _log_entries(log)), 15)
             (serving,) = [e for e in _log_entries(log) if e.get("event") == "serving HTTP"]
             port = serving["port"]
             assert serving["max_connections"] == MAX_CONNECTIONS
@@ -692,7 +679,7 @@ async def test_1100_slow_clients_under_a_1024_descriptor_limit_do_not_blind_the_
                 line.startswith("Max open files") and line.split()[3] == "1024"
                 for line in limits.splitlines()
             )
-            await _until(lambda: any(kind == "watcher.started" for kind, _ in _audit_kinds(audit)))
+            await wait_until(lambda: any(kind == "watcher.started" for kind, _ in _audit_kinds(audit)), 15)
             baseline = _open_fds(proc.pid)
             peak = baseline
 
@@ -731,11 +718,12 @@ async def test_1100_slow_clients_under_a_1024_descriptor_limit_do_not_blind_the_
             sampling = False
             await sampler
 
-            await _until(
+            await wait_until(
                 lambda: any(
                     kind == "device.added" and details.get("device") == "GPU-during-the-flood"
                     for kind, details in _audit_kinds(audit)
-                )
+                ),
+                15,
             )
             kinds = [kind for kind, _ in _audit_kinds(audit)]
             assert "kubelet.restarted" in kinds
@@ -848,7 +836,7 @@ async def test_60_concurrent_inventory_requests_on_a_10k_pod_node_render_once_an
         )
         proc = _start_agent(config, log, fd_limit=None)
         try:
-            await _until(lambda: any(kind == "watcher.started" for kind, _ in _audit_kinds(audit)), 60)
+            await wait_until(lambda: any(kind == "watcher.started" for kind, _ in _audit_kinds(audit)), 60)
             (serving,) = [e for e in _log_entries(log) if e.get("event") == "serving HTTP"]
             port = serving["port"]
             prober = await asyncio.create_subprocess_exec(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.agent_harness import make_settings, running_agent
+from testkit.agent import make_settings, running_agent
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.incidents import Incidents
 from watcher.model.routing import Route

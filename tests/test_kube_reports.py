@@ -7,17 +7,16 @@ lifecycle builder for watcher.started), so the planner is tested on what it will
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from watcher.model.build import from_canonical
+from testkit.inventories import GPU, inventory_of
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
-from watcher.model.inventory import Inventory
 from watcher.model.lifecycle import snapshot, started
 from watcher.sim.send_test import synthetic_events
 from watcher.sinks.kubernetes.condition_plan import (
@@ -29,41 +28,6 @@ from watcher.sinks.kubernetes.condition_plan import (
 from watcher.sinks.kubernetes.planner import MAX_NOTE_BYTES, NODE_REASONS, POD_REASONS, plan
 
 NODE = "gpu-node-1"
-GPU = "nvidia.com/gpu"
-
-
-def inventory_of(gpus: Sequence[str], pods: Mapping[str, Sequence[str]]) -> Inventory:
-    """gpus: allocatable ids; pods: "ns/name" -> the GPU ids its one container ("main") holds.
-    Also what tests/test_kubernetes_sink.py feeds the sink with."""
-    return from_canonical(
-        {
-            "format": 3,
-            "allocatable": {
-                "known": True,
-                "devices": {GPU: {g: [0] for g in gpus}} if gpus else {},
-                "cpu_ids": [0, 1],
-                "memory": [],
-            },
-            "pods": [
-                {
-                    "namespace": key.split("/")[0],
-                    "name": key.split("/")[1],
-                    "cpu_ids": [],
-                    "memory": [],
-                    "containers": [
-                        {
-                            "name": "main",
-                            "devices": {GPU: {g: [0] for g in held}} if held else {},
-                            "cpu_ids": [],
-                            "memory": [],
-                            "dynamic_resources": [],
-                        }
-                    ],
-                }
-                for key, held in sorted(pods.items())
-            ],
-        }
-    )
 
 
 def _events(changes: Sequence[Change], cycle: str = "c1") -> list[Event]:

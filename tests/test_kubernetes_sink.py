@@ -4,7 +4,7 @@ The API server (watcher/sim/apiserver/, with testkit's strict schema check) vali
 against the official OpenAPI schemas and the events.k8s.io rules, answers 401/403/404/409/422/429 as
 the real one does, grants the agent's service account exactly the shipped ClusterRole
 (deploy/kubernetes/reporting/rbac.yaml) and runs the shipped ValidatingAdmissionPolicy
-(tests/admission.py) on every write. What the agent wrote is read back through kubectl, a client we
+(testkit/admission_policy.py) on every write. What the agent wrote is read back through kubectl, a client we
 did not write: `kubectl get events`, `kubectl describe pod`, `kubectl describe node`.
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
+from testkit.admission_policy import review
+from testkit.agent import Running, make_settings, running_agent
+from testkit.inventories import inventory_of
 from testkit.kube_rbac import rules_from_manifests
 from testkit.kube_schemas import strict_schemas
-from tests.admission import review
-from tests.agent_harness import Running, make_settings, running_agent
-from tests.test_kube_reports import inventory_of
 from watcher.config import ConfigError
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope

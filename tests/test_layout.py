@@ -113,6 +113,23 @@ def test_every_unit_has_a_layer() -> None:
         _layer_of(unit)
 
 
+def test_the_package_never_imports_the_test_support() -> None:
+    """testkit/ and tests/ are never in the wheel: nothing under watcher/ may import them."""
+    for path in MODULES:
+        bad = {n for n in _imports(path) if n.split(".")[0] in {"testkit", "tests"}}
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {sorted(bad)}"
+
+
+def test_test_modules_import_no_other_test_module() -> None:
+    """What tests share lives in testkit/ (fixtures in conftest.py); testkit/ never imports tests/."""
+    root = PACKAGE.parent
+    tests = sorted((root / "tests").glob("*.py"))
+    assert {p.name for p in tests if not p.name.startswith("test_")} == {"conftest.py"}
+    for path in [*tests, *sorted((root / "testkit").glob("*.py"))]:
+        bad = {n for n in _imports(path) if n.split(".")[0] == "tests"}
+        assert not bad, f"{path.relative_to(root)} imports {sorted(bad)}"
+
+
 def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     """The checker itself: an import from a higher layer is found."""
     module = tmp_path / "m.py"

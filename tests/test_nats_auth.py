@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import signal
-import ssl
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -32,9 +31,11 @@ import pytest
 from nats.js.api import StreamConfig
 from structlog.testing import capture_logs
 
+from testkit.agent import make_settings, running_agent
+from testkit.certificates import client_context
 from testkit.nats_cluster import NatsCluster, NatsServer
-from tests.agent_harness import make_settings, running_agent
-from tests.conftest import PLANTED_SECRET
+from testkit.planted_secret import PLANTED_SECRET
+from testkit.waiting import wait_until
 from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
@@ -129,9 +130,7 @@ class Server:
 
     async def until_logged(self, text: str, count: int, timeout: float = 10.0) -> None:
         """Until the server's log holds `text` `count` times (bounded)."""
-        async with asyncio.timeout(timeout):
-            while self.log_count(text) < count:
-                await asyncio.sleep(0.02)
+        await wait_until(lambda: self.log_count(text) >= count, timeout, interval=0.02)
 
     async def reload(self, old: str, new: str) -> None:
         """Replace `old` by `new` in the server's config and have it reload (SIGHUP), waiting until
@@ -264,9 +263,9 @@ async def test_a_rotated_token_file_is_used_at_the_next_connect_and_reconnect(sh
         server.admin = {"token": third}
         with capture_logs() as logs:
             await server.cluster.restart(server.node, timeout=10)
-            async with asyncio.timeout(10):
-                while not any(e["event"] == "reconnected to NATS" for e in logs):
-                    await asyncio.sleep(0.02)
+            await wait_until(
+                lambda: any(e["event"] == "reconnected to NATS" for e in logs), 10, interval=0.02
+            )
             assert (await sink.deliver([e3])).delivered
         assert not await can_connect(server.url, token=second)
         assert await server.stored() == ids([e1, e2, e3])
@@ -421,18 +420,11 @@ def tls_config(pki: Path, *, verify: bool = False) -> str:
     return "tls {\n  " + "\n  ".join(lines) + "\n}"
 
 
-def client_tls(pki: Path, cert: str | None = None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    if cert is not None:
-        ctx.load_cert_chain(str(pki / f"{cert}.crt"), str(pki / f"{cert}.key"))
-    return ctx
-
-
 async def test_tls_with_the_ca_file_delivers_and_an_unknown_ca_is_a_certificate_error(
     short_tmp: Path, pki: Path
 ) -> None:
     batch = events(1, 2)
-    async with nats_server(short_tmp / "nats", tls_config(pki), tls=client_tls(pki)) as server:
+    async with nats_server(short_tmp / "nats", tls_config(pki), tls=client_context(pki)) as server:
         tls_url = server.url.replace("nats://", "tls://")
         ca = str(pki / "ca.crt")
         assert (await server.sink(ca_file=ca).deliver(batch[:1])).delivered
@@ -453,7 +445,7 @@ async def test_mutual_tls_delivers_with_a_client_certificate_from_the_ca_only(
 ) -> None:
     batch = events(1)
     config = tls_config(pki, verify=True)
-    async with nats_server(short_tmp / "nats", config, tls=client_tls(pki, "client")) as server:
+    async with nats_server(short_tmp / "nats", config, tls=client_context(pki, "client")) as server:
         ca = str(pki / "ca.crt")
         mutual = server.sink(ca_file=ca, cert_file=str(pki / "client.crt"), key_file=str(pki / "client.key"))
         assert (await mutual.deliver(batch)).delivered
@@ -526,14 +518,18 @@ async def test_the_agents_log_lines_on_an_auth_failure_hold_no_secret(
         with capture_logs() as logs:
             async with fake, running_agent(settings, fake):
                 # Each sink's delivery refused, as the worker logs it (retried: see `refused`).
-                async with asyncio.timeout(15):
-                    while {"nats-token", "nats-url"} - {
-                        e.get("sink")
-                        for e in logs
-                        if e["event"] == "delivery failed; will retry"
-                        and "authorization failed" in e["error"]
-                    }:
-                        await asyncio.sleep(0.05)
+                await wait_until(
+                    lambda: (
+                        {"nats-token", "nats-url"}
+                        <= {
+                            e.get("sink")
+                            for e in logs
+                            if e["event"] == "delivery failed; will retry"
+                            and "authorization failed" in e["error"]
+                        }
+                    ),
+                    15,
+                )
     out, err = capfd.readouterr()
     assert_unseen([PLANTED_SECRET, url_password, f"prw:{url_password}"], out, err, *logs)
 

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -25,8 +24,9 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
+from testkit.agent import Running, make_settings, running_agent, write_agent_config
 from testkit.nats_cluster import NatsCluster, running_cluster
-from tests.agent_harness import Running, make_settings, running_agent, write_agent_config
+from testkit.waiting import wait_until
 from watcher.config import ConfigError
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, new_cycle_id
@@ -454,14 +454,6 @@ def _agent_process(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=out, stderr=out)
 
 
-async def _wait_for(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def test_a_sigkill_between_publish_and_outbox_ack_is_deduplicated_by_the_server(
     tmp_path: Path, short_tmp: Path
 ) -> None:
@@ -479,10 +471,10 @@ async def test_a_sigkill_between_publish_and_outbox_ack_is_deduplicated_by_the_s
         hold.mkdir()
         log = tmp_path / "agent.log"
         held = _agent_process(
-            ["-m", "tests.nats_kill_point", str(hold), "1", "--", "run", "-c", str(config)], log
+            ["-m", "testkit.nats_kill_point", str(hold), "1", "--", "run", "-c", str(config)], log
         )
         try:
-            await _wait_for(lambda: (hold / "published").exists(), 30, "the first acknowledged publish")
+            await wait_until(lambda: (hold / "published").exists(), 30, what="the first acknowledged publish")
             seqs = json.loads((hold / "published").read_text())
             # The stream has them; the outbox does not know: the process is stopped before its ack.
             assert sorted(s for _, s, _ in _stored(await cluster.messages(STREAM))) == sorted(seqs)
@@ -493,8 +485,10 @@ async def test_a_sigkill_between_publish_and_outbox_ack_is_deduplicated_by_the_s
 
         again = _agent_process(["-m", "watcher", "run", "-c", str(config)], log)
         try:
-            await _wait_for(
-                lambda: "the stream already had some of these events" in log.read_text(), 30, "the re-publish"
+            await wait_until(
+                lambda: "the stream already had some of these events" in log.read_text(),
+                30,
+                what="the re-publish",
             )
             line = next(
                 json.loads(x)

@@ -16,9 +16,12 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.agent import Running, make_settings, running_agent
+from testkit.changes import Changes
+from testkit.http_server import HttpServer
+from testkit.planted_secret import PLANTED_SECRET
+from testkit.processes import fake_kubelet_process
 from testkit.tools import tool
-from tests.agent_harness import Running, make_settings, running_agent, serve_post
-from tests.conftest import PLANTED_SECRET
 from watcher.cli import main
 from watcher.secrets import Secret
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -264,40 +267,34 @@ class _Flaky:
     def __init__(self) -> None:
         self.up = False
         self.ids: list[str] = []
-        self.arrived = asyncio.Condition()
+        self.arrived = Changes()
 
     async def handle(self, request: web.Request) -> web.Response:
         if not self.up:
             return web.Response(status=503, headers={"Retry-After": "0"})
         self.ids.append((await request.json())["id"])
-        async with self.arrived:
-            self.arrived.notify_all()
+        self.arrived.notify()
         return web.Response(status=204)
 
     async def until(self, count: int) -> None:
-        async with asyncio.timeout(20), self.arrived:
-            await self.arrived.wait_for(lambda: len(set(self.ids)) >= count)
+        await self.arrived.until(lambda: len(set(self.ids)) >= count, timeout=20)
 
 
 async def test_reload_keeps_the_queued_events_of_unchanged_sinks(short_tmp: Path) -> None:
     receiver = _Flaky()
-    runner, port = await serve_post(receiver.handle)
-    hook = WebhookSinkSettings(
-        name="hook",
-        url=Secret(value=f"http://127.0.0.1:{port}/"),
-        bearer_token=Secret(value=PLANTED_SECRET),
-        retry_max_delay=0.2,
-    )
-    audit = FileSinkSettings(name="audit", path=short_tmp / "a.jsonl")
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    settings = dataclasses.replace(make_settings(short_tmp), sinks=(hook, audit))
-    try:
+    async with HttpServer(receiver.handle) as server:
+        hook = WebhookSinkSettings(
+            name="hook",
+            url=Secret(value=server.url()),
+            bearer_token=Secret(value=PLANTED_SECRET),
+            retry_max_delay=0.2,
+        )
+        audit = FileSinkSettings(name="audit", path=short_tmp / "a.jsonl")
+        fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+        settings = dataclasses.replace(make_settings(short_tmp), sinks=(hook, audit))
         async with fake, running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
-            for i in range(3):
-                mark = len(run.recorder.events)
-                fake.add_device(GPU, f"GPU-r{i}", (0,))
-                await run.recorder.kinds_after(mark, 2)
+            await run.add_devices(GPU, [(f"GPU-r{i}", (0,)) for i in range(3)])
             queued = (await run.agent.outbox.stats("hook")).depth
             assert queued == len(run.recorder.events)  # the receiver is down: all queued
             # The audit sink goes, a console sink comes, the webhook stays as it was.
@@ -307,8 +304,6 @@ async def test_reload_keeps_the_queued_events_of_unchanged_sinks(short_tmp: Path
             receiver.up = True
             await receiver.until(len(run.recorder.events))
             assert [str(e.id) for e in run.recorder.events] == list(dict.fromkeys(receiver.ids))
-    finally:
-        await runner.cleanup()
 
 
 async def test_reload_to_another_socket_reconnects(short_tmp: Path) -> None:
@@ -337,11 +332,6 @@ async def test_reload_to_another_socket_reconnects(short_tmp: Path) -> None:
 
 def test_sighup_reloads_the_config_file(short_tmp: Path) -> None:
     root = short_tmp / "kubelet"
-    fake = subprocess.Popen(
-        [sys.executable, "-m", "watcher", "fake-kubelet", "--root", str(root)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     config = short_tmp / "w.toml"
     base = (
         f'node = "node-a"\nstate_dir = "{short_tmp / "state"}"\n'
@@ -349,9 +339,7 @@ def test_sighup_reloads_the_config_file(short_tmp: Path) -> None:
         '[http]\nlisten = "127.0.0.1:0"\n[log]\nformat = "json"\n'
     )
     config.write_text(base)
-    try:
-        assert fake.stderr is not None
-        assert "serving" in fake.stderr.readline()
+    with fake_kubelet_process(root):
         agent = subprocess.Popen(
             [sys.executable, "-m", "watcher", "run", "--config", str(config)],
             stdout=subprocess.PIPE,
@@ -394,11 +382,6 @@ def test_sighup_reloads_the_config_file(short_tmp: Path) -> None:
         logged = "".join(seen) + err
         assert "delivery failed" in logged  # the sink's failures were logged ...
         assert PLANTED_SECRET not in logged  # ... without the secret in its URL
-    finally:
-        fake.send_signal(signal.SIGTERM)
-        fake.wait(timeout=15)
-        if fake.stderr is not None:
-            fake.stderr.close()
 
 
 class _Echo:
@@ -416,15 +399,12 @@ async def test_send_test_reports_the_receivers_answer(
     short_tmp: Path, capfd: pytest.CaptureFixture[str], status: int, code: int
 ) -> None:
     echo = _Echo(status)
-    runner, port = await serve_post(echo.handle)
     config = short_tmp / "w.toml"
-    config.write_text(
-        f'state_dir = "{short_tmp}"\n[sinks.team]\ntype = "webhook"\nurl = "http://127.0.0.1:{port}/"\n'
-    )
-    try:
+    async with HttpServer(echo.handle) as server:
+        config.write_text(
+            f'state_dir = "{short_tmp}"\n[sinks.team]\ntype = "webhook"\nurl = "{server.url()}"\n'
+        )
         rc = await asyncio.to_thread(main, ["send-test", "team", "--config", str(config)])
-    finally:
-        await runner.cleanup()
     out = capfd.readouterr().out
     assert rc == code
     assert f"HTTP {status}" in out

@@ -12,17 +12,18 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
 
-from tests.receivers import WebhookReceiver
+from testkit.dispatching import Deliveries, open_outbox
+from testkit.dispatching import dispatching as running_dispatcher
+from testkit.receivers import WebhookReceiver
 from watcher.cli import main
 from watcher.delivery.dispatcher import Dispatcher
 from watcher.kubelet.decoding import Decoder
@@ -70,51 +71,18 @@ class FakeClocks:
         return Clocks(wall=lambda: self.wall, boot=lambda: (self.boot_id, self.boot))
 
 
-class Observed:
-    """The dispatcher's delivery observer: (result, seqs) per batch, awaitable."""
-
-    def __init__(self) -> None:
-        self.batches: list[tuple[str, list[int]]] = []
-        self._changed = asyncio.Event()
-
-    def __call__(self, sink: str, result: str, batch: Sequence[Event], _elapsed: float) -> None:
-        self.batches.append((result, [e.seq for e in batch]))
-        self._changed.set()
-
-    def seqs(self, result: str) -> list[int]:
-        return [s for r, seqs in self.batches if r == result for s in seqs]
-
-    async def until(self, predicate: Callable[[Observed], bool], timeout: float = 10.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not predicate(self):
-                self._changed.clear()
-                await self._changed.wait()
-
-
 @contextlib.asynccontextmanager
-async def dispatching(store: Store, sinks: Sequence[Sink]) -> AsyncIterator[tuple[Dispatcher, Observed]]:
-    """The real Dispatcher running its workers until the block ends."""
-    stop = asyncio.Event()
-    dispatcher = Dispatcher(store, sinks, stop=stop, rng=random.Random(5))
+async def dispatching(store: Store, sinks: Sequence[Sink]) -> AsyncIterator[tuple[Dispatcher, Deliveries]]:
+    """The real Dispatcher running its workers until the block ends, its sinks registered first."""
     await store.register([s.name for s in sinks])
-    observed = Observed()
-    dispatcher.observers.append(observed)
-    task = asyncio.create_task(dispatcher.run())
-    try:
-        yield dispatcher, observed
-    finally:
-        stop.set()
-        async with asyncio.timeout(15):
-            await task
-        await dispatcher.close()
+    async with running_dispatcher(store, sinks, seed=5) as run:
+        yield run.dispatcher, run.deliveries
 
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    outbox = Store(tmp_path / "outbox.db")
-    await outbox.open()
-    yield outbox
-    await outbox.close()
+    async with open_outbox(tmp_path / "outbox.db") as outbox:
+        yield outbox
 
 
 def _log_lines(log: Path) -> list[dict[str, Any]]:
@@ -153,20 +121,20 @@ async def test_a_burst_larger_than_a_batch_is_written_in_batches_once_in_order_a
     await store.register(["audit"])
     await store.commit(burst, {"audit": [e.seq for e in burst]}, None)
     async with dispatching(store, [_audit(log)]) as (dispatcher, observed):
-        await observed.until(lambda o: len(o.seqs("delivered")) == 1234)
+        await observed.wait_for(lambda o: len(o.seqs("delivered")) == 1234)
         # More while it runs: they follow, in the same chain.
         more = _events(1235, 1300, cycle="c2")
         await dispatcher.commit(more, None)
         await dispatcher.hand_over()
-        await observed.until(lambda o: len(o.seqs("delivered")) == 1300)
+        await observed.wait_for(lambda o: len(o.seqs("delivered")) == 1300)
         stats = await store.stats("audit")
     # The worker handed the sink up to max_batch (500) events at a time, each acked at once.
-    assert [len(seqs) for _, seqs in observed.batches[:3]] == [500, 500, 234]
-    assert max(len(seqs) for _, seqs in observed.batches) <= 500
+    assert [len(seqs) for _, _, seqs in observed.seen[:3]] == [500, 500, 234]
+    assert max(len(seqs) for _, _, seqs in observed.seen) <= 500
     assert (stats.depth, stats.delivered, stats.dropped) == (0, 1300, 0)
     # One fsync of the log per batch (not per event), and one head file per batch.
     log_syncs = [p for p in synced if p == os.path.realpath(log)]
-    assert len(log_syncs) == len(observed.batches) < 10
+    assert len(log_syncs) == len(observed.seen) < 10
     records = _log_lines(log)
     assert [r["event"]["seq"] for r in records] == list(range(1, 1301))
     assert [r["n"] for r in records] == list(range(1, 1301))
@@ -293,7 +261,7 @@ async def test_dead_letters_over_their_cap_drop_the_oldest_and_are_counted(
             async with dispatching(store, [sink]) as (dispatcher, observed):
                 await dispatcher.commit(events, None)
                 await dispatcher.hand_over()
-                await observed.until(lambda o: o.seqs("dead_letter") == list(range(1, 13)))
+                await observed.wait_for(lambda o: o.seqs("dead_letter") == list(range(1, 13)))
                 stats = await store.stats("hook")
                 kept = [d.seq for d in await store.dead_letters("hook")]
     # The newest five are kept; the seven oldest went, each drop counted and logged with its seqs.
@@ -524,7 +492,7 @@ async def test_a_blocked_audit_log_over_its_cap_records_a_gap_that_verify_names(
                 await dispatcher.hand_over()
                 await _until_dropped(dispatcher, store, "audit", 15)
                 log.unlink()  # the operator fixes it
-                await observed.until(lambda o: o.seqs("delivered") == [16, 17, 18, 19, 20])
+                await observed.wait_for(lambda o: o.seqs("delivered") == [16, 17, 18, 19, 20])
                 stats = await store.stats("audit")
     finally:
         await store.close()
@@ -571,7 +539,7 @@ async def test_events_older_than_max_age_become_a_gap_the_wall_clock_cannot_caus
             await dispatcher.commit(_events(12, 13, cycle="c3"), None)
             await _until_dropped(dispatcher, store, "audit", 11)
             log.unlink()
-            await observed.until(lambda o: o.seqs("delivered") == [12, 13])
+            await observed.wait_for(lambda o: o.seqs("delivered") == [12, 13])
     finally:
         await store.close()
     records = _log_lines(log)

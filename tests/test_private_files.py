@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from tests.agent_harness import make_settings, running_agent
+from testkit.agent import make_settings, running_agent
 from watcher.app import Agent
 from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity

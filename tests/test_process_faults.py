@@ -1,6 +1,6 @@
 """Process faults: the agent SIGKILLed inside its outbox transaction, the audit log cut mid-record.
 
-The agent runs as a real process (`python -m tests.kill_point`, the CLI with a kill point armed)
+The agent runs as a real process (`python -m testkit.store_kill_point`, the CLI with a kill point armed)
 against a fake kubelet in this process; the audit log (a `file` sink) is the record of what was
 emitted. After each kill the agent is started again, unarmed: the database must be intact, and
 every change must be in the log exactly once, with seqs that neither repeat nor skip.
@@ -8,7 +8,6 @@ every change must be in the log exactly once, with seqs that neither repeat nor 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -16,15 +15,16 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
-from tests.agent_harness import write_agent_config
-from tests.conftest import fill
+from testkit.agent import write_agent_config
+from testkit.disks import fill
+from testkit.waiting import wait_until
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, new_cycle_id
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -39,12 +39,6 @@ def _audit(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line)["event"] for line in path.read_text().splitlines() if line.strip()]
-
-
-async def _until(predicate: Callable[[], bool], timeout: float = 20) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)  # another process's files: nothing to await
 
 
 class _Agent:
@@ -67,7 +61,7 @@ class _Agent:
                 [
                     sys.executable,
                     "-m",
-                    "tests.kill_point",
+                    "testkit.store_kill_point",
                     str(self.hold_dir),
                     str(hold_at),
                     "--",
@@ -82,7 +76,7 @@ class _Agent:
     async def held(self) -> list[int]:
         """The seqs of the commit the agent is stuck in, once it is (its rows already in the WAL)."""
         holding = self.hold_dir / "holding"
-        await _until(lambda: holding.exists() and holding.read_text() != "")
+        await wait_until(lambda: holding.exists() and holding.read_text() != "", 20)
         held = json.loads(holding.read_text())
         assert held["wal"] > 0, "the held transaction should have spilled into the WAL"
         return list(held["seqs"])
@@ -134,7 +128,7 @@ async def test_sigkill_inside_the_outbox_transaction_loses_and_repeats_nothing(
         # Again: the baseline is taken afresh and commits; then a change is made and the
         # agent is killed inside the commit of its events (the 2nd commit).
         agent.start(hold_at=2)
-        await _until(lambda: len(_audit(agent.audit)) >= 1)
+        await wait_until(lambda: len(_audit(agent.audit)) >= 1, 20)
         fake.add_device(GPU, "GPU-one", (0,))
         held = await agent.held()
         assert len(held) == 2  # device.added and capacity.changed, rows written, not committed
@@ -146,7 +140,7 @@ async def test_sigkill_inside_the_outbox_transaction_loses_and_repeats_nothing(
         # in between, so one answer holds them all), killed inside it; one more change is
         # made while the agent is down.
         agent.start(hold_at=2)
-        await _until(lambda: _added(_audit(agent.audit)) == Counter({"GPU-one": 1}))
+        await wait_until(lambda: _added(_audit(agent.audit)) == Counter({"GPU-one": 1}), 20)
         for i in range(40):
             fake.add_device(GPU, f"GPU-many-{i}", (i % 2,))
         held = await agent.held()
@@ -158,7 +152,7 @@ async def test_sigkill_inside_the_outbox_transaction_loses_and_repeats_nothing(
         # Unarmed: everything since the last commit is reported, once.
         agent.start()
         want = Counter({"GPU-one": 1, "GPU-while-down": 1, **{f"GPU-many-{i}": 1 for i in range(40)}})
-        await _until(lambda: _added(_audit(agent.audit)) == want, 30)
+        await wait_until(lambda: _added(_audit(agent.audit)) == want, 30)
         agent.stop()
 
     events = _audit(agent.audit)

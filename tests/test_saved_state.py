@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_harness import make_settings, running_agent
+from testkit.agent import make_settings, running_agent
 from watcher.kubelet.decoding import Decoder
 from watcher.model.build import build
 from watcher.model.events import Event

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_harness import make_settings, running_agent
+from testkit.agent import make_settings, running_agent
 from watcher.model.build import build
 from watcher.model.changes import Kind
 from watcher.model.inventory import Inventory

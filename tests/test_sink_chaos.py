@@ -28,8 +28,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from testkit.agent import write_agent_config
+from testkit.http_server import HttpServer
 from testkit.ports import free_port
-from tests.agent_harness import write_agent_config
+from testkit.waiting import wait_until
 from watcher.sim.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"
@@ -58,7 +60,7 @@ class Receiver:
         self.different: list[str] = []
         self.arrived_at: dict[str, float] = {}
         self.requests: Counter[str] = Counter()
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
         self._released = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -91,20 +93,14 @@ class Receiver:
         return web.Response(status=204)
 
     async def listen(self) -> None:
-        if self._runner is not None:
-            return
-        app = web.Application()
-        app.router.add_post("/", self.handle)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True).start()
-        self._runner = runner
+        if self._server is None:
+            self._server = await HttpServer(self.handle, port=self.port, shutdown_timeout=0.1).start()
 
     async def close(self) -> None:
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
+        if self._server is not None:
+            server, self._server = self._server, None
             self._released.set()  # hung requests end, so the shutdown leaves no task behind
-            await runner.cleanup()
+            await server.close()
             self._released = asyncio.Event()
 
     async def switch(self, mode: str) -> None:
@@ -137,12 +133,6 @@ def _start_agent(config: Path, log: Path) -> subprocess.Popen[bytes]:
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
-
-
-async def _until(predicate: Any, timeout: float) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.05)  # another process's deliveries: nothing to await here
 
 
 @pytest.mark.slow
@@ -182,7 +172,7 @@ rate = 100
     async with fake:
         agent = _start_agent(config, log)
         try:
-            await _until(lambda: len(steady.first) >= 1 and len(flappy.first) >= 1, 30)
+            await wait_until(lambda: len(steady.first) >= 1 and len(flappy.first) >= 1, 30)
             rss_start = _rss_mib(agent.pid)
             batch = 0
             steady_lag: list[float] = []
@@ -207,12 +197,12 @@ rate = 100
                     await asyncio.sleep(0.1)
                 # Whatever the flapping receiver does, the steady one keeps up.
                 t0 = time.monotonic()
-                await _until(lambda: set(_audit_ids(audit)) <= set(steady.first), 15)
+                await wait_until(lambda: set(_audit_ids(audit)) <= set(steady.first), 15)
                 steady_lag.append(time.monotonic() - t0)
                 peak_backlog = max(peak_backlog, len(_audit_ids(audit)) - len(flappy.first))
                 rss_peak = max(rss_peak, _rss_mib(agent.pid))
             await flappy.switch("up")
-            await _until(lambda: set(_audit_ids(audit)) <= set(flappy.first), 120)
+            await wait_until(lambda: set(_audit_ids(audit)) <= set(flappy.first), 120)
             rss_end = _rss_mib(agent.pid)
         finally:
             agent.send_signal(signal.SIGTERM)

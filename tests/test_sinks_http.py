@@ -1,4 +1,4 @@
-"""The HTTP sinks against real receivers that enforce each service's rules (tests/receivers.py):
+"""The HTTP sinks against real receivers that enforce each service's rules (testkit/receivers.py):
 Slack, PagerDuty, webhooks (JSON, CloudEvents, Standard Webhooks), the one retry policy end to
 end through the Dispatcher and a real Outbox, and secrets that never leak."""
 
@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
 import json
 import math
-import random
 import re
-import shutil
 import socket
-import ssl
-import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from pathlib import Path
@@ -32,10 +26,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from tests.receivers import PagerDutyReceiver, PathEchoReceiver, Receiver, SlackReceiver, WebhookReceiver
+from testkit.certificates import self_signed, server_context
+from testkit.dispatching import dispatching, open_outbox
+from testkit.receiver import Receiver
+from testkit.receivers import PagerDutyReceiver, PathEchoReceiver, SlackReceiver, WebhookReceiver
 from watcher.cli import main
 from watcher.config import ConfigError
-from watcher.delivery.dispatcher import Dispatcher, SinkWorker
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, event_schema
 from watcher.model.lifecycle import reachable, unreachable
@@ -140,10 +136,8 @@ async def serve() -> AsyncIterator[Callable[[R], Awaitable[R]]]:
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[Store]:
     """A real outbox: the dispatcher's queues, and the KeyValue the PagerDuty sink keeps."""
-    outbox = Store(tmp_path / "outbox.db")
-    await outbox.open()
-    yield outbox
-    await outbox.close()
+    async with open_outbox(tmp_path / "outbox.db") as outbox:
+        yield outbox
 
 
 @pytest.fixture
@@ -210,70 +204,6 @@ def pd_config(rx: PagerDutyReceiver, **extra: Any) -> SinkSettings:
 
 def hook_config(rx: WebhookReceiver, **extra: Any) -> SinkSettings:
     return sink_config("hook", type="webhook", url=rx.url("/hook"), **extra)
-
-
-# --- running the real dispatcher ---
-
-
-class Deliveries:
-    """What the dispatcher's observers reported: (sink, result, seqs), awaitable."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, list[int]]] = []
-        self._changed = asyncio.Event()
-
-    def __call__(self, sink: str, result: str, batch: Sequence[Event], _elapsed: float) -> None:
-        self.seen.append((sink, result, [e.seq for e in batch]))
-        self._changed.set()
-
-    def seqs(self, result: str) -> list[int]:
-        return [seq for _, r, seqs in self.seen if r == result for seq in seqs]
-
-    async def wait_for(self, predicate: Callable[[Deliveries], bool], timeout: float = 10.0) -> None:
-        try:
-            async with asyncio.timeout(timeout):
-                while not predicate(self):
-                    self._changed.clear()
-                    await self._changed.wait()
-        except TimeoutError:
-            raise AssertionError(f"deliveries not as expected within {timeout:g} s: {self.seen}") from None
-
-
-@dataclass
-class Running:
-    dispatcher: Dispatcher
-    outbox: Store
-    deliveries: Deliveries = field(default_factory=Deliveries)
-
-    async def enqueue(self, events: Sequence[Event]) -> None:
-        await self.outbox.commit(events, self.dispatcher.queues(events), None)
-        self.dispatcher.notify()
-
-    def worker(self, name: str) -> SinkWorker:
-        return self.dispatcher.workers[name]
-
-
-@contextlib.asynccontextmanager
-async def dispatching(outbox: Store, sinks: Sequence[Sink]) -> AsyncIterator[Running]:
-    """The real Dispatcher's tasks, running until the block ends; then stopped and awaited."""
-    stop = asyncio.Event()
-    dispatcher = Dispatcher(outbox, sinks, stop=stop, rng=random.Random(7))
-    run = Running(dispatcher, outbox)
-    dispatcher.observers.append(run.deliveries)
-    if hasattr(dispatcher, "run"):  # one supervised task that owns the workers' tasks
-        tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher")]
-    else:  # a task per worker
-        tasks = [asyncio.create_task(task(), name=name) for name, task in dispatcher.tasks().items()]
-    try:
-        yield run
-    finally:
-        stop.set()
-        async with asyncio.timeout(15):
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-        await dispatcher.close()
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
 
 
 def logged(entries: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
@@ -659,25 +589,7 @@ async def test_webhook_custom_headers_and_bearer_token_arrive(
 @pytest.fixture
 def tls_cert(tmp_path: Path) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 (its own CA), and its key."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no openssl binary to make a certificate with")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    args = [
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-days",
-        "1",
-    ]
-    names = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
-    files = ["-keyout", str(key), "-out", str(cert)]
-    subprocess.run([openssl, *args, *names, *files], check=True, capture_output=True)
-    return cert, key
+    return self_signed(tmp_path)
 
 
 async def test_webhook_over_tls_verifies_the_server_with_ca_file(
@@ -687,8 +599,7 @@ async def test_webhook_over_tls_verifies_the_server_with_ca_file(
 ) -> None:
     cert, key = tls_cert
     rx = WebhookReceiver()
-    rx.ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    rx.ssl_context.load_cert_chain(cert, key)
+    rx.ssl_context = server_context(cert, key)
     await serve(rx)
     assert rx.url().startswith("https://")
     assert (await make_sink(hook_config(rx, ca_file=str(cert))).deliver([removed(1)])).delivered

@@ -1,7 +1,7 @@
 """Test hooks into the outbox database, for fault tests that must act at an exact point.
 
 A test process installs them with `install_hooks(StoreHooks(...))` before it starts the
-agent (tests/kill_point.py SIGKILLs the process inside a commit this way), and puts the
+agent (testkit/store_kill_point.py SIGKILLs the process inside a commit this way), and puts the
 previous ones back with the value `install_hooks` returned. Nothing else sets them: no
 setting, environment variable or command-line flag reaches this module, so a deployed
 agent always runs with `NO_HOOKS`. Unset, a hook costs the database one `is None` check.

@@ -42,15 +42,28 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # the test extra's pyyaml, untyped
 
 try:
     import cel
     from cel.stdlib import join
 except ImportError as err:  # pragma: no cover - a missing test dependency
     raise ImportError(
-        'tests/admission.py needs a CEL evaluator: add "common-expression-language>=0.10" to the test extra'
+        "testkit/admission_policy.py needs a CEL evaluator:"
+        ' add "common-expression-language>=0.10" to the test extra'
     ) from err
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "POLICY_FILE",
+    "REASON_CODES",
+    "Denial",
+    "Policy",
+    "PolicyError",
+    "admit",
+    "load",
+    "review",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_FILE = ROOT / "deploy" / "kubernetes" / "reporting" / "admissionpolicy.yaml"

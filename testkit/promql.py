@@ -13,8 +13,17 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.agent_harness import make_settings, running_agent
+from testkit.agent import make_settings, running_agent
 from watcher.sim.fake_kubelet import FakeKubelet
+
+__all__ = [
+    "PROMETHEUS_METRICS",
+    "PROMQL_WORDS",
+    "metric_names",
+    "promtool",
+    "sample_names",
+    "scrape_running_agent",
+]
 
 # What PromQL itself spells; every other word in an expression is a metric name.
 PROMQL_WORDS = {"and", "or", "unless", "bool", "offset"}

@@ -1,4 +1,6 @@
-"""Run the watcher CLI with a kill point armed: `python -m tests.kill_point HOLD_DIR N -- run --config F`.
+"""Run the watcher CLI with a kill point armed in the outbox store:
+
+    python -m testkit.store_kill_point HOLD_DIR N -- run --config F
 
 On the N-th outbox commit that carries events, after its rows are written and before
 its COMMIT, the process writes HOLD_DIR/holding (the seqs it was committing and the WAL's
@@ -19,6 +21,8 @@ from pathlib import Path
 from watcher.cli import main
 from watcher.model.events import Event
 from watcher.store.hooks import StoreHooks, install_hooks
+
+__all__ = ["arm"]
 
 
 def arm(hold_dir: Path, nth: int) -> None:
@@ -47,6 +51,6 @@ def arm(hold_dir: Path, nth: int) -> None:
 
 if __name__ == "__main__":
     hold, n, sep, *argv = sys.argv[1:]
-    assert sep == "--", "usage: python -m tests.kill_point HOLD_DIR N -- ARGS..."
+    assert sep == "--", "usage: python -m testkit.store_kill_point HOLD_DIR N -- ARGS..."
     arm(Path(hold), int(n))
     sys.exit(main(argv))

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-from aiohttp import web
+import jsonschema  # type: ignore[import-untyped]  # the test extra's, untyped
 
+from testkit.changes import Changes
 from watcher.app import Agent
 from watcher.model.events import Event, event_schema
 from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSettings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.file import FileSinkSettings
+
+__all__ = ["Recorder", "Running", "make_settings", "running_agent", "write_agent_config"]
 
 _VALIDATOR = jsonschema.Draft202012Validator(
     event_schema(), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
@@ -32,26 +33,25 @@ class Recorder:
         self.cycles = 0
         self.reasons: list[frozenset[str]] = []
         self.task: asyncio.Task[None] | None = None
-        self._changed = asyncio.Event()
+        self.changes = Changes()
 
     def on_event(self, event: Event) -> None:
         _VALIDATOR.validate(event.to_dict())
         self.events.append(event)
-        self._changed.set()
+        self.changes.notify()
 
     def on_cycle(self, reasons: frozenset[str]) -> None:
         self.cycles += 1
         self.reasons.append(reasons)
-        self._changed.set()
+        self.changes.notify()
+
+    def _still_running(self) -> None:
+        if self.task is not None and self.task.done():
+            self.task.result()  # the agent crashed: say how, not "timeout"
+            raise AssertionError("the agent stopped while a test was waiting on it")
 
     async def until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not predicate():
-                if self.task is not None and self.task.done():
-                    self.task.result()  # the agent crashed: say how, not "timeout"
-                    raise AssertionError("the agent stopped while a test was waiting on it")
-                self._changed.clear()
-                await self._changed.wait()
+        await self.changes.until(predicate, timeout, check=self._still_running)
 
     async def kinds_after(self, mark: int, count: int, timeout: float = 10.0) -> list[str]:
         """Wait until `count` events arrived after index `mark`; return their kinds."""
@@ -69,6 +69,16 @@ class Running:
     kubelet: FakeKubelet
     task: asyncio.Task[None]
     _marks: int = 0
+
+    async def add_devices(
+        self, resource: str, devices: Iterable[tuple[str, tuple[int, ...]]], timeout: float = 10.0
+    ) -> None:
+        """Add each (device id, NUMA nodes) to the fake kubelet in turn, the next once the agent
+        reported this one (device.added and the capacity change: two events)."""
+        for device, numa in devices:
+            mark = len(self.recorder.events)
+            self.kubelet.add_device(resource, device, numa)
+            await self.recorder.kinds_after(mark, 2, timeout)
 
     def queries_ok(self) -> float:
         """Re-queries the kubelet answered (changed or not)."""
@@ -116,19 +126,6 @@ def make_settings(root: Path, **overrides: Any) -> Settings:
     )
 
 
-async def serve_post(
-    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-) -> tuple[web.AppRunner, int]:
-    """A real aiohttp receiver on 127.0.0.1 (any free port) answering POST / with `handler`."""
-    app = web.Application()
-    app.router.add_post("/", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = socket.create_server(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    return runner, sock.getsockname()[1]
-
-
 @asynccontextmanager
 async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterator[Running]:
     recorder = Recorder()
@@ -136,10 +133,10 @@ async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterat
     agent.subscribe(recorder.on_event)
     agent.subscribe_cycles(recorder.on_cycle)
     # Deliveries wake waiters too, so a test can wait on what a sink received.
-    agent.subscribe_deliveries(lambda *_: recorder._changed.set())
+    agent.subscribe_deliveries(recorder.changes.notify)
     task = asyncio.create_task(agent.run(), name="agent-under-test")
     recorder.task = task
-    task.add_done_callback(lambda _: recorder._changed.set())
+    task.add_done_callback(recorder.changes.notify)
     try:
         yield Running(agent, recorder, kubelet, task)
     finally:

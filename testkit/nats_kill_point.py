@@ -1,6 +1,6 @@
 """The watcher CLI with the nats sink's kill point armed.
 
-    python -m tests.nats_kill_point HOLD_DIR N -- run -c CONFIG
+    python -m testkit.nats_kill_point HOLD_DIR N -- run -c CONFIG
 
 On the N-th delivery the stream acknowledged, before the worker can acknowledge it to the
 outbox, the process writes HOLD_DIR/published (the seqs it published) and stops its event loop
@@ -22,6 +22,8 @@ from watcher.model.events import Event
 from watcher.sinks import registry
 from watcher.sinks.base import Outcome, SinkContext
 from watcher.sinks.nats import NatsSink, NatsSinkSettings
+
+__all__ = ["arm"]
 
 
 def arm(hold_dir: Path, nth: int) -> None:
@@ -50,6 +52,6 @@ def arm(hold_dir: Path, nth: int) -> None:
 
 if __name__ == "__main__":
     hold, n, sep, *argv = sys.argv[1:]
-    assert sep == "--", "usage: python -m tests.nats_kill_point HOLD_DIR N -- ARGS..."
+    assert sep == "--", "usage: python -m testkit.nats_kill_point HOLD_DIR N -- ARGS..."
     arm(Path(hold), int(n))
     sys.exit(main(argv))
