@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import ssl
 import subprocess
 from pathlib import Path
 
-import pytest
+from testkit.tools import tool
 
 __all__ = ["client_context", "make_pki", "openssl", "require_openssl", "self_signed", "server_context"]
 
@@ -17,12 +15,8 @@ _EC_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"
 
 
 def require_openssl() -> None:
-    """Skip the test where the openssl command is missing; fail it under CI, where .ci/run
-    installs it (a skip there would hide a lost test)."""
-    if shutil.which("openssl") is None:
-        if os.environ.get("CI"):
-            pytest.fail("the openssl command is not installed (.ci/run should have installed it)")
-        pytest.skip("the openssl command is not installed")
+    """Skip the test where the openssl command is missing; fail it under CI (testkit.tools)."""
+    tool("openssl")
 
 
 def openssl(cwd: Path, *args: str) -> None:

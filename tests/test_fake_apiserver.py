@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 import ssl
 import sys
 from collections.abc import AsyncIterator
@@ -21,13 +20,17 @@ import pytest
 
 from testkit.kube_rbac import rules_from_manifests
 from testkit.kube_schemas import strict_schemas
+from testkit.tools import tool
 from watcher.sim.apiserver import ADMIN, FakeApiServer, kubectl, micro_time
 from watcher.sim.apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("openssl") is None or not Path("/usr/bin/kubectl").exists(),
-    reason="needs the openssl command and kubectl",
-)
+
+@pytest.fixture(autouse=True)
+def _openssl_and_kubectl() -> None:
+    """Every test here needs both: skipped without them, failed under CI (testkit.tools)."""
+    tool("openssl")
+    tool("kubectl")
+
 
 SA = "system:serviceaccount:pod-resources-watcher:pod-resources-watcher"
 NODE = "gpu-node-1"

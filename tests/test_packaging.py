@@ -26,6 +26,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from testkit.kube_rbac import SHIPPED_MANIFEST, manifest_objects, rules_from_manifests
+from testkit.tools import tool
 from watcher.sim.apiserver import grants_for, shipped_rbac
 from watcher.sim.apiserver.rbac import SHIPPED_RBAC
 
@@ -156,12 +157,12 @@ def test_the_wheel_holds_the_package_and_nothing_of_ours_besides(wheel: Path) ->
     assert {n: i for n, i in importing.items() if i} == {}
 
 
-@pytest.mark.slow
+@pytest.mark.chaos  # a venv and a pip install: over a minute, so `make chaos` runs it
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="the kubernetes demo needs the openssl command")
 def test_an_installed_wheel_runs_both_demos_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
     """A fresh venv with the wheel and its runtime dependencies only (pip's cache reused), the
     demos run from a directory that is not the checkout."""
+    tool("openssl")  # the kubernetes demo's API server makes its certificate with it
     started = time.monotonic()
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
@@ -179,13 +180,13 @@ def test_an_installed_wheel_runs_both_demos_outside_the_checkout(wheel: Path, tm
     installed = time.monotonic()
     where = tmp_path / "elsewhere"
     where.mkdir()
-    tool = env_dir / "bin" / "pod-resources-watcher"
+    command = env_dir / "bin" / "pod-resources-watcher"
     for args, last in (
         (["demo"], "demo finished in"),
         (["demo", "--kubernetes"], "demo finished in"),
     ):
         run = subprocess.run(
-            [str(tool), *args], cwd=where, env=env, capture_output=True, text=True, timeout=180
+            [str(command), *args], cwd=where, env=env, capture_output=True, text=True, timeout=180
         )
         assert run.returncode == 0, run.stdout + run.stderr
         lines = run.stdout.splitlines()
