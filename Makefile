@@ -69,9 +69,7 @@ pytest: $(STAMP) ## the test suite (run `make tools` first, or the tests needing
 chaos: $(STAMP) ## the long suites: 200 kubelet restarts, 50 warm-ups, 70 receiver flaps (RELIABILITY.md); the tests marked chaos
 	PRW_CHAOS_RESTARTS=200 PRW_CHAOS_FLAPS=70 PRW_WARMUP_RESTARTS=50 PRW_WARMUP_MAX_S=5 \
 	PATH="$(CURDIR)/.tools/bin:$$PATH" PRW_CHAOS_REPORT=$${PRW_CHAOS_REPORT:-/dev/null} PRW_SINK_CHAOS_REPORT=$${PRW_SINK_CHAOS_REPORT:-/dev/null} \
-	$(BIN)/pytest -p no:cacheprovider tests/test_chaos.py tests/test_sink_chaos.py \
-	    tests/test_settling.py::test_restarts_with_warm_up_and_no_change_report_only_the_restarts
-	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -p no:cacheprovider -m chaos
+	$(BIN)/pytest -p no:cacheprovider -m chaos
 
 bench: $(STAMP) ## measure the speed claims side by side and write BENCHMARKS.md (~28 min; bench/run.py --only NAME for one section)
 	$(BIN)/python bench/run.py

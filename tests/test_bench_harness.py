@@ -338,6 +338,7 @@ def _table(text: str, header: str) -> list[list[str]]:
     return rows
 
 
+@pytest.mark.chaos  # long: `make chaos` runs it (CI runs both), `make test` leaves it out
 @pytest.mark.slow
 async def test_the_fleet_section_plays_its_nodes_into_a_real_cluster_and_reports() -> None:
     """A tiny fleet through the nats sink's Publisher into a real 3-node cluster and through the

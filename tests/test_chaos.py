@@ -27,6 +27,9 @@ from watcher.model.inventory import Inventory
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_plugins import Warmup
 
+# Long runs: `make chaos` runs them at full size (CI runs it); `make test` leaves them out.
+pytestmark = pytest.mark.chaos
+
 GPU = "nvidia.com/gpu"
 RESTARTS = int(os.environ.get("PRW_CHAOS_RESTARTS", "20"))
 

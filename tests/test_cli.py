@@ -371,6 +371,7 @@ def test_version_outside_a_checkout_is_the_plain_version(tmp_path: Path) -> None
         assert proc.stdout == f"pod-resources-watcher {__version__}\n", where
 
 
+@pytest.mark.chaos  # long: `make chaos` runs it (CI runs both), `make test` leaves it out
 def test_demo_forever_churns_until_interrupted_then_summarises() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "watcher", "demo", "--forever", "--seed", "4"],

@@ -247,6 +247,7 @@ def _audit_events(path: Path) -> list[dict[str, object]]:
     return sorted(out, key=lambda e: int(e["seq"]))  # type: ignore[call-overload]
 
 
+@pytest.mark.chaos  # long: `make chaos` runs it (CI runs both), `make test` leaves it out
 @pytest.mark.slow
 async def test_nothing_is_lost_when_the_receiver_is_down_and_the_agent_is_killed(
     short_tmp: Path, receiver_port: int

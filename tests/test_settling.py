@@ -91,6 +91,7 @@ async def kubelet(short_tmp: Path) -> AsyncIterator[FakeKubelet]:
         yield fake
 
 
+@pytest.mark.chaos  # long: `make chaos` runs it (CI runs both), `make test` leaves it out
 @pytest.mark.timeout(900)
 async def test_restarts_with_warm_up_and_no_change_report_only_the_restarts(short_tmp: Path) -> None:
     fake = FakeKubelet(short_tmp / "kubelet", seed=5)

@@ -34,6 +34,9 @@ from testkit.ports import free_port
 from testkit.waiting import wait_until
 from watcher.sim.fake_kubelet import FakeKubelet
 
+# Long runs: `make chaos` runs them at full size (CI runs it); `make test` leaves them out.
+pytestmark = pytest.mark.chaos
+
 GPU = "nvidia.com/gpu"
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("503", "429", "reset", "hang", "refuse", "slow", "up")
