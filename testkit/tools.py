@@ -109,7 +109,7 @@ def find(name: str) -> str | None:
 
 def missing_message(name: str) -> str:
     t = TOOLS[name]
-    return f"{name} is not installed ({t.used_for}): {t.how_to_install()}"
+    return f"{name} is not installed ({t.used_for}); to get it: {t.how_to_install()}"
 
 
 def tool(name: str) -> str:
@@ -189,7 +189,7 @@ def main(argv: list[str]) -> int:
     is_root = os.geteuid() == 0
     shown = [t for t in still if is_root or not t.root_only]
     for t in shown:
-        print(f"tools: missing {missing_message(t.name)}", flush=True)
+        print(f"tools: {missing_message(t.name)}", flush=True)
     if shown:
         print(f"tools: the tests that need {'these' if len(shown) > 1 else 'it'} skip (fail under CI=true)")
     else:
