@@ -64,6 +64,8 @@ class AuditLogWriter:
         return open_private(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, "audit log")
 
     def open(self) -> None:
+        """Open the log unless it is open: cut a torn tail, and read where the chain ends from
+        the files and the head file."""
         if self._fd is not None:
             return
         # A missing directory is made private; an existing one is the operator's (it may be
