@@ -1,40 +1,23 @@
-"""The audit log of device churn: append-only JSONL, tamper-evident, rotated by size.
+"""The audit log on disk: records appended in batches, rotated by size, and the head file.
 
-Each record carries the hash of the one before it and the chain continues
-across rotations and agent restarts (see `watcher.sinks.audit`); with a `key`
-each hash is an HMAC, so the chain cannot be recomputed without the key. The
-worker hands the sink up to `max_batch` events at once: they are written with
-one write and one fsync (and acked in one outbox transaction), then the head
-file beside the log is replaced, once per batch, with the last record's n and
-hash, which is what shows a cut tail. Delivery is in seq order, so an event
-the log already holds (re-sent after a crash) is skipped: the log itself holds
-each event once. Events the queue's caps dropped before they were written are
-recorded as a gap record where they would have been (`record_gap`).
-
-The log and its rotated files are private (0600, whatever the umask) and never written through
-a symbolic link (see `watcher.files`): a link at `path` is refused with an error naming it, the
-event stays queued, and the link's target is left as it was.
+The writer is synchronous: the file sink runs it on a worker thread, one call at a time. It holds
+where the chain ends (read back from the files whenever it opens them, never trusted from memory),
+the open descriptor, and what the head file says.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import os
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, TypeVar
 
 import structlog
 
-from watcher.config import ConfigError, field_meta
-from watcher.errors import UnsafePathError
 from watcher.files import check_private, open_private, private_dir
 from watcher.model.events import Event
 from watcher.model.gaps import Gap
-from watcher.secrets import Secret, SecretError
 from watcher.sinks.audit import (
     GENESIS,
     Head,
@@ -44,74 +27,17 @@ from watcher.sinks.audit import (
     make_gap_record,
     make_record,
 )
-from watcher.sinks.base import BaseSinkSettings, Capabilities, Outcome, SinkContext
-from watcher.sinks.registry import SinkType, register
+from watcher.sinks.file.settings import FileSinkSettings
 
-__all__ = ["FileSink", "FileSinkSettings"]
+__all__ = ["AuditLogWriter"]
 
 log = structlog.get_logger("watcher.sinks.file")
-T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class FileSinkSettings(BaseSinkSettings):
-    path: Path = field(
-        default=Path("events.jsonl"),
-        metadata=field_meta("The JSONL audit log; a relative path is inside state_dir.", in_state_dir=True),
-    )
-    fsync: Literal["event", "interval"] = field(
-        default="event",
-        metadata=field_meta(
-            "event: fsync every batch before it is acknowledged; interval: every fsync_interval seconds."
-        ),
-    )
-    fsync_interval: float = field(
-        default=1.0, metadata=field_meta("Seconds between fsyncs.", min=0.01, max=3600)
-    )
-    max_bytes: int = field(
-        default=100 * 1024 * 1024, metadata=field_meta("Rotate when the log reaches this size.", min=1024)
-    )
-    keep: int = field(
-        default=5, metadata=field_meta("Rotated files kept (events.jsonl.1 ... .N).", min=1, max=1000)
-    )
-    rate: float = field(
-        default=1000.0, metadata=field_meta("Most batches written per second.", min=0.001, max=100000)
-    )
-    max_batch: int = field(
-        default=500,
-        metadata=field_meta(
-            "Most events written at once: one write, one fsync, one head file and one outbox "
-            "transaction for them all.",
-            min=1,
-            max=10000,
-        ),
-    )
-    key: Secret | None = field(
-        default=None,
-        metadata=field_meta(
-            "Key of a keyed chain: each record's hash is an HMAC-SHA256 with it, so the log cannot be "
-            "re-chained without it (secret, at least 16 characters; keep it from whoever can write "
-            "the log; `audit verify --key-file`).",
-            secret=True,
-        ),
-    )
-    type: Literal["file"] = "file"
+class AuditLogWriter:
+    """One audit log: its current file, the rotated ones beside it, and its head file."""
 
-
-MIN_KEY_CHARS = 16
-
-
-def _check(path: str, settings: FileSinkSettings) -> None:
-    if settings.key is not None and len(settings.key.get()) < MIN_KEY_CHARS:
-        raise ConfigError(
-            f"{path}.key: the key from {settings.key.describe()} is shorter than {MIN_KEY_CHARS} "
-            "characters (e.g. `openssl rand -base64 32`)"
-        )
-
-
-class FileSink:
     def __init__(self, settings: FileSinkSettings, path: Path) -> None:
-        self.name = settings.name
         self.settings = settings
         self.path = path
         self._fd: int | None = None
@@ -121,10 +47,13 @@ class FileSink:
         self._prev = GENESIS
         self._last_seq = 0
         self._dirty = False
-        self._lock = asyncio.Lock()
         self.head_file = head_path(path)
         self._saved: tuple[int, str] | None = None  # what the head file says: (n, hash)
         self._key: bytes | None = None  # the key of the last batch: the head is MAC'd with it
+
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
 
     def rotated(self, i: int) -> Path:
         return self.path.with_name(f"{self.path.name}.{i}")
@@ -134,7 +63,9 @@ class FileSink:
         # torn tail is cut through this checked descriptor, never by opening the path again.
         return open_private(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, "audit log")
 
-    def _open(self) -> None:
+    def open(self) -> None:
+        """Open the log unless it is open: cut a torn tail, and read where the chain ends from
+        the files and the head file."""
         if self._fd is not None:
             return
         # A missing directory is made private; an existing one is the operator's (it may be
@@ -267,13 +198,13 @@ class FileSink:
         self._size += len(data)
         self._dirty = True
 
-    def _write(self, records: Sequence[tuple[int, Event | Gap]]) -> None:
+    def write(self, records: Sequence[tuple[int, Event | Gap]]) -> None:
         """Append (seq, event or gap) records: one write per file (a rotation starts a new
         one), then one fsync and one head file for the batch. A record whose seq the log
         already covers (re-sent after a crash) is skipped."""
         # Before anything is written: a key that cannot be read must never give unkeyed records.
         self._key = self._key_now()
-        self._open()
+        self.open()
         assert self._fd is not None
         n, prev, last_seq = self._n, self._prev, self._last_seq
         pending = bytearray()
@@ -311,79 +242,39 @@ class FileSink:
             self._synced = self._size
         self._save_head()
 
-    async def deliver(self, events: Sequence[Event]) -> Outcome:
-        return await self._locked(self._write, [(e.seq, e) for e in events])
-
-    async def record_gap(self, gap: Gap) -> Outcome:
-        """Write a gap record for events the queue's caps dropped. The part of it the log
-        already covers (written, then dropped before the ack: a crash between the two) is
-        left out; a gap the log covers wholly is not written at all."""
-        return await self._locked(self._write_gap, gap)
-
-    def _write_gap(self, gap: Gap) -> None:
+    def write_gap(self, gap: Gap) -> None:
+        """Write a gap record for the part of `gap` the log does not cover yet, if any."""
         self._key = self._key_now()
-        self._open()  # where the log ends is read from the files
+        self.open()  # where the log ends is read from the files
         if gap.last <= self._last_seq:
             return
         if gap.first <= self._last_seq:
             # Only the seqs after the log's last are missing; at most that many were dropped.
             first = self._last_seq + 1
             gap = dataclasses.replace(gap, first=first, count=min(gap.count, gap.last - first + 1))
-        self._write([(gap.last, gap)])
+        self.write([(gap.last, gap)])
 
-    async def _locked(self, write: Callable[[T], None], what: T) -> Outcome:
-        async with self._lock:
-            try:
-                await asyncio.to_thread(write, what)
-            except UnsafePathError as err:
-                # Retried, not dead-lettered: once the operator has replaced the link, the
-                # queued events are written, none lost.
-                self._forget_fd()
-                return Outcome(retry=True, error=str(err))
-            except OSError as err:
-                # Open the file afresh next time: after the disk was remounted or replaced,
-                # the old descriptor may point at a filesystem that is gone.
-                self._forget_fd()
-                where = err.filename or self.path
-                return Outcome(retry=True, error=f"cannot write {where}: {err.strerror or err}")
-            except SecretError as err:
-                return Outcome(retry=True, error=f"the audit log's key is unreadable: {err}")
-        return Outcome.ok()
-
-    def _forget_fd(self) -> None:
+    def forget_fd(self) -> None:
+        """Drop the descriptor, so the next write opens the file afresh."""
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
+        """Fsync what was written since the last fsync, then save the head."""
         if self._fd is not None and self._dirty:
             os.fsync(self._fd)
             self._dirty = False
             self._synced = self._size
         self._save_head()
 
-    def background(self) -> Callable[[], Awaitable[None]] | None:
-        if self.settings.fsync != "interval":
-            return None
-
-        async def fsync_periodically() -> None:
-            while True:
-                await asyncio.sleep(self.settings.fsync_interval)
-                async with self._lock:
-                    try:
-                        await asyncio.to_thread(self._sync)
-                    except OSError as err:  # a bad disk must not stop the agent; the next write says so too
-                        log.error("audit log fsync failed", path=str(self.path), error=str(err))
-
-        return fsync_periodically
-
-    async def close(self) -> None:
-        async with self._lock:
-            if self._fd is not None:
-                await asyncio.to_thread(self._sync)
-                os.close(self._fd)
-                self._fd = None
+    def close(self) -> None:
+        """Sync what is written, save the head, and close the file."""
+        if self._fd is not None:
+            self.sync()
+            os.close(self._fd)
+            self._fd = None
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -391,34 +282,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _log_path(settings: FileSinkSettings, state_dir: Path) -> Path:
-    # A relative path (the default's, or one written so: the loader keeps it relative) lives
-    # in the state directory.
-    return settings.path if settings.path.is_absolute() else state_dir / settings.path
-
-
-def _file_sink(settings: FileSinkSettings, context: SinkContext) -> FileSink:
-    return FileSink(settings, _log_path(settings, context.state_dir))
-
-
-def _send_test_copy(settings: FileSinkSettings) -> FileSinkSettings:
-    """send-test writes beside the audit log, never into it: a test record in the real chain
-    would take a seq the agent's events need and stay in the log for good."""
-    path = settings.path.with_name(settings.path.name + ".send-test")
-    return dataclasses.replace(settings, path=path)
-
-
-register(
-    SinkType(
-        name="file",
-        settings=FileSinkSettings,
-        factory=_file_sink,
-        validate=_check,
-        capabilities=Capabilities(batches=True),
-        order=20,
-        for_send_test=_send_test_copy,
-        audit_log=_log_path,
-    )
-)

@@ -1,29 +1,8 @@
-"""The tamper-evident audit log format, its head file, and verification.
-
-One JSON record per line: {"n", "prev", "event", "hash"}. `n` counts records
-from 1 and never restarts, across rotations and agent restarts; `prev` is the
-`hash` of record n-1 (GENESIS for the first); `hash` is, over the record's
-canonical JSON without the `hash` key, either its SHA-256 (`sha256:...`, an
-unkeyed log) or its HMAC-SHA256 under the sink's key (`hmac-sha256:...`, a
-keyed log). A gap record, {"n", "prev", "gap", "hash"}, takes the place of
-events the sink's queue caps dropped before they were written (see
-`watcher.model.gaps`): it is chained like any record, and `audit verify`
-reports it (GAPS, not OK). Changing any byte of a record breaks its own hash; deleting one
-breaks the count and the chain. Anyone can recompute SHA-256, so an unkeyed
-chain only shows edits that were not re-chained; a keyed one cannot be
-re-chained without the key.
-
-The head file (`.NAME.head` beside the log, hidden so `NAME*` globs and log
-shippers never take it for a log file) holds the last record's n and hash,
-MAC'd when keyed; the file sink replaces it after the records it names are on
-disk. It is what shows a cut tail: the log's last record must be the one it
-names (or come after it, when the agent stopped between the two writes). It
-cannot show a tail cut by someone who also put back an older head file.
-"""
+"""`audit verify`'s check: a log's records, the links between them and its head file, with the
+first broken or missing record named (`watcher.cli.audit` prints what it finds)."""
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import re
@@ -33,151 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from watcher.model.gaps import Gap
+from watcher.sinks.audit.chain import EVENT_FIELDS, GAP_FIELDS, GENESIS, KEYED, UNKEYED, chain_hash
+from watcher.sinks.audit.head import Head, HeadError, head_path, is_head_file
 
-__all__ = [
-    "GENESIS",
-    "KEYED",
-    "UNKEYED",
-    "Head",
-    "HeadError",
-    "head_path",
-    "is_head_file",
-    "make_record",
-    "make_gap_record",
-    "record_hash",
-    "RecordedGap",
-    "VerifyResult",
-    "verify_files",
-    "last_record",
-]
+__all__ = ["RecordedGap", "VerifyResult", "verify_files"]
 
-UNKEYED = "sha256:"
-KEYED = "hmac-sha256:"
-GENESIS = UNKEYED + "0" * 64
-# A head's MAC covers this label too, so no record's MAC can pass for a head's, or back.
-_HEAD_LABEL = "pod-resources-watcher.audit-head/v1"
 _ROTATED = re.compile(r"\.[0-9]+\Z")
-_FIELDS = {"n", "prev", "event", "hash"}
-_GAP_FIELDS = {"n", "prev", "gap", "hash"}
-
-
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _mac(key: bytes, data: bytes) -> str:
-    return KEYED + hmac.new(key, data, hashlib.sha256).hexdigest()
-
-
-def _hash(body: dict[str, Any], key: bytes | None) -> str:
-    data = _canonical(body)
-    return _mac(key, data) if key is not None else UNKEYED + hashlib.sha256(data).hexdigest()
-
-
-def record_hash(n: int, prev: str, event: Any, key: bytes | None = None) -> str:
-    """The record's hash: SHA-256 without a key, HMAC-SHA256 with one."""
-    return _hash({"n": n, "prev": prev, "event": event}, key)
-
-
-def _make(body: dict[str, Any], key: bytes | None) -> tuple[str, str]:
-    digest = _hash(body, key)
-    return _canonical({**body, "hash": digest}).decode(), digest
-
-
-def make_record(n: int, prev: str, event: dict[str, Any], key: bytes | None = None) -> tuple[str, str]:
-    """(the line without newline, its hash)."""
-    return _make({"n": n, "prev": prev, "event": event}, key)
-
-
-def make_gap_record(n: int, prev: str, gap: Gap, key: bytes | None = None) -> tuple[str, str]:
-    """A gap record (the line without newline, its hash): hashed like an event's record, over
-    {"n", "prev", "gap"}."""
-    return _make({"n": n, "prev": prev, "gap": gap.to_dict()}, key)
-
-
-def head_path(log: Path) -> Path:
-    """Where the head file of the log `log` lives."""
-    return log.with_name(f".{log.name}.head")
-
-
-class HeadError(ValueError):
-    """A head file that is not one."""
-
-
-@dataclass(frozen=True)
-class Head:
-    """The last record the log held on disk when the file sink last saved it: n and hash, and
-    with a key, a MAC over both (so it cannot be rewritten to match a cut log without the key)."""
-
-    n: int
-    hash: str
-    mac: str | None = None
-
-    @classmethod
-    def keyed(cls, n: int, digest: str, key: bytes | None) -> Head:
-        return cls(n, digest, None if key is None else _head_mac(key, n, digest))
-
-    def mac_ok(self, key: bytes) -> bool:
-        return self.mac is not None and hmac.compare_digest(self.mac, _head_mac(key, self.n, self.hash))
-
-    def to_line(self) -> str:
-        fields: dict[str, Any] = {"n": self.n, "hash": self.hash}
-        if self.mac is not None:
-            fields["mac"] = self.mac
-        return _canonical(fields).decode() + "\n"
-
-    @classmethod
-    def parse(cls, text: bytes) -> Head:
-        try:
-            fields = json.loads(text)
-            n, digest, mac = fields["n"], fields["hash"], fields.get("mac")
-            valid = (
-                set(fields) <= {"n", "hash", "mac"}
-                and isinstance(n, int)
-                and n >= 1
-                and isinstance(digest, str)
-                and isinstance(mac, str | None)
-            )
-        except (ValueError, KeyError, TypeError, AttributeError):
-            valid = False
-        if not valid:
-            raise HeadError("not a head file (expected {n, hash[, mac]})")
-        return cls(n, digest, mac)
-
-    @classmethod
-    def read(cls, path: Path) -> Head | None:
-        """The head saved at `path`; None when there is none; HeadError when it is not one."""
-        try:
-            return cls.parse(path.read_bytes())
-        except FileNotFoundError:
-            return None
-
-
-def _head_mac(key: bytes, n: int, digest: str) -> str:
-    return _mac(key, _canonical({"head": _HEAD_LABEL, "n": n, "hash": digest}))
-
-
-def last_record(paths: Sequence[Path]) -> tuple[int, str, int] | None:
-    """(n, hash, seq) of the newest record in the first of `paths` that has one (newest first):
-    the event's seq, or the last seq a gap record covers."""
-    for path in paths:
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, 2)
-                size = f.tell()
-                chunk = min(size, 1 << 20)
-                f.seek(size - chunk)
-                lines = [ln for ln in f.read().splitlines() if ln.strip()]
-        except FileNotFoundError:
-            continue
-        for raw in reversed(lines):
-            try:
-                rec = json.loads(raw)
-                seq = rec["gap"]["last"] if "gap" in rec else rec["event"]["seq"]
-                return int(rec["n"]), str(rec["hash"]), int(seq)
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn last line after a crash: the one before it counts
-    return None
 
 
 @dataclass(frozen=True)
@@ -240,10 +80,6 @@ def _span(low: int, high: int) -> str:
     return f"record {low}" if low == high else f"records {low}..{high}"
 
 
-def is_head_file(path: Path) -> bool:
-    return path.name.startswith(".") and path.name.endswith(".head")
-
-
 def _head_of(logs: Sequence[Path]) -> Path | str | None:
     """The head file of the current log among `logs`; None when only rotated files were given
     (nothing says where the log ended then); a string when they belong to several logs."""
@@ -275,9 +111,9 @@ class _Scan:
 def _body(rec: Any) -> tuple[str, Any]:
     """("event" or "gap", what it holds) of a record of either shape; ValueError otherwise."""
     fields = set(rec) if isinstance(rec, dict) else set()
-    if fields == _FIELDS:
+    if fields == EVENT_FIELDS:
         return "event", rec["event"]
-    if fields == _GAP_FIELDS:
+    if fields == GAP_FIELDS:
         Gap.from_dict(rec["gap"])
         return "gap", rec["gap"]
     raise ValueError("unexpected shape")
@@ -302,7 +138,7 @@ def _scan(
                 raise _BrokenError(f"{want} is broken at {where}: not a valid record") from None
             unhashed = {"n": n, "prev": prev, kind: body}
             if digest.startswith(KEYED):
-                if keys and not any(hmac.compare_digest(_hash(unhashed, k), digest) for k in keys):
+                if keys and not any(hmac.compare_digest(chain_hash(unhashed, k), digest) for k in keys):
                     raise _BrokenError(
                         f"record {n} at {where} does not match its MAC under the key: altered, "
                         "re-chained without the key, or written with another key"
@@ -311,7 +147,7 @@ def _scan(
                     scan.first_keyed = n
                 scan.last_keyed = n
             elif digest.startswith(UNKEYED):
-                if _hash(unhashed, None) != digest:
+                if chain_hash(unhashed, None) != digest:
                     raise _BrokenError(f"record {n} at {where} was altered (its hash does not match)")
                 if keys and scan.first_keyed is not None:
                     raise _BrokenError(
