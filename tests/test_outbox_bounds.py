@@ -23,6 +23,7 @@ import structlog
 
 from testkit.dispatching import Deliveries, open_outbox
 from testkit.dispatching import dispatching as running_dispatcher
+from testkit.old_outboxes import HISTORY
 from testkit.receivers import WebhookReceiver
 from watcher.cli import main
 from watcher.delivery.dispatcher import Dispatcher
@@ -379,21 +380,7 @@ def test_an_outbox_from_before_the_age_clock_keeps_its_rows_and_their_ages(tmp_p
     clock = FakeClocks()
     path = tmp_path / "outbox.db"
     old = sqlite3.connect(path)
-    old.executescript(
-        """
-        CREATE TABLE events (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, created REAL NOT NULL,
-            body TEXT NOT NULL);
-        CREATE TABLE queue (sink TEXT NOT NULL, seq INTEGER NOT NULL, enqueued REAL NOT NULL,
-            PRIMARY KEY (sink, seq)) WITHOUT ROWID;
-        CREATE INDEX queue_seq ON queue (seq);
-        CREATE TABLE dead_letters (sink TEXT NOT NULL, seq INTEGER NOT NULL, failed REAL NOT NULL,
-            status INTEGER, error TEXT NOT NULL, PRIMARY KEY (sink, seq)) WITHOUT ROWID;
-        CREATE INDEX dead_letters_seq ON dead_letters (seq);
-        CREATE TABLE sinks (name TEXT PRIMARY KEY, disabled TEXT, delivered INTEGER NOT NULL DEFAULT 0,
-            dropped INTEGER NOT NULL DEFAULT 0, dead INTEGER NOT NULL DEFAULT 0);
-        CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-        """
-    )
+    old.executescript(HISTORY[1])  # the first release: no ages, no gaps, no saved state
     events = _events(1, 3)
     old.executemany(
         "INSERT INTO events VALUES (?, ?, ?, ?)", [(e.seq, e.id, clock.wall, e.to_json()) for e in events]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from testkit.old_outboxes import HISTORY
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
 from watcher.store.ages import Clocks
@@ -23,45 +24,6 @@ from watcher.store.outbox.schema import SCHEMA_VERSION
 WALL = 1_800_000_000.0
 BOOT = ("boot-1", 1_000.0)
 
-# What each version added, in order: the file at user_version N has the tables of 1..N.
-_HISTORY: dict[int, str] = {
-    1: """
-        CREATE TABLE events (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, created REAL NOT NULL,
-            body TEXT NOT NULL);
-        CREATE TABLE queue (sink TEXT NOT NULL, seq INTEGER NOT NULL, enqueued REAL NOT NULL,
-            PRIMARY KEY (sink, seq)) WITHOUT ROWID;
-        CREATE INDEX queue_seq ON queue (seq);
-        CREATE TABLE dead_letters (sink TEXT NOT NULL, seq INTEGER NOT NULL, failed REAL NOT NULL,
-            status INTEGER, error TEXT NOT NULL, PRIMARY KEY (sink, seq)) WITHOUT ROWID;
-        CREATE INDEX dead_letters_seq ON dead_letters (seq);
-        CREATE TABLE sinks (name TEXT PRIMARY KEY, disabled TEXT, delivered INTEGER NOT NULL DEFAULT 0,
-            dropped INTEGER NOT NULL DEFAULT 0, dead INTEGER NOT NULL DEFAULT 0);
-        CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-    """,
-    2: """
-        ALTER TABLE queue ADD COLUMN since REAL NOT NULL DEFAULT 0;
-        ALTER TABLE dead_letters ADD COLUMN since REAL NOT NULL DEFAULT 0;
-        CREATE TABLE clock (id INTEGER PRIMARY KEY CHECK (id = 1), boot TEXT NOT NULL,
-            boottime REAL NOT NULL, age REAL NOT NULL);
-        CREATE INDEX queue_since ON queue (sink, since);
-        CREATE INDEX dead_letters_since ON dead_letters (sink, since);
-    """,
-    3: """
-        ALTER TABLE sinks ADD COLUMN queued INTEGER NOT NULL DEFAULT 0;
-        ALTER TABLE sinks ADD COLUMN dead_kept INTEGER NOT NULL DEFAULT 0;
-        ALTER TABLE sinks ADD COLUMN dead_dropped INTEGER NOT NULL DEFAULT 0;
-    """,
-    4: """
-        CREATE TABLE gaps (sink TEXT NOT NULL, first INTEGER NOT NULL, last INTEGER NOT NULL,
-            count INTEGER NOT NULL, reasons TEXT NOT NULL, time REAL NOT NULL,
-            PRIMARY KEY (sink, first)) WITHOUT ROWID;
-    """,
-    5: """
-        CREATE TABLE saved_state (part TEXT PRIMARY KEY, value TEXT NOT NULL);
-        CREATE TABLE saved_pods (namespace TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL,
-            PRIMARY KEY (namespace, name));
-    """,
-}
 
 # The file the code before the numbering made (user_version 0), statement for statement.
 _BEFORE_THE_NUMBERING = """
@@ -178,7 +140,7 @@ def _write_rows(db: sqlite3.Connection) -> None:
 
 def _old_outbox(path: Path, version: int, script: str | None = None) -> None:
     db = sqlite3.connect(path, isolation_level=None)
-    db.executescript(script or "".join(_HISTORY[v] for v in range(1, max(version, 1) + 1)))
+    db.executescript(script or "".join(HISTORY[v] for v in range(1, max(version, 1) + 1)))
     db.execute("BEGIN")
     _write_rows(db)
     db.execute("COMMIT")
@@ -216,7 +178,7 @@ def _schema(path: Path) -> dict[str, Any]:
 
 
 def test_the_migrations_are_numbered_from_one_without_a_hole() -> None:
-    assert sorted(_HISTORY) == list(range(1, SCHEMA_VERSION + 1)), "a new migration needs its shape here"
+    assert sorted(HISTORY) == list(range(1, SCHEMA_VERSION + 1)), "a new migration needs its shape here"
 
 
 @pytest.mark.parametrize("version", range(SCHEMA_VERSION), ids=lambda v: f"user_version={v}")
@@ -281,7 +243,7 @@ def test_an_outbox_from_before_the_numbering_keeps_its_tables_exactly(tmp_path: 
 def test_an_outbox_from_a_newer_version_is_opened_as_it_is(tmp_path: Path) -> None:
     """An agent rolled back to: migrations only add, so the tables it knows are all there."""
     path = tmp_path / "outbox.db"
-    _old_outbox(path, SCHEMA_VERSION + 1, "".join(_HISTORY.values()))
+    _old_outbox(path, SCHEMA_VERSION + 1, "".join(HISTORY.values()))
     db = OutboxDatabase(path, clocks=_clocks())
     db.open()
     assert [e.seq for e in db.queues.pending("hook")] == [1, 2]
