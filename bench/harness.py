@@ -4,13 +4,14 @@ awaitable record of its events and answered re-queries, and a fake kubelet in a 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from testkit.changes import Changes
+from testkit.processes import fake_kubelet_process
 from watcher.app import Agent
 from watcher.model.changes import Kind
 from watcher.model.events import Event
@@ -25,9 +26,9 @@ __all__ = [
     "NIC",
     "ROOT",
     "Watch",
+    "kubelet_process",
     "run_agent",
     "settings_for",
-    "start_fake",
     "stop_agent",
     "watched_agent",
 ]
@@ -50,13 +51,14 @@ def settings_for(root: Path, fake: FakeKubelet, **watch: Any) -> Settings:
     )
 
 
-class Watch:
-    """Awaitable record of an agent's events and successful queries."""
+class Watch(Changes):
+    """Awaitable record of an agent's events and successful queries: `until(predicate, timeout)`
+    checks again after each one."""
 
     def __init__(self, agent: Agent) -> None:
+        super().__init__()
         self.events: list[tuple[float, Event]] = []
         self.successes: list[float] = []
-        self._changed = asyncio.Event()
         agent.subscribe(self._on_event)
         agent.subscribe_cycles(self._on_cycle)
         self.agent = agent
@@ -64,24 +66,18 @@ class Watch:
 
     def _on_event(self, event: Event) -> None:
         self.events.append((time.monotonic(), event))
-        self._changed.set()
+        self.notify()
 
     def _on_cycle(self, _: frozenset[str]) -> None:
         last = self.agent.reactor.last_success  # moves on every answered re-query
         if last is not None and last != self._last_success:
             self._last_success = last
             self.successes.append(last)
-        self._changed.set()
+        self.notify()
 
     def saw(self, kind: Kind, since: int) -> bool:
         """Whether an event of `kind` came after the first `since` events."""
         return any(e.kind == kind for _, e in self.events[since:])
-
-    async def until(self, predicate: Callable[[], bool], timeout: float) -> None:
-        async with asyncio.timeout(timeout):
-            while not predicate():
-                self._changed.clear()
-                await self._changed.wait()
 
 
 async def run_agent(agent: Agent) -> asyncio.Task[None]:
@@ -104,27 +100,9 @@ async def watched_agent(root: Path) -> tuple[FakeKubelet, Agent, Watch, asyncio.
     return fake, agent, watch, task
 
 
-def start_fake(root: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
-    """`python -m watcher fake-kubelet` in a process of its own, its rate limit out of the way."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "watcher",
-            "fake-kubelet",
-            "--root",
-            str(root),
-            "--rate",
-            "1000000",
-            "--burst",
-            "1000000",
-            *args,
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    assert "serving" in line, line
-    return proc, root / "pod-resources" / "kubelet.sock"
+@contextmanager
+def kubelet_process(root: Path, *, node: str = "default", shuffle: bool = True) -> Iterator[Path]:
+    """`python -m watcher fake-kubelet` in a process of its own, its rate limit out of the way, for
+    the block; its socket."""
+    with fake_kubelet_process(root, node=node, shuffle=shuffle, rate=1_000_000, burst=1_000_000):
+        yield root / "pod-resources" / "kubelet.sock"

@@ -17,7 +17,6 @@ import json
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testkit.kube_schemas import strict_schemas
+from testkit.waiting import wait_until
 from watcher.sim.apiserver import FakeApiServer
 from watcher.sim.fake_kubelet import FakeKubelet
 
@@ -38,13 +38,6 @@ def _status_mib(pid: int, field: str) -> float:
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     raise KeyError(field)
-
-
-async def _until(predicate: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(TIMEOUT_S):
-        while not predicate():
-            await asyncio.sleep(0.05)
-    del what
 
 
 def _audit_kinds(path: Path) -> list[str]:
@@ -81,13 +74,21 @@ async def _one(root: Path, fake: FakeKubelet, api: FakeApiServer | None) -> dict
             ]
             return bool(found) and found[0]["status"] == status
 
-        await _until(lambda: "watcher.started" in _audit_kinds(audit) and condition("False"), "start")
+        await wait_until(
+            lambda: "watcher.started" in _audit_kinds(audit) and condition("False"), TIMEOUT_S, what="start"
+        )
         fake.make_unhealthy(GPU, gpu)
-        await _until(lambda: "device.removed" in _audit_kinds(audit) and condition("True"), "failure")
+        await wait_until(
+            lambda: "device.removed" in _audit_kinds(audit) and condition("True"), TIMEOUT_S, what="failure"
+        )
         fake.heal(GPU, gpu)
-        await _until(lambda: "device.added" in _audit_kinds(audit) and condition("False"), "recovery")
+        await wait_until(
+            lambda: "device.added" in _audit_kinds(audit) and condition("False"), TIMEOUT_S, what="recovery"
+        )
         if api is not None:
-            await _until(lambda: any(e["reason"] == "DeviceRecovered" for e in api.events()), "events")
+            await wait_until(
+                lambda: any(e["reason"] == "DeviceRecovered" for e in api.events()), TIMEOUT_S, what="events"
+            )
         return {"rss_mib": _status_mib(proc.pid, "VmRSS"), "peak_mib": _status_mib(proc.pid, "VmHWM")}
     finally:
         proc.terminate()

@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.receiver import Receiver, serve
+from bench.receiver import Receiver
+from testkit.dispatching import open_outbox
 from testkit.ports import free_port
+from testkit.waiting import wait_until
 from watcher.delivery.dispatcher import Dispatcher
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
@@ -31,7 +33,6 @@ from watcher.sinks.file import FileSinkSettings
 from watcher.sinks.registry import build_sinks
 from watcher.sinks.webhook import WebhookSinkSettings
 from watcher.store.outbox import OUTBOX_FILE, OutboxDatabase
-from watcher.store.store import Store
 
 __all__ = [
     "Ack",
@@ -218,50 +219,48 @@ async def _audit_run(root: Path, n: int, spread_s: float | None, budget_s: float
     else committed evenly over that many seconds, the queue caps enforced after every commit
     as the agent does. No longer than `budget_s` from the start."""
     state = root / "state"
-    store = Store(state / OUTBOX_FILE)
-    await store.open()
-    settings = FileSinkSettings(name="audit", path=state / "audit.jsonl")
-    sinks = build_sinks([settings], node=NODE, state_dir=state, store=store)
-    stop = asyncio.Event()
-    dispatcher = Dispatcher(store, sinks, stop=stop)
-    delivered = _Delivered()
-    dispatcher.observers.append(delivered)
-    await store.register(["audit"])
-    deepest = 0
-    task: asyncio.Task[None] | None = None
-    try:
-        if spread_s is None:
-            for start in range(1, n + 1, CHUNK):
-                await dispatcher.commit(bench_events(start, min(CHUNK, n + 1 - start)), None)
-            t0 = time.monotonic()
-            task = asyncio.create_task(dispatcher.run())
-            deepest = n
-        else:
-            task = asyncio.create_task(dispatcher.run())
-            ticks = max(1, round(spread_s * 10))  # a commit every 100 ms
-            per_tick = -(-n // ticks)
-            t0 = time.monotonic()
-            for i, start in enumerate(range(1, n + 1, per_tick)):
-                await asyncio.sleep(max(0.0, t0 + i * spread_s / ticks - time.monotonic()))
-                await dispatcher.commit(bench_events(start, min(per_tick, n + 1 - start)), None)
-                await dispatcher.hand_over()
-                deepest = max(deepest, (await store.stats("audit")).depth)
+    async with open_outbox(state / OUTBOX_FILE) as store:
+        settings = FileSinkSettings(name="audit", path=state / "audit.jsonl")
+        sinks = build_sinks([settings], node=NODE, state_dir=state, store=store)
+        stop = asyncio.Event()
+        dispatcher = Dispatcher(store, sinks, stop=stop)
+        delivered = _Delivered()
+        dispatcher.observers.append(delivered)
+        await store.register(["audit"])
+        deepest = 0
+        task: asyncio.Task[None] | None = None
+        try:
+            if spread_s is None:
+                for start in range(1, n + 1, CHUNK):
+                    await dispatcher.commit(bench_events(start, min(CHUNK, n + 1 - start)), None)
+                t0 = time.monotonic()
+                task = asyncio.create_task(dispatcher.run())
+                deepest = n
+            else:
+                task = asyncio.create_task(dispatcher.run())
+                ticks = max(1, round(spread_s * 10))  # a commit every 100 ms
+                per_tick = -(-n // ticks)
+                t0 = time.monotonic()
+                for i, start in enumerate(range(1, n + 1, per_tick)):
+                    await asyncio.sleep(max(0.0, t0 + i * spread_s / ticks - time.monotonic()))
+                    await dispatcher.commit(bench_events(start, min(per_tick, n + 1 - start)), None)
+                    await dispatcher.hand_over()
+                    deepest = max(deepest, (await store.stats("audit")).depth)
 
-        # Until every event was delivered or dropped (the queue is empty), or the budget is spent
-        # (a slow sink: then what it delivered by then is the figure, and the rest is left queued).
-        deadline = t0 + budget_s
-        while (stats := await store.stats("audit")).depth and time.monotonic() < deadline:
-            delivered.changed.clear()
-            # Drops tell no observer: look at the queue again now and then.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(delivered.changed.wait(), 0.5)
-        count, last = delivered.count, delivered.last
-    finally:
-        stop.set()
-        if task is not None:
-            await task
-        await dispatcher.close()
-        await store.close()
+            # Until every event was delivered or dropped (the queue is empty), or the budget is spent
+            # (a slow sink: then what it delivered by then is the figure, and the rest is left queued).
+            deadline = t0 + budget_s
+            while (stats := await store.stats("audit")).depth and time.monotonic() < deadline:
+                delivered.changed.clear()
+                # Drops tell no observer: look at the queue again now and then.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(delivered.changed.wait(), 0.5)
+            count, last = delivered.count, delivered.last
+        finally:
+            stop.set()
+            if task is not None:
+                await task
+            await dispatcher.close()
     elapsed = last - t0 if count else float("nan")
     return AuditRun(
         events=n,
@@ -304,39 +303,33 @@ async def bench_drain(n: int | None = None, outage_s: float = 2.0) -> Drain:
         name="hook", url=Secret(value=f"http://127.0.0.1:{port}/"), batch=True, max_batch=500, rate=1000
     )
     receiver = Receiver()
-    receiver.want = n
-    runner = None
+    server = receiver.server(port)  # started once the outage is over
     with tempfile.TemporaryDirectory(prefix="prw-b9c-", dir="/tmp") as tmp:
         state = Path(tmp) / "state"
-        store = Store(state / OUTBOX_FILE)
-        await store.open()
-        sinks = build_sinks([settings], node=NODE, state_dir=state, store=store)
-        stop = asyncio.Event()
-        dispatcher = Dispatcher(store, sinks, stop=stop)
-        await store.register(["hook"])
-        task = asyncio.create_task(dispatcher.run())
-        try:
-            down_since = time.monotonic()
-            for start in range(1, n + 1, CHUNK):
-                await dispatcher.commit(bench_events(start, min(CHUNK, n + 1 - start)), None)
-                await dispatcher.hand_over()
-            worker = dispatcher.workers["hook"]
-            async with asyncio.timeout(30):
-                while worker.counts["retry"] < 1:
-                    await asyncio.sleep(0.05)
-            await asyncio.sleep(max(0.0, down_since + outage_s - time.monotonic()))
-            queued = (await store.stats("hook")).depth
-            runner, _ = await serve(receiver, port)
-            up = time.monotonic()
-            await asyncio.wait_for(receiver.done.wait(), max(120.0, n / 100))
-            dropped = (await store.stats("hook")).dropped
-        finally:
-            stop.set()
-            await task
-            await dispatcher.close()
-            await store.close()
-            if runner is not None:
-                await runner.cleanup()
+        async with open_outbox(state / OUTBOX_FILE) as store:
+            sinks = build_sinks([settings], node=NODE, state_dir=state, store=store)
+            stop = asyncio.Event()
+            dispatcher = Dispatcher(store, sinks, stop=stop)
+            await store.register(["hook"])
+            task = asyncio.create_task(dispatcher.run())
+            try:
+                down_since = time.monotonic()
+                for start in range(1, n + 1, CHUNK):
+                    await dispatcher.commit(bench_events(start, min(CHUNK, n + 1 - start)), None)
+                    await dispatcher.hand_over()
+                worker = dispatcher.workers["hook"]
+                await wait_until(lambda: worker.counts["retry"] >= 1, 30, what="the worker retried")
+                await asyncio.sleep(max(0.0, down_since + outage_s - time.monotonic()))
+                queued = (await store.stats("hook")).depth
+                await server.start()
+                up = time.monotonic()
+                await receiver.until(lambda: receiver.count >= n, max(120.0, n / 100))
+                dropped = (await store.stats("hook")).dropped
+            finally:
+                stop.set()
+                await task
+                await dispatcher.close()
+                await server.close()
     first, last = min(receiver.ids.values()), max(receiver.ids.values())
     return Drain(
         events=n,

@@ -1,26 +1,30 @@
-"""A webhook receiver on loopback for the delivery benchmarks: a real aiohttp server that
-records when it first saw each event id."""
+"""A webhook receiver for the delivery benchmarks: the handler that records when it first saw each
+event id, served by testkit's loopback server (`receiver.server(port)`)."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import time
 
 from aiohttp import web
 
-__all__ = ["Receiver", "serve"]
+from testkit.changes import Changes
+from testkit.http_server import HttpServer
+
+__all__ = ["Receiver"]
 
 
-class Receiver:
-    """Takes single events and batches (JSON arrays) alike; answers 204."""
+class Receiver(Changes):
+    """Takes single events and batches (JSON arrays) alike; answers 204. `until(predicate, timeout)`
+    checks again after each request.
+
+    Not testkit's recording receiver: that one keeps every request whole and checks it against a
+    service's rules, which would be the figure here; this one only counts ids."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.count = 0
         self.receipts = 0  # every event received, a copy of one already seen included
         self.ids: dict[str, float] = {}  # event id -> time.monotonic() of its first receipt
-        self.done = asyncio.Event()
-        self.want = 0  # set `done` once this many distinct events arrived (0: never)
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -29,17 +33,9 @@ class Receiver:
             self.ids.setdefault(item["id"], now)
             self.receipts += 1
         self.count = len(self.ids)
-        if self.want and self.count >= self.want:
-            self.done.set()
+        self.notify()
         return web.Response(status=204)
 
-
-async def serve(receiver: Receiver, port: int = 0) -> tuple[web.AppRunner, int]:
-    """Serve `receiver` at POST / on 127.0.0.1:`port` (0: any free port); returns the port."""
-    app = web.Application()
-    app.router.add_post("/", receiver.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    sock = socket.create_server(("127.0.0.1", port))
-    await web.SockSite(runner, sock).start()
-    return runner, sock.getsockname()[1]
+    def server(self, port: int = 0) -> HttpServer:
+        """This receiver at POST / on 127.0.0.1:`port` (0: any free port); start it, or `async with`."""
+        return HttpServer(self.handle, port=port)

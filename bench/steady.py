@@ -27,6 +27,8 @@ from pathlib import Path
 import aiohttp
 
 from testkit.ports import free_port
+from testkit.processes import fake_kubelet_process
+from testkit.waiting import wait_until
 
 __all__ = ["STEADY_ENV", "Steady", "bench_steady", "cpu_seconds", "steady_seconds"]
 
@@ -116,23 +118,14 @@ async def bench_steady(
 ) -> Steady:
     with tempfile.TemporaryDirectory(prefix="prw-b3s-", dir="/tmp") as tmp:
         root = Path(tmp)
-        kubelet = root / "kubelet"
-        fake = _start(root, "fake-kubelet", "--root", str(kubelet), "--node", "large")
-        agent: subprocess.Popen[bytes] | None = None
-        try:
-            async with asyncio.timeout(60):
-                while not (kubelet / "pod-resources" / "kubelet.sock").exists():
-                    if fake.poll() is not None:
-                        raise RuntimeError(
-                            "the fake kubelet exited: " + (root / "fake-kubelet.err").read_text()
-                        )
-                    await asyncio.sleep(0.1)
+        with fake_kubelet_process(root / "kubelet", node="large"):
             port = free_port()
             agent = _start(root, "run", "--config", str(_config(root, port)))
             base = f"http://127.0.0.1:{port}"
-            async with aiohttp.ClientSession() as http:
-                async with asyncio.timeout(60):
-                    while True:
+            try:
+                async with aiohttp.ClientSession() as http:
+
+                    async def ready() -> bool:
                         if agent.poll() is not None:
                             raise RuntimeError(
                                 f"the agent exited ({agent.returncode}): "
@@ -140,38 +133,35 @@ async def bench_steady(
                             )
                         try:
                             async with http.get(f"{base}/readyz") as r:
-                                if r.status == 200:
-                                    break
+                                return r.status == 200
                         except aiohttp.ClientError:
-                            pass
-                        await asyncio.sleep(0.2)
-                await asyncio.sleep(settle_s)
-                scrapes: list[str] = []
-                threads0 = thread_cpu(agent.pid)
-                cpu0, t0 = cpu_seconds(agent.pid), time.monotonic()
-                k = 0
-                while (at := t0 + k * scrape_every) < t0 + seconds:
-                    await asyncio.sleep(max(0.0, at - time.monotonic()))
+                            return False
+
+                    await wait_until(ready, 60, interval=0.2, what="the agent's /readyz")
+                    await asyncio.sleep(settle_s)
+                    scrapes: list[str] = []
+                    threads0 = thread_cpu(agent.pid)
+                    cpu0, t0 = cpu_seconds(agent.pid), time.monotonic()
+                    k = 0
+                    while (at := t0 + k * scrape_every) < t0 + seconds:
+                        await asyncio.sleep(max(0.0, at - time.monotonic()))
+                        async with http.get(f"{base}/metrics") as r:
+                            assert r.status == 200, r.status
+                            scrapes.append(await r.text())
+                        k += 1
+                    await asyncio.sleep(max(0.0, t0 + seconds - time.monotonic()))
+                    cpu1, t1 = cpu_seconds(agent.pid), time.monotonic()
+                    threads1 = thread_cpu(agent.pid)
                     async with http.get(f"{base}/metrics") as r:
-                        assert r.status == 200, r.status
-                        scrapes.append(await r.text())
-                    k += 1
-                await asyncio.sleep(max(0.0, t0 + seconds - time.monotonic()))
-                cpu1, t1 = cpu_seconds(agent.pid), time.monotonic()
-                threads1 = thread_cpu(agent.pid)
-                async with http.get(f"{base}/metrics") as r:
-                    last = await r.text()
-        finally:
-            for proc in (agent, fake):
-                if proc is not None and proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in (agent, fake):
-                if proc is not None:
-                    try:
-                        proc.wait(20)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                        last = await r.text()
+            finally:
+                if agent.poll() is None:
+                    agent.send_signal(signal.SIGTERM)
+                try:
+                    agent.wait(20)
+                except subprocess.TimeoutExpired:
+                    agent.kill()
+                    agent.wait()
     requeries = "pod_resources_watcher_requeries_total"
     cpu, wall = cpu1 - cpu0, t1 - t0
     return Steady(

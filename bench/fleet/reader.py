@@ -20,6 +20,7 @@ from bench.fleet.connections import quiet
 from bench.fleet.nodes import Ledger
 from bench.fleet.results import Arrivals, StreamCheck
 from testkit.nats_cluster import NatsCluster
+from testkit.waiting import wait_until
 
 __all__ = ["LAG_EVERY", "PULL_EVERY", "Reader", "latency", "phase_row", "read_stream", "stream_check"]
 
@@ -134,11 +135,17 @@ class Reader:
         return max((lag for t, lag in self.lag if since <= t <= until), default=0)
 
     async def caught_up(self, ids: Sequence[str], timeout: float) -> None:
-        """Until every one of `ids` arrived (bounded)."""
-        deadline = time.monotonic() + timeout
-        for i in ids:
-            while i not in self.received and time.monotonic() < deadline:
-                await asyncio.sleep(0.005)
+        """Until every one of `ids` arrived, or `timeout` passed: what did not arrive by then is
+        counted lost, not raised."""
+        waiting = list(reversed(ids))
+
+        def arrived() -> bool:
+            while waiting and waiting[-1] in self.received:  # each id looked up once it is in
+                waiting.pop()
+            return not waiting
+
+        with contextlib.suppress(AssertionError):
+            await wait_until(arrived, timeout, interval=0.005)
 
     async def settled(self, ids: Sequence[str]) -> None:
         """The nodes' start read and acknowledged, so that a phase's lag is its own."""

@@ -12,7 +12,7 @@ from bench.fleet.plan import CapacityRow, FleetPlan
 from bench.fleet.reader import phase_row
 from bench.fleet.results import Arrivals, Capacity, FleetRun, Phase
 from bench.fleet.script import Script
-from bench.receiver import Receiver, serve
+from bench.receiver import Receiver
 from watcher.secrets import Secret
 from watcher.sinks.webhook import WebhookSink, WebhookSinkSettings
 
@@ -35,10 +35,10 @@ def open_sinks(settings: WebhookSinkSettings, count: int) -> list[WebhookSink]:
 
 async def webhook_fleet(plan: FleetPlan, play: Script) -> FleetRun:
     receiver = Receiver()
-    runner, port = await serve(receiver)
+    server = await receiver.server().start()
     ledger = Ledger()
     ledger.received = receiver.ids
-    settings = hook_settings(port)
+    settings = hook_settings(server.port)
     t = time.monotonic()
     sinks = open_sinks(settings, min(plan.webhook_nodes, plan.webhook_sinks))
     open_s = time.monotonic() - t
@@ -56,7 +56,7 @@ async def webhook_fleet(plan: FleetPlan, play: Script) -> FleetRun:
     finally:
         for sink in sinks:
             await sink.close()
-        await runner.cleanup()
+        await server.close()
     sent = [*steady, *burst]
 
     def phase(arrivals: Arrivals, burst_nodes: int = 0) -> Phase:
@@ -85,8 +85,8 @@ async def webhook_fleet(plan: FleetPlan, play: Script) -> FleetRun:
 
 async def webhook_capacity(play: Script, row: CapacityRow, window: tuple[float, float]) -> Capacity:
     receiver = Receiver()
-    runner, port = await serve(receiver)
-    settings = hook_settings(port)
+    server = await receiver.server().start()
+    settings = hook_settings(server.port)
     sinks = open_sinks(settings, row.connections)
 
     async def stored() -> int:
@@ -107,7 +107,7 @@ async def webhook_capacity(play: Script, row: CapacityRow, window: tuple[float, 
     finally:
         for sink in sinks:
             await sink.close()
-        await runner.cleanup()
+        await server.close()
     # The receiver is in this process: its CPU is in the generator's figure.
     return Capacity(
         sink="webhook",

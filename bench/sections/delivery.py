@@ -14,8 +14,9 @@ from pathlib import Path
 
 from bench.figures import ms, pct, verdict
 from bench.harness import GPU, Watch, run_agent, settings_for, stop_agent
-from bench.receiver import Receiver, serve
+from bench.receiver import Receiver
 from bench.registry import Results, Section, part, section
+from testkit.dispatching import open_outbox
 from watcher.app import Agent
 from watcher.delivery.dispatcher import Dispatcher
 from watcher.model.changes import Change, Kind, Severity
@@ -24,7 +25,6 @@ from watcher.secrets import Secret
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
 from watcher.sinks.webhook import WebhookSink, WebhookSinkSettings
-from watcher.store.store import Store
 
 __all__ = ["DELIVERY", "Delivery", "DeliveryPlan", "bench_delivery"]
 
@@ -43,44 +43,40 @@ class Delivery:
 
 async def _throughput(port: int, receiver: Receiver, n_events: int) -> float:
     with tempfile.TemporaryDirectory(prefix="prw-b6-", dir="/tmp") as tmp:
-        outbox = Store(Path(tmp) / "outbox.db")
-        await outbox.open()
-        hook = WebhookSinkSettings(
-            name="hook",
-            url=Secret(value=f"http://127.0.0.1:{port}/"),
-            batch=True,
-            max_batch=500,
-            rate=1000,
-        )
-        stop = asyncio.Event()
-        dispatcher = Dispatcher(outbox, [WebhookSink(hook, node="n")], stop=stop)
-        await outbox.register(["hook"])
-        task = asyncio.create_task(dispatcher.run())
-        receiver.want = n_events
-        change = Change(
-            Kind.DEVICE_ADDED, Severity.INFO, "bench", {"resource": GPU, "device": "x", "numa": [0]}
-        )
-        t0 = time.monotonic()
-        for start in range(0, n_events, 500):
-            events = [
-                envelope(change, seq=s + 1, node="n", cycle=f"c{s // 50}", before=None, after=None)
-                for s in range(start, min(n_events, start + 500))
-            ]
-            await outbox.commit(events, dispatcher.queues(events), None)
-            dispatcher.notify()
-        await asyncio.wait_for(receiver.done.wait(), 120)
-        throughput = n_events / (time.monotonic() - t0)
-        stop.set()
-        await task
-        await dispatcher.close()
-        await outbox.close()
+        async with open_outbox(Path(tmp) / "outbox.db") as outbox:
+            hook = WebhookSinkSettings(
+                name="hook",
+                url=Secret(value=f"http://127.0.0.1:{port}/"),
+                batch=True,
+                max_batch=500,
+                rate=1000,
+            )
+            stop = asyncio.Event()
+            dispatcher = Dispatcher(outbox, [WebhookSink(hook, node="n")], stop=stop)
+            await outbox.register(["hook"])
+            task = asyncio.create_task(dispatcher.run())
+            change = Change(
+                Kind.DEVICE_ADDED, Severity.INFO, "bench", {"resource": GPU, "device": "x", "numa": [0]}
+            )
+            t0 = time.monotonic()
+            for start in range(0, n_events, 500):
+                events = [
+                    envelope(change, seq=s + 1, node="n", cycle=f"c{s // 50}", before=None, after=None)
+                    for s in range(start, min(n_events, start + 500))
+                ]
+                await outbox.commit(events, dispatcher.queues(events), None)
+                dispatcher.notify()
+            await receiver.until(lambda: receiver.count >= n_events, 120)
+            throughput = n_events / (time.monotonic() - t0)
+            stop.set()
+            await task
+            await dispatcher.close()
     return throughput
 
 
 async def _change_to_receipt(port: int, receiver: Receiver, n_flips: int) -> list[float]:
     """Change to receipt, through the whole agent."""
     receiver.ids.clear()
-    receiver.want = 0
     with tempfile.TemporaryDirectory(prefix="prw-b6b-", dir="/tmp") as tmp:
         root = Path(tmp)
         fake = FakeKubelet(root / "kubelet", default_node())
@@ -105,9 +101,7 @@ async def _change_to_receipt(port: int, receiver: Receiver, n_flips: int) -> lis
             want = Kind.DEVICE_REMOVED if i % 2 == 0 else Kind.DEVICE_ADDED
             await watch.until(lambda: watch.saw(want, mark), 30)
             event_id = next(e.id for _, e in watch.events[mark:] if e.kind == want)
-            async with asyncio.timeout(30):
-                while event_id not in receiver.ids:
-                    await asyncio.sleep(0.002)
+            await receiver.until(lambda: event_id in receiver.ids, 30)
             lat.append(receiver.ids[event_id] - t0)
         await stop_agent(agent, task)
         await fake.stop(remove_socket=True)
@@ -116,12 +110,9 @@ async def _change_to_receipt(port: int, receiver: Receiver, n_flips: int) -> lis
 
 async def bench_delivery(n_events: int, n_flips: int) -> Delivery:
     receiver = Receiver()
-    runner, port = await serve(receiver)
-    try:
-        throughput = await _throughput(port, receiver, n_events)
-        latency = await _change_to_receipt(port, receiver, n_flips)
-    finally:
-        await runner.cleanup()
+    async with receiver.server() as server:
+        throughput = await _throughput(server.port, receiver, n_events)
+        latency = await _change_to_receipt(server.port, receiver, n_flips)
     return Delivery(throughput, tuple(latency))
 
 

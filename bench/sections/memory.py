@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.figures import verdict
-from bench.harness import ROOT, start_fake
+from bench.harness import ROOT, kubelet_process
 from bench.registry import Results, Section, part, section
 
 __all__ = ["MEMORY", "Memory", "bench_memory"]
@@ -35,8 +35,7 @@ async def bench_memory(cycles: int) -> Memory:
     """The agent's cycles in a process of their own (bench/cycles.py): its RSS, not ours."""
     with tempfile.TemporaryDirectory(prefix="prw-b5-", dir="/tmp") as tmp:
         root = Path(tmp)
-        proc, sock = start_fake(root, "--no-shuffle")
-        try:
+        with kubelet_process(root, shuffle=False) as sock:
             result = await asyncio.to_thread(
                 subprocess.run,
                 [
@@ -51,9 +50,6 @@ async def bench_memory(cycles: int) -> Memory:
                 check=True,
                 timeout=1800,
             )
-        finally:
-            proc.terminate()
-            proc.wait(10)
     return Memory(**json.loads(result.stdout), cycles=cycles)
 
 

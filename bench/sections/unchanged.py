@@ -16,7 +16,7 @@ from grpc import aio
 
 from bench.cycles import agent_for_cycles
 from bench.figures import ms
-from bench.harness import ALLOC, LIST, start_fake
+from bench.harness import ALLOC, LIST, kubelet_process
 from bench.registry import Results, Section, part, section
 from watcher.kubelet.decoding import Decoder
 from watcher.kubeletapi.v1 import api_pb2, views_pb2
@@ -64,14 +64,13 @@ async def bench_unchanged(cycles: int, blocks: int = 10) -> dict[str, UnchangedC
     the same kubelet process, so both sides see the same machine noise."""
     out: dict[str, UnchangedCase] = {}
     per_block = max(1, cycles // blocks)
-    for label, args in (
-        ("large node, shuffled answers (as the kubelet sends them)", ()),
-        ("large node, identical answers", ("--no-shuffle",)),
+    for label, shuffle in (
+        ("large node, shuffled answers (as the kubelet sends them)", True),
+        ("large node, identical answers", False),
     ):
         with tempfile.TemporaryDirectory(prefix="prw-b3-", dir="/tmp") as tmp:
             root = Path(tmp)
-            proc, sock = start_fake(root, "--node", "large", *args)
-            try:
+            with kubelet_process(root, node="large", shuffle=shuffle) as sock:
                 agent = await agent_for_cycles(sock, root / "state")
                 reasons = frozenset({"bench"})
                 await agent.requery(reasons)  # baseline inventory
@@ -109,9 +108,6 @@ async def bench_unchanged(cycles: int, blocks: int = 10) -> dict[str, UnchangedC
                 )
                 await channel.close()
                 await agent.close()
-            finally:
-                proc.terminate()
-                proc.wait(10)
     return out
 
 
