@@ -60,7 +60,7 @@ lint: $(STAMP) ## ruff
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP) ## mypy --strict on the package
+typecheck: $(STAMP) ## mypy --strict on the package, testkit/ and bench/
 	$(BIN)/mypy
 
 pytest: $(STAMP) ## the test suite (run `make tools` first, or the tests needing a missing tool skip)
