@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -179,6 +180,18 @@ async def test_a_restart_warms_up_like_a_real_kubelet(short_tmp: Path) -> None:
         assert build(fake.allocatable_response(), fake.list_response()) == full
         sockets = {p.name for p in fake.checkpoint_path.parent.iterdir() if p.name.endswith(".sock")}
         assert sockets == {plugin_socket_name(r) for r, _ in fake.node.devices}
+
+
+async def test_a_warm_up_whose_plugins_all_return_on_the_same_loop_turn_settles(short_tmp: Path) -> None:
+    """Equal delays end on one loop turn: the last plugin to register must still see the warm-up
+    over (a finished task whose done callback had not run yet once kept it open for ever)."""
+    warmup = Warmup(plugin_delay=(0.05, 0.05), pods_delay=(0.05, 0.05))
+    async with FakeKubelet(short_tmp / "kubelet", seed=3, warmup=warmup) as fake:
+        assert len({r for r, _ in fake.node.devices}) >= 2
+        await fake.restart()
+        async with asyncio.timeout(5):
+            await fake.plugins.wait_settled()
+        assert not fake.plugins.down
 
 
 async def test_a_plugin_restart_takes_its_devices_away_and_back(kubelet: FakeKubelet) -> None:

@@ -129,7 +129,12 @@ class Plugins:
 
     def _check_settled(self) -> None:
         never = self.warmup.never if self.warmup is not None else frozenset()
-        if not self.hidden_pods and self.down <= never and not self._tasks - {asyncio.current_task()}:
+        # A task that has finished may still be in the set (its done callback runs on a later
+        # loop turn): when two delays end on the same turn, counting it left the warm-up never
+        # settled. Only a task still to run keeps it open.
+        current = asyncio.current_task()
+        pending = [t for t in self._tasks if t is not current and not t.done()]
+        if not self.hidden_pods and self.down <= never and not pending:
             self._settled.set()
 
     def _touch(self, resource: str) -> None:
