@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from watcher.model.build import from_canonical
 from watcher.model.inventory import Inventory
+from watcher.model.restore import from_canonical
 
 __all__ = ["GPU", "inventory_of"]
 

@@ -21,7 +21,7 @@ from watcher.config import ConfigError
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
 from watcher.model.gaps import Gap
-from watcher.settings import parse_settings
+from watcher.settings_file import parse_settings
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.audit import Head, head_path, make_record, record_hash
 from watcher.sinks.base import GapRecorder, Sink

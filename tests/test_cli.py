@@ -598,7 +598,7 @@ def test_a_relative_file_sink_path_is_inside_state_dir(
 ) -> None:
     """config.example.toml: "A relative path is inside state_dir" for a file sink's `path`, though
     other relative paths are relative to the config file's directory."""
-    from watcher.settings import load_settings
+    from watcher.settings_file import load_settings
     from watcher.sim.send_test import MemoryStore, synthetic_events
     from watcher.sinks.registry import build_sink
 

@@ -22,8 +22,9 @@ from testkit.node_mutations import MUTATIONS
 from testkit.node_rendering import render, render_claim_resource, shuffled
 from watcher.kubelet.decoding import Decoder, Outcome
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model.build import build, from_canonical
+from watcher.model.build import build
 from watcher.model.inventory import Inventory
+from watcher.model.restore import from_canonical
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeMemory, FakePod, default_node, large_node
 

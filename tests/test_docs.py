@@ -114,7 +114,7 @@ def _complete_configs() -> list[tuple[str, str]]:
 def test_the_docs_complete_configs_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each config the docs present as complete loads with the agent's own loader, as `run` and
     `check-config` would read it; the ${ENV} it refers to is set, as a user would."""
-    from watcher.settings import load_settings
+    from watcher.settings_file import load_settings
 
     configs = _complete_configs()
     assert len(configs) >= 2  # the README's Slack and webhook configs at least

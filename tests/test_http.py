@@ -37,7 +37,8 @@ from watcher.config import ConfigError
 from watcher.ops.connections import ConnectionLimits
 from watcher.ops.http import BACKLOG, Health, HttpOptions, HttpServer, InventoryCache
 from watcher.secrets import Secret, redact
-from watcher.settings import HttpSettings, load_settings, parse_listen, parse_settings
+from watcher.settings import HttpSettings
+from watcher.settings_file import load_settings, parse_listen, parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import large_node
 

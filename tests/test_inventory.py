@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model.build import build, from_canonical
+from watcher.model.build import build
 from watcher.model.capacity import CpuCapacity, MemoryCapacity, MissingDevice, NumaCapacity, ResourceCapacity
 from watcher.model.inventory import FORMAT, Inventory
 from watcher.model.records import Claim, ClaimDevice, Container, Device, Memory, Pod
+from watcher.model.restore import from_canonical
 from watcher.model.wording import cpuset_string
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import large_node

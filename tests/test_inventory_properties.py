@@ -23,9 +23,10 @@ from testkit.node_mutations import MUTATIONS
 from testkit.node_rendering import build_from, render_claim_resource, shuffled
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model import build as building
-from watcher.model.build import build, from_canonical
+from watcher.model.build import build
 from watcher.model.inventory import Inventory
 from watcher.model.records import ClaimDevice
+from watcher.model.restore import from_canonical
 
 # --- properties ---
 

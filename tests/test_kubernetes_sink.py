@@ -30,7 +30,7 @@ from watcher.config import ConfigError
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
-from watcher.settings import parse_settings
+from watcher.settings_file import parse_settings
 from watcher.sim.apiserver import FakeApiServer, kubectl
 from watcher.sim.demo_kubernetes import run_kubernetes_demo
 from watcher.sim.fake_kubelet import FakeKubelet

@@ -2,9 +2,9 @@
 
 Layers, lowest first: a module may import from its own unit and from lower layers only; units
 marked as peers (kubelet, store, sinks; delivery, ops, settings) never import each other (the
-foundation's small modules may). The pure
-core (model/, the kubelet's health machine, and the sinks' pure planning: the nats subjects, the
-kubernetes planner and its conditions and notes) imports no I/O library at all.
+foundation's small modules may); settings_file, which reads the settings, sits just above them.
+The pure core (model/, the kubelet's health machine, and the sinks' pure planning: the nats
+subjects, the kubernetes planner and its conditions and notes) imports no I/O library at all.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ LAYERS: list[tuple[set[str], bool]] = [
     ({"model"}, True),
     ({"kubelet", "store", "sinks"}, True),
     ({"delivery", "ops", "settings"}, True),
+    ({"settings_file"}, False),
     ({"cycle"}, True),
     ({"status"}, True),
     ({"app"}, True),

@@ -39,7 +39,7 @@ from testkit.waiting import wait_until
 from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
-from watcher.settings import parse_settings
+from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.base import Outcome
 from watcher.sinks.nats import NatsSink, NatsSinkSettings

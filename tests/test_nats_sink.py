@@ -31,7 +31,8 @@ from watcher.config import ConfigError
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, new_cycle_id
 from watcher.secrets import Secret
-from watcher.settings import Settings, parse_settings
+from watcher.settings import Settings
+from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
 from watcher.sim.send_test import synthetic_events

@@ -32,7 +32,7 @@ from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
 from watcher.model.gaps import Gap
 from watcher.ops.metrics import Metrics
-from watcher.settings import parse_settings
+from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import large_node
 from watcher.sinks.audit import verify_files

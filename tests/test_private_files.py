@@ -19,7 +19,8 @@ from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
 from watcher.secrets import Secret
-from watcher.settings import Settings, config_warnings, parse_settings
+from watcher.settings import Settings
+from watcher.settings_file import config_warnings, parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.audit import verify_files

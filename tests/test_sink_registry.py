@@ -17,7 +17,7 @@ from watcher.config import ConfigError, field_meta
 from watcher.delivery.dispatcher import Dispatcher
 from watcher.model.events import Event
 from watcher.secrets import Secret
-from watcher.settings import load_settings, parse_settings
+from watcher.settings_file import load_settings, parse_settings
 from watcher.sim.send_test import MemoryStore, synthetic_events
 from watcher.sinks import registry
 from watcher.sinks.base import BaseSinkSettings, Capabilities, Outcome, SinkContext

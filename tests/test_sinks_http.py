@@ -36,7 +36,7 @@ from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, event_schema
 from watcher.model.lifecycle import reachable, unreachable
 from watcher.secrets import redact
-from watcher.settings import parse_settings
+from watcher.settings_file import parse_settings
 from watcher.sinks.base import BaseSinkSettings as SinkSettings
 from watcher.sinks.base import Outcome, Sink
 from watcher.sinks.http import outcome_of, parse_retry_after

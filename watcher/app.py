@@ -31,7 +31,8 @@ from watcher.ops import notify
 from watcher.ops.connections import ConnectionLimits
 from watcher.ops.http import FD_OWN, HttpOptions, HttpServer
 from watcher.ops.metrics import Metrics
-from watcher.settings import HttpSettings, Settings, config_warnings, parse_listen
+from watcher.settings import HttpSettings, Settings
+from watcher.settings_file import config_warnings, parse_listen
 from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Sink
 from watcher.sinks.http import HTTP_SINK_CONNECTIONS
 from watcher.sinks.registry import build_sinks

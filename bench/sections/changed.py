@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from bench.figures import p50_p99, pct, verdict
 from bench.registry import Results, Section, part, section
-from watcher.cycle.reactor import gc_paused
+from watcher.cycle.answers import gc_paused
 from watcher.kubelet.decoding import Decoder
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.build import build

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from watcher.cli.common import PIPE, PROG, Subparsers, exit_codes
 from watcher.secrets import redact
-from watcher.settings import config_warnings, load_settings, printable
+from watcher.settings_file import config_warnings, load_settings, printable
 
 __all__ = ["add_parser"]
 

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeAlias
 
-from watcher.settings import Settings, load_settings
+from watcher.settings import Settings
+from watcher.settings_file import load_settings
 
 __all__ = [
     "BAD_ARGS",

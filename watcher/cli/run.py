@@ -13,7 +13,8 @@ from watcher import allocator
 from watcher.app import Agent
 from watcher.cli.common import Subparsers, exit_codes, settings_from
 from watcher.ops.logs import configure_logging
-from watcher.settings import Settings, load_settings
+from watcher.settings import Settings
+from watcher.settings_file import load_settings
 from watcher.supervision import stop_on_signals
 
 __all__ = ["add_parser"]

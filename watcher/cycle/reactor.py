@@ -11,9 +11,8 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import gc
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -21,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from watcher import errors
 from watcher.backoff import Backoff
+from watcher.cycle.answers import gc_paused, inventory_from_answers
 from watcher.cycle.committer import Committer
 from watcher.cycle.notifier import Notifier
 from watcher.cycle.state import CycleState
@@ -29,7 +29,6 @@ from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import ALLOCATABLE
 from watcher.kubelet.identity import is_replacement, probe_socket
 from watcher.kubelet.plugins import plugin_sockets
-from watcher.kubelet.repair import repair_answers
 from watcher.model import lifecycle
 from watcher.model.changes import Change
 from watcher.model.diff import diff
@@ -42,30 +41,13 @@ from watcher.ratelimit import RateLimiter
 from watcher.settings import Settings
 from watcher.supervision import StoppedError, unless_stopped
 
-__all__ = ["Reactor", "CycleObserver", "gc_paused"]
+__all__ = ["Reactor", "CycleObserver"]
 
 log = structlog.get_logger("watcher.cycle.reactor")
 
 CycleObserver = Callable[[frozenset[str]], None]
 # Calls that reached no kubelet: no socket, or nobody listening on it.
 _UNANSWERED = (errors.KubeletUnavailableError, errors.SocketMissingError)
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Defer the cyclic garbage collector while an inventory is built and diffed.
-
-    The model makes no reference cycles (frozen records, tuples), so nothing is
-    lost by waiting; what is won is the p99: a full collection landing in the
-    middle of a large node's thousands of fresh objects doubled a cycle's time.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _client(settings: Settings) -> PodResourcesClient:
@@ -252,7 +234,7 @@ class Reactor:
         list_only = alloc_raw is None
         try:
             with gc_paused():
-                answer, repaired = self._decode(before, alloc_raw, list_raw)
+                answer, repaired = inventory_from_answers(self.decoder, before, alloc_raw, list_raw)
                 # The answers are decoded: their bytes (the largest thing a cycle holds) go now,
                 # not when the cycle ends, so they are not alive with the diff and the commit.
                 del alloc_raw, list_raw
@@ -332,31 +314,6 @@ class Reactor:
         self.metrics.reconnects.inc()
         self.notifier.socket_changed_at = self.notifier.socket_changed_at or time.monotonic()
         return draft, name_events, old is not None
-
-    def _decode(
-        self, before: Inventory | None, alloc_raw: bytes | None, list_raw: bytes
-    ) -> tuple[Inventory, list[str]]:
-        """The answers' inventory, and the strings that had to be repaired (invalid UTF-8)."""
-        try:
-            return self._inventory_from(before, alloc_raw, list_raw), []
-        except DecodeError:
-            alloc_raw, list_raw, repaired = repair_answers(alloc_raw, list_raw)  # or DecodeError
-            if not repaired:
-                raise
-            return self._inventory_from(before, alloc_raw, list_raw), repaired
-
-    def _inventory_from(
-        self, before: Inventory | None, alloc_raw: bytes | None, list_raw: bytes
-    ) -> Inventory:
-        if before is not None:
-            self.decoder.seed(before)  # after a restart: the saved pods, not a second copy of them
-        after, _ = self.decoder.decode(alloc_raw, list_raw)
-        if before is not None and after is not before and after.content_hash == before.content_hash:
-            # The decoder compares with the last answer it decoded; ours may be older (a
-            # restored state, a commit that failed) yet equal. Keep one copy of it.
-            self.decoder.adopt(before)
-            return before
-        return after
 
     def _answered(self, draft: CycleState, changes: list[Change], *, list_only: bool) -> CycleState:
         now = time.monotonic()

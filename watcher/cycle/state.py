@@ -20,11 +20,11 @@ import structlog
 
 from watcher.kubelet.health import KubeletHealth
 from watcher.kubelet.identity import FileIdentity
-from watcher.model.build import from_canonical
 from watcher.model.flapping import Flaps
 from watcher.model.incidents import Incidents
 from watcher.model.inventory import Inventory
 from watcher.model.records import compact_json
+from watcher.model.restore import from_canonical
 from watcher.model.settling import Settling
 from watcher.store.saved_state import StateRecord, StoredState
 

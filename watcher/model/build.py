@@ -1,68 +1,30 @@
-"""Building an Inventory: from the kubelet's two responses, and back from its canonical JSON. Pure.
+"""Building an Inventory from the kubelet's two responses. Pure.
 
 The kubelet answers from Go maps in no particular order and reports one device
 entry per device per NUMA node, so `build()` merges and sorts everything; two
 responses that differ only in order or in how entries are split give equal
 inventories and the same `content_hash`. The decoder (`watcher.kubelet.decoding`)
 calls `build_allocatable` and `build_pod` directly to rebuild only what changed.
+Reading the canonical form back is `watcher.model.restore`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
-from watcher.model.inventory import FORMAT, Inventory
+from watcher.model.inventory import Inventory
 from watcher.model.records import Claim, ClaimDevice, Container, Device, Memory, NumaNodes, Pod
+from watcher.model.sharing import shared, shared_device, shared_ids, shared_memory
 
 __all__ = [
     "AllocatableResponse",
     "ListResponse",
-    "FORMATS_READ",
     "build",
     "build_allocatable",
     "build_pod",
-    "from_canonical",
-    "allocatable_from_canonical",
-    "pod_from_canonical",
-    "pod_from_json",
 ]
-
-# Canonical forms `from_canonical` reads: 2 has the same shape as 3 (only the hash differs).
-FORMATS_READ = (2, FORMAT)
-
-H = TypeVar("H", bound=Hashable)
-
-# --- sharing equal values ---
-
-# A large node repeats the same small values in thousands of containers: NUMA node sets, memory
-# blocks (type, NUMA, size), a device seen by allocatable and by the container holding it, a
-# container holding nothing. Each is built once and shared (records are immutable), which makes
-# the model a fraction of its size. Bounded: emptied when full, so values of pods long gone are
-# not kept for ever (what was shared stays shared; later values are shared from then on).
-_SHARED: dict[Any, Any] = {}
-_SHARED_MAX = 16_384
-
-
-def _share(value: H) -> H:
-    got = _SHARED.get(value)
-    if got is None:
-        if len(_SHARED) >= _SHARED_MAX:
-            _SHARED.clear()
-        _SHARED[value] = got = value
-    return got
-
-
-def _numa(nodes: Iterable[int]) -> NumaNodes:
-    return _share(tuple(sorted(nodes)))
-
-
-def _ids(ids: Iterable[int]) -> tuple[int, ...]:
-    # CPU ids above 256 are an object each; the same few hundred are shared instead.
-    return tuple(_share(i) for i in sorted(ids))
 
 
 # --- The protobuf shapes `build()` reads (structural, so this module needs no gRPC). ---
@@ -124,39 +86,36 @@ class _DynamicResource(Protocol):
     def claim_resources(self) -> Sequence[_ClaimResource]: ...
 
 
-class _Container(Protocol):
+class _Holding(Protocol):
+    """What a pod, a container and the node's allocatable all carry: CPU ids and memory."""
+
+    @property
+    def cpu_ids(self) -> Sequence[int]: ...
+    @property
+    def memory(self) -> Sequence[_Memory]: ...
+
+
+class _Container(_Holding, Protocol):
     @property
     def name(self) -> str: ...
     @property
     def devices(self) -> Sequence[_Devices]: ...
     @property
-    def cpu_ids(self) -> Sequence[int]: ...
-    @property
-    def memory(self) -> Sequence[_Memory]: ...
-    @property
     def dynamic_resources(self) -> Sequence[_DynamicResource]: ...
 
 
-class _Pod(Protocol):
+class _Pod(_Holding, Protocol):
     @property
     def name(self) -> str: ...
     @property
     def namespace(self) -> str: ...
     @property
     def containers(self) -> Sequence[_Container]: ...
-    @property
-    def cpu_ids(self) -> Sequence[int]: ...
-    @property
-    def memory(self) -> Sequence[_Memory]: ...
 
 
-class AllocatableResponse(Protocol):
+class AllocatableResponse(_Holding, Protocol):
     @property
     def devices(self) -> Sequence[_Devices]: ...
-    @property
-    def cpu_ids(self) -> Sequence[int]: ...
-    @property
-    def memory(self) -> Sequence[_Memory]: ...
 
 
 class ListResponse(Protocol):
@@ -188,24 +147,16 @@ def _merge_memory(entries: Sequence[_Memory], into: dict[tuple[str, NumaNodes], 
         into[key] = into.get(key, 0) + m.size
 
 
-def _device(resource: str, dev_id: str, numa: Iterable[int]) -> Device:
-    return _share(Device(sys.intern(resource), dev_id, _numa(numa)))
-
-
-def _memory(mtype: str, numa: Iterable[int], size: int) -> Memory:
-    return _share(Memory(sys.intern(mtype), _numa(numa), size))
-
-
 def _freeze_devices(merged: Mapping[tuple[str, str], set[int]]) -> tuple[Device, ...]:
     if not merged:
         return ()
-    return tuple(_device(res, dev_id, merged[(res, dev_id)]) for res, dev_id in sorted(merged))
+    return tuple(shared_device(res, dev_id, merged[(res, dev_id)]) for res, dev_id in sorted(merged))
 
 
 def _freeze_memory(merged: Mapping[tuple[str, NumaNodes], int]) -> tuple[Memory, ...]:
     if not merged:
         return ()
-    return _share(tuple(_memory(t, numa, merged[(t, numa)]) for t, numa in sorted(merged)))
+    return shared(tuple(shared_memory(t, numa, merged[(t, numa)]) for t, numa in sorted(merged)))
 
 
 class _ContainerAcc:
@@ -265,7 +216,7 @@ def build_allocatable(
     memory: dict[tuple[str, NumaNodes], int] = {}
     _merge_devices(allocatable.devices, devices)
     _merge_memory(allocatable.memory, memory)
-    return _freeze_devices(devices), _ids(set(allocatable.cpu_ids)), _freeze_memory(memory)
+    return _freeze_devices(devices), shared_ids(set(allocatable.cpu_ids)), _freeze_memory(memory)
 
 
 def build_pod(namespace: str, name: str, entries: Iterable[_Pod]) -> Pod:
@@ -290,11 +241,11 @@ def build_pod(namespace: str, name: str, entries: Iterable[_Pod]) -> Pod:
         namespace=sys.intern(namespace),
         name=name,
         containers=tuple(
-            _share(
+            shared(
                 Container(
                     name=sys.intern(cname),
                     devices=_freeze_devices(c.devices),
-                    cpu_ids=_ids(c.cpu_ids),
+                    cpu_ids=shared_ids(c.cpu_ids),
                     memory=_freeze_memory(c.memory),
                     claims=tuple(
                         Claim(cns, cn, tuple(sorted(c.claims[(cns, cn)], key=_claim_device_key)))
@@ -306,7 +257,7 @@ def build_pod(namespace: str, name: str, entries: Iterable[_Pod]) -> Pod:
             )
             for cname, c in sorted(acc.containers.items())
         ),
-        cpu_ids=_ids(acc.cpu_ids),
+        cpu_ids=shared_ids(acc.cpu_ids),
         memory=_freeze_memory(acc.memory),
     )
 
@@ -314,112 +265,3 @@ def build_pod(namespace: str, name: str, entries: Iterable[_Pod]) -> Pod:
 def _claim_device_key(d: ClaimDevice) -> tuple[str, str, str, tuple[str, ...], bool, str]:
     # Unset share_id sorts first and never ties with any real value.
     return (d.driver, d.pool, d.device, d.cdi_devices, d.share_id is not None, d.share_id or "")
-
-
-# --- reading the canonical form back (persisted state) ---
-
-
-def _ints(values: Iterable[Any]) -> list[int]:
-    # JSON from disk: only ints may reach the shared values (a `true` would stand for 1 there).
-    return [int(v) for v in values]
-
-
-def _devices_from(data: Mapping[str, Mapping[str, Sequence[int]]]) -> tuple[Device, ...]:
-    return tuple(
-        _device(res, dev_id, _ints(data[res][dev_id])) for res in sorted(data) for dev_id in sorted(data[res])
-    )
-
-
-def _memory_from(data: Sequence[Mapping[str, Any]]) -> tuple[Memory, ...]:
-    if not data:
-        return ()
-    return _share(tuple(_memory(str(m["type"]), _ints(m["numa"]), int(m["size"])) for m in data))
-
-
-def _malformed(err: Exception) -> ValueError:
-    return ValueError(f"malformed inventory: {err!r}")
-
-
-def pod_from_canonical(p: Mapping[str, Any]) -> Pod:
-    """One pod from its canonical JSON form (`pod_json`). Raises ValueError on another shape."""
-    try:
-        return Pod(
-            namespace=sys.intern(p["namespace"]),
-            name=p["name"],
-            cpu_ids=_ids(_ints(p["cpu_ids"])),
-            memory=_memory_from(p["memory"]),
-            containers=tuple(
-                _share(
-                    Container(
-                        name=sys.intern(c["name"]),
-                        devices=_devices_from(c["devices"]),
-                        cpu_ids=_ids(_ints(c["cpu_ids"])),
-                        memory=_memory_from(c["memory"]),
-                        claims=tuple(
-                            Claim(
-                                cl["namespace"],
-                                cl["name"],
-                                tuple(
-                                    ClaimDevice(
-                                        d["driver"],
-                                        d["pool"],
-                                        d["device"],
-                                        tuple(d["cdi_devices"]),
-                                        d["share_id"],
-                                    )
-                                    for d in cl["devices"]
-                                ),
-                            )
-                            for cl in c["dynamic_resources"]
-                        ),
-                    )
-                )
-                for c in p["containers"]
-            ),
-        )
-    except (KeyError, TypeError, AttributeError) as err:
-        raise _malformed(err) from err
-
-
-def pod_from_json(body: bytes) -> Pod:
-    """One pod from the compact JSON `Pod.canonical_bytes` made of it (as the saved state keeps
-    it), its digest taken from `body` as it is: nothing is serialised again. Were `body` not
-    those exact bytes, the digest, and any inventory hash made of it, would not match the ones
-    recorded when it was written. Raises ValueError on another shape."""
-    pod = pod_from_canonical(json.loads(body))
-    object.__setattr__(pod, "_digest", hashlib.sha256(body).digest())
-    return pod
-
-
-def allocatable_from_canonical(
-    data: Mapping[str, Any],
-) -> tuple[tuple[Device, ...], tuple[int, ...], tuple[Memory, ...], bool]:
-    """The allocatable side from the canonical form without its pods (`{"format", "allocatable"}`,
-    as `Inventory.allocatable_bytes`): devices, CPU ids, memory, and whether it is known."""
-    if not isinstance(data, Mapping):
-        raise ValueError(f"malformed inventory: expected an object, got {type(data).__name__}")
-    if data.get("format") not in FORMATS_READ:
-        raise ValueError(f"unsupported inventory format {data.get('format')!r}, expected {FORMAT}")
-    try:
-        alloc = data["allocatable"]
-        return (
-            _devices_from(alloc["devices"]),
-            _ids(_ints(alloc["cpu_ids"])),
-            _memory_from(alloc["memory"]),
-            bool(alloc["known"]),
-        )
-    except (KeyError, TypeError, AttributeError) as err:
-        raise _malformed(err) from err
-
-
-def from_canonical(data: Mapping[str, Any]) -> Inventory:
-    """Rebuild an Inventory from `Inventory.canonical` (e.g. loaded from the state file).
-
-    Raises ValueError on any other format or shape.
-    """
-    devices, cpu_ids, memory, known = allocatable_from_canonical(data)
-    try:
-        pods = tuple(pod_from_canonical(p) for p in data["pods"])
-    except (KeyError, TypeError) as err:
-        raise _malformed(err) from err
-    return Inventory(devices=devices, cpu_ids=cpu_ids, memory=memory, pods=pods, allocatable_known=known)

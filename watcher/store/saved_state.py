@@ -31,9 +31,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from watcher.model.build import allocatable_from_canonical, pod_from_json
 from watcher.model.inventory import Inventory, changed_pods
 from watcher.model.records import Pod
+from watcher.model.restore import allocatable_from_canonical, pod_from_json
 
 __all__ = ["SCHEMA", "StateRecord", "StoredState", "StateWrite", "SavedRows"]
 
