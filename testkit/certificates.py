@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from testkit.tools import tool
+from watcher.sim.apiserver.certificate import make_certificate
 
 __all__ = ["client_context", "make_pki", "openssl", "require_openssl", "self_signed", "server_context"]
 
@@ -62,11 +63,7 @@ def make_pki(directory: Path) -> Path:
 def self_signed(directory: Path, *, host: str = "127.0.0.1") -> tuple[Path, Path]:
     """A self-signed certificate (its own CA) for `host`, an IP address or a DNS name: (cert, key)."""
     require_openssl()
-    san = f"IP:{host}" if host.replace(".", "").isdigit() else f"DNS:{host}"
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    openssl(directory, "req", "-x509", *_EC_KEY, "-days", "1", "-subj", f"/CN={host}",
-            "-addext", f"subjectAltName={san}", "-keyout", str(key), "-out", str(cert))  # fmt: skip
-    return cert, key
+    return make_certificate(directory, host=host, name="cert", days=1)
 
 
 def server_context(cert: Path, key: Path) -> ssl.SSLContext:
