@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from testkit.old_outboxes import HISTORY
+from testkit.old_outboxes import BEFORE_THE_NUMBERING, HISTORY
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
 from watcher.store.ages import Clocks
@@ -23,76 +23,6 @@ from watcher.store.outbox.schema import SCHEMA_VERSION
 
 WALL = 1_800_000_000.0
 BOOT = ("boot-1", 1_000.0)
-
-
-# The file the code before the numbering made (user_version 0), statement for statement.
-_BEFORE_THE_NUMBERING = """
-CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE,
-    created REAL NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS queue (
-    sink TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    enqueued REAL NOT NULL,
-    since REAL NOT NULL DEFAULT 0,
-    PRIMARY KEY (sink, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS dead_letters (
-    sink TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    failed REAL NOT NULL,
-    status INTEGER,
-    error TEXT NOT NULL,
-    since REAL NOT NULL DEFAULT 0,
-    PRIMARY KEY (sink, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS sinks (
-    name TEXT PRIMARY KEY,
-    disabled TEXT,
-    delivered INTEGER NOT NULL DEFAULT 0,
-    dropped INTEGER NOT NULL DEFAULT 0,
-    dead INTEGER NOT NULL DEFAULT 0,
-    queued INTEGER NOT NULL DEFAULT 0,
-    dead_kept INTEGER NOT NULL DEFAULT 0,
-    dead_dropped INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS gaps (
-    sink TEXT NOT NULL,
-    first INTEGER NOT NULL,
-    last INTEGER NOT NULL,
-    count INTEGER NOT NULL,
-    reasons TEXT NOT NULL,
-    time REAL NOT NULL,
-    PRIMARY KEY (sink, first)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS clock (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    boot TEXT NOT NULL,
-    boottime REAL NOT NULL,
-    age REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS kv (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS saved_state (
-    part TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS saved_pods (
-    namespace TEXT NOT NULL,
-    name TEXT NOT NULL,
-    body TEXT NOT NULL,
-    PRIMARY KEY (namespace, name)
-);
-CREATE INDEX IF NOT EXISTS queue_seq ON queue (seq);
-CREATE INDEX IF NOT EXISTS queue_since ON queue (sink, since);
-CREATE INDEX IF NOT EXISTS dead_letters_seq ON dead_letters (seq);
-CREATE INDEX IF NOT EXISTS dead_letters_since ON dead_letters (sink, since);
-"""
 
 
 def _events(first: int, last: int) -> list[Event]:
@@ -219,7 +149,7 @@ def _fresh(tmp_path: Path) -> Path:
 
 def test_an_outbox_from_before_the_numbering_keeps_its_tables_exactly(tmp_path: Path) -> None:
     path = tmp_path / "outbox.db"
-    _old_outbox(path, 0, _BEFORE_THE_NUMBERING)
+    _old_outbox(path, 0, BEFORE_THE_NUMBERING)
 
     def master() -> list[tuple[str, str, str]]:
         db = sqlite3.connect(path)
