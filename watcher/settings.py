@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from watcher.config import ConfigError, build, describe, field_meta
+from watcher.files import is_system_directory
 from watcher.kubelet.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT
 from watcher.secrets import ENV_REF, REDACTED, Secret, SecretError, file_exposure, redact
 from watcher.sinks.base import BaseSinkSettings
@@ -383,6 +384,12 @@ def parse_settings(data: Mapping[str, Any], *, base_dir: Path | None = None) -> 
     sinks = _build_sinks(data.pop("sinks"), base_dir) if "sinks" in data else None
     settings: Settings = build(Settings, data, "", skip=frozenset({"sinks"}), base=base_dir)
     settings = dataclasses.replace(settings, http=_check_http(settings.http))
+    if is_system_directory(settings.state_dir):
+        # The path is not printed: a config error shows the kind of value, never the value.
+        raise ConfigError(
+            "state_dir: a system directory, which other programs keep files in and the agent would make "
+            "0700; give the agent one of its own (the default: /var/lib/pod-resources-watcher)"
+        )
     if sinks is not None:
         settings = dataclasses.replace(settings, sinks=sinks)
     return settings
