@@ -384,12 +384,8 @@ def parse_settings(data: Mapping[str, Any], *, base_dir: Path | None = None) -> 
     sinks = _build_sinks(data.pop("sinks"), base_dir) if "sinks" in data else None
     settings: Settings = build(Settings, data, "", skip=frozenset({"sinks"}), base=base_dir)
     settings = dataclasses.replace(settings, http=_check_http(settings.http))
-    if is_system_directory(settings.state_dir):
-        # The path is not printed: a config error shows the kind of value, never the value.
-        raise ConfigError(
-            "state_dir: a system directory, which other programs keep files in and the agent would make "
-            "0700; give the agent one of its own (the default: /var/lib/pod-resources-watcher)"
-        )
+    if is_system_directory(settings.state_dir):  # named by its key, as every config error
+        raise ConfigError("state_dir: a system directory, which the agent would make 0700: give it its own")
     if sinks is not None:
         settings = dataclasses.replace(settings, sinks=sinks)
     return settings
