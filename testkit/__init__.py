@@ -14,8 +14,8 @@ other). The wheel carries only `watcher*`; nothing under `watcher/` imports this
   fail, the fake kubelet as a child process
 - nats_cluster, store_kill_point, nats_kill_point: a JetStream cluster on loopback; the CLI with a
   kill point armed (run as `python -m testkit.store_kill_point` / `testkit.nats_kill_point`)
-- manifests, admission_policy, promql: deploy/ read and built as kustomize does; the shipped
-  admission policy's CEL run; PromQL in the shipped files checked
+- manifests, admission_policy, promql, helm_chart: deploy/ read and built as kustomize does; the
+  shipped admission policy's CEL run; PromQL in the shipped files checked; the chart rendered by helm
 - node_model, node_rendering, node_mutations, inventories: random nodes for the property tests,
   rendered into kubelet responses, changed for real; small inventories from a few names
 - planted_secret: the secret that no captured output may show

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
+from testkit.helm_chart import CHART, NAMESPACE, SCHEMA_ERROR, helm, pod, render, template
 from testkit.manifests import (
     DEPLOY,
     OVERLAYS,
@@ -31,16 +31,11 @@ from testkit.manifests import (
     SCHEMA_VERSION,
     build,
     load_yaml,
-    load_yaml_docs,
     the,
 )
-from testkit.tools import tool
 
 ROOT = Path(__file__).resolve().parent.parent
-CHART = DEPLOY / "helm" / "pod-resources-watcher"
 FILES = CHART / "files"
-RELEASE = "pod-resources-watcher"
-NAMESPACE = "pod-resources-watcher"
 CRD_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 CONTROL_PLANE_EXCLUSION = {
     "nodeAffinity": {
@@ -91,31 +86,8 @@ EXPECTED_KINDS = {
 }
 
 
-def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([tool("helm"), *args], capture_output=True, text=True, timeout=60, check=False)
-
-
-def template(
-    values: dict[str, Any], tmp: Path, release: str = RELEASE, namespace: str = NAMESPACE
-) -> subprocess.CompletedProcess[str]:
-    path = tmp / f"values-{len(list(tmp.iterdir()))}.json"
-    path.write_text(json.dumps(values))
-    return helm("template", release, str(CHART), "--namespace", namespace, "--values", str(path))
-
-
-def render(values: dict[str, Any], tmp: Path, **kw: str) -> list[dict[str, Any]]:
-    result = template(values, tmp, **kw)
-    assert result.returncode == 0, result.stderr
-    return load_yaml_docs(result.stdout)
-
-
 def kinds(objs: list[dict[str, Any]]) -> list[str]:
     return sorted(o["kind"] for o in objs)
-
-
-def pod(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    spec: dict[str, Any] = the(objs, "DaemonSet")["spec"]["template"]["spec"]
-    return spec
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +192,6 @@ def test_servicemonitor_by_hand(rendered: dict[str, list[dict[str, Any]]]) -> No
 
 
 # --- the schema ---------------------------------------------------------------------------------------
-
-SCHEMA_ERROR = "values don't meet the specifications of the schema"
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,9 @@ whoever placed it choose what the agent (often root) overwrites, truncates or ap
 the file itself must not be a link: it is refused, the link and its target left untouched,
 with an error naming the path. (A link higher up, e.g. a state directory that is a link to
 another disk, is the operator's own choice and is followed.)
+
+A directory is tightened to 0700 only when it is the agent's: created by it, empty, or holding
+its own files; never a system directory, where 0700 would lock other services out.
 """
 
 from __future__ import annotations
@@ -13,18 +16,67 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Collection
 from pathlib import Path
 
 import structlog
 
 from watcher.errors import UnsafePathError
 
-__all__ = ["PRIVATE_FILE", "PRIVATE_DIR", "private_dir", "open_private", "check_private"]
+__all__ = [
+    "PRIVATE_DIR",
+    "PRIVATE_FILE",
+    "SYSTEM_DIRS",
+    "SYSTEM_TREES",
+    "check_private",
+    "is_system_directory",
+    "open_private",
+    "private_dir",
+]
 
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
 
+# Directories other programs keep their files in: a state_dir of /var/lib made 0700 would lock
+# every non-root service out of its data. The chart's values.schema.json refuses the same list
+# (a test keeps the two equal).
+SYSTEM_DIRS = frozenset(
+    {
+        "/",
+        *(f"/{d}" for d in ("bin", "boot", "etc", "home", "lib", "lib32", "lib64", "media", "mnt")),
+        *(f"/{d}" for d in ("opt", "root", "run", "sbin", "srv", "tmp", "usr", "var")),
+        *(f"/usr/{d}" for d in ("bin", "lib", "lib64", "local", "local/bin", "local/lib", "sbin", "share")),
+        *(f"/var/{d}" for d in ("cache", "lib", "local", "lock", "log", "mail", "opt", "run", "spool")),
+        "/var/tmp",
+        *(f"/var/lib/{d}" for d in ("containerd", "containers", "docker", "etcd")),
+        "/etc/kubernetes",
+    }
+)
+# Whole trees that are never the agent's: pseudo-filesystems and the kubelet's own directory.
+SYSTEM_TREES = ("/dev", "/proc", "/sys", "/var/lib/kubelet")
+
 log = structlog.get_logger("watcher.files")
+
+
+def is_system_directory(path: Path) -> bool:
+    """Whether `path` (as written, or as links resolve it) is one of SYSTEM_DIRS or inside SYSTEM_TREES."""
+    for candidate in {path, path.resolve()}:
+        # normpath keeps a leading "//" (POSIX leaves its meaning open); it is "/" here.
+        clean = "/" + os.path.normpath(os.path.abspath(candidate)).lstrip("/")
+        if clean in SYSTEM_DIRS or any(clean == t or clean.startswith(f"{t}/") for t in SYSTEM_TREES):
+            return True
+    return False
+
+
+def _holds_ours(path: Path, own: Collection[str]) -> bool:
+    """Empty (made for the agent, e.g. by the kubelet's DirectoryOrCreate) or holding one of `own`."""
+    empty = True
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.name in own:
+                return True
+            empty = False
+    return empty
 
 
 def _link_error(path: Path, what: str) -> UnsafePathError:
@@ -47,9 +99,10 @@ def _not_regular(path: Path, what: str) -> UnsafePathError:
     )
 
 
-def private_dir(path: Path, what: str, *, tighten: bool) -> None:
+def private_dir(path: Path, what: str, *, tighten: bool, own: Collection[str] = ()) -> None:
     """Create directory `path` (and missing parents) with mode 0700. With `tighten`, an existing
-    one that group or others may enter is set to 0700, and the log says so."""
+    one that group or others may enter is set to 0700, and the log says so, if it is the agent's:
+    empty or holding a file named in `own`, and not a system directory."""
     try:
         path.mkdir(mode=PRIVATE_DIR, parents=True)
         os.chmod(path, PRIVATE_DIR)  # mkdir's mode goes through the umask; ours must not
@@ -66,6 +119,15 @@ def private_dir(path: Path, what: str, *, tighten: bool) -> None:
         log.warning(
             f"the {what} is open to group or others and is shared (sticky or not ours): left as it "
             "is; give the agent a directory of its own",
+            path=str(path),
+            mode=f"{mode:04o}",
+        )
+        return
+    if is_system_directory(path) or not _holds_ours(path, own):
+        # Someone else's files are there: 0700 could lock them out of their own directory.
+        log.warning(
+            f"the {what} is open to group or others and holds files that are not the agent's (or is a "
+            "system directory): left as it is; give the agent a directory of its own",
             path=str(path),
             mode=f"{mode:04o}",
         )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from watcher.config import ConfigError, build, describe
+from watcher.files import is_system_directory
 from watcher.secrets import ENV_REF, REDACTED, Secret, SecretError, file_exposure, redact
 from watcher.settings import HttpSettings, Settings
 from watcher.sinks.base import BaseSinkSettings
@@ -131,6 +132,8 @@ def parse_settings(data: Mapping[str, Any], *, base_dir: Path | None = None) -> 
     sinks = _build_sinks(data.pop("sinks"), base_dir) if "sinks" in data else None
     settings: Settings = build(Settings, data, "", skip=frozenset({"sinks"}), base=base_dir)
     settings = dataclasses.replace(settings, http=_check_http(settings.http))
+    if is_system_directory(settings.state_dir):  # named by its key, as every config error
+        raise ConfigError("state_dir: a system directory, which the agent would make 0700: give it its own")
     if sinks is not None:
         settings = dataclasses.replace(settings, sinks=sinks)
     return settings

@@ -57,7 +57,7 @@ class Connection:
         self.recovered_from_corruption = False
 
     def open(self) -> None:
-        private_dir(self.path.parent, "state directory", tighten=True)
+        private_dir(self.path.parent, "state directory", tighten=True, own=(self.path.name,))
         try:
             self._db = self._connect()
         except sqlite3.DatabaseError as err:
