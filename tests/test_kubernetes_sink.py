@@ -37,7 +37,7 @@ from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod, default_node
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
-from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX
+from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX, OWNER_MARK
 
 ROOT = Path(__file__).resolve().parent.parent
 RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
@@ -562,6 +562,56 @@ async def test_cleanup_removes_only_the_agents_conditions(tmp_path: Path, api: F
     assert rc == 1 and "forbidden" in out and "list" in out
 
 
+# Another controller's conditions named like ours: a NIC operator's, and one of exactly the type the
+# agent derives for nvidia.com/gpu (a GPU operator's). Neither carries the agent's mark.
+THEIRS = [
+    {"type": "VendorNicDevicesUnavailable", "status": "True", "reason": "NicDown", "message": "2 NICs down"},
+    {"type": CONDITION, "status": "True", "reason": "GpuOperatorSaysSo", "message": "GPU-9 is down"},
+]
+
+
+def _theirs(api: FakeApiServer) -> list[tuple[str, str, str, str]]:
+    return sorted(
+        (c["type"], c["status"], c["reason"], c["message"])
+        for c in api.node(NODE)["status"]["conditions"]
+        if c["type"] in {t["type"] for t in THEIRS}
+    )
+
+
+async def test_another_writers_conditions_of_our_suffix_are_never_touched(
+    tmp_path: Path, short_tmp: Path, api: FakeApiServer
+) -> None:
+    admin = api.write_kubeconfig(tmp_path / "admin.kubeconfig", "admin")
+    body = json.dumps({"status": {"conditions": THEIRS}})
+    rc, _, err = await kubectl(
+        admin, "patch", "node", NODE, "--subresource=status", "--type=strategic", "-p", body
+    )
+    assert rc == 0, err
+    before = _theirs(api)
+    assert len(before) == 2
+    node = _default_node_in(api)
+    _, _, gpu = _held_gpu(node)
+    async with FakeKubelet(short_tmp / "kubelet", node) as fake:
+        async with running_agent(_agent_settings(api, short_tmp), fake) as run:
+            # The start's reconcile (which prunes what is ours and no longer wanted) and a failure.
+            await _until(
+                run, lambda: run.agent.metrics.value("deliveries_total", sink="k8s", result="delivered") > 0
+            )
+            fake.make_unhealthy(GPU, gpu)
+            await _until(run, lambda: any(e["reason"] == "DeviceFailed" for e in api.events()))
+            fake.heal(GPU, gpu)
+            await _until(run, lambda: any(e["reason"] == "DeviceRecovered" for e in api.events()))
+            await run.quiet_cycle()
+        assert _theirs(api) == before  # neither removed nor rewritten, True as their writer left it
+    # The uninstall step, as an admin for every node: it removes only what it can prove is ours
+    # (the agent's conditions of the node's other resources), theirs stay.
+    rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(admin), "--all-nodes")
+    assert rc == 0 and out.startswith(f"node {NODE}: removed ") and "SmarterDevicesFuse" in out, out
+    assert CONDITION not in out and "VendorNic" not in out
+    assert _theirs(api) == before
+    assert not [c for c in api.node(NODE)["status"]["conditions"] if c["message"].startswith(OWNER_MARK)]
+
+
 async def _cli(*args: str) -> tuple[int, str]:
     """The command line in its own process (the API server answers on this test's loop)."""
     proc = await asyncio.create_subprocess_exec(
@@ -622,7 +672,13 @@ async def test_the_agent_cannot_write_another_nodes_status(tmp_path: Path, api: 
     api.add_node("node-b")
     agent_config = api.write_kubeconfig(tmp_path / "agent.kubeconfig", AGENT)
     patch = json.dumps(
-        {"status": {"conditions": [{"type": CONDITION, "status": "True", "reason": "X", "message": "x"}]}}
+        {
+            "status": {
+                "conditions": [
+                    {"type": CONDITION, "status": "True", "reason": "X", "message": OWNER_MARK + "x"}
+                ]
+            }
+        }
     )
     rc, _, err = await kubectl(
         agent_config, "patch", "node", "node-b", "--subresource=status", "--type=strategic", "-p", patch
@@ -670,6 +726,10 @@ async def test_the_kubernetes_demo_shows_the_pod_event_and_the_condition() -> No
         ({"event_namespace": "ml"}, r'event_namespace: .* only in "default" or "kube-system"'),
         ({"reporting_controller": "Pod Resources!"}, r"reporting_controller: not a qualified name"),
         ({"kubeconfig": "/k", "server": "https://x"}, r"server: only for in-cluster use"),
+        (
+            {"condition_types": {GPU: "GpuDevicesUnavailable", "nvidia.io/gpu": "GpuDevicesUnavailable"}},
+            r"condition_types\.nvidia\.io/gpu: GpuDevicesUnavailable is nvidia\.com/gpu's condition type too",
+        ),
     ],
 )
 def test_check_config_refuses_what_would_break_the_conditions(table: dict[str, Any], message: str) -> None:
