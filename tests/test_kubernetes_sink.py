@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import io
 import json
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -620,6 +621,97 @@ async def _cli(*args: str) -> tuple[int, str]:
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, (out.decode() + err.decode()).strip()
+
+
+# --- the client configuration ---
+
+
+def _kubeconfig(server: str = "https://127.0.0.1:6443", cluster: str = "", user: str = "token: abc") -> str:
+    cluster = cluster or f"server: {server}"
+    return (
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        f"clusters:\n- name: c\n  cluster: {{{cluster}}}\n"
+        "contexts:\n- name: x\n  context: {cluster: c, user: u}\n"
+        f"users:\n- name: u\n  user: {{{user}}}\n"
+    )
+
+
+BROKEN_KUBECONFIGS = {
+    "not-yaml": ("clusters: [valid\n", r"not YAML \(line 2, column 1\)"),
+    "empty": ("", r"not a kubeconfig"),
+    "a-list": ("- 1\n", r"not a kubeconfig"),
+    "clusters-not-a-list": ("clusters: 5\n", r"not a kubeconfig"),
+    "no-contexts": ("clusters: []\n", r"not a valid kubeconfig: missing 'contexts'"),
+    "wrong-type": (
+        _kubeconfig(user="token: 5"),
+        r"not a valid kubeconfig: Expected `str \| null`, got `int`",
+    ),
+    "undefined-cluster": (_kubeconfig().replace("{cluster: c,", "{cluster: nope,"), r"names 'nope'"),
+    "unknown-context": (_kubeconfig().replace("current-context: x", "current-context: y"), r"'y' not found"),
+    "missing-ca": (
+        _kubeconfig(cluster="server: 'https://127.0.0.1:6443', certificate-authority: missing/ca.crt"),
+        r"certificate-authority \S*/missing/ca\.crt: no such file",
+    ),
+    "missing-token-file": (
+        _kubeconfig(user="tokenFile: /nonexistent/token"),
+        r"tokenFile /nonexistent/token",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_KUBECONFIGS))
+async def test_a_broken_kubeconfig_is_one_line_naming_the_file(tmp_path: Path, case: str) -> None:
+    """`kubernetes cleanup` and `check-config` on a kubeconfig that cannot be used: one line that
+    names the file and what is wrong with it, never a traceback, and no request sent."""
+    text, problem = BROKEN_KUBECONFIGS[case]
+    kubeconfig = tmp_path / "kube.yaml"
+    kubeconfig.write_text(text)
+    rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(kubeconfig), "--node", NODE)
+    assert rc == 1 and len(out.splitlines()) == 1, out
+    assert f"kubeconfig {kubeconfig}" in out and re.search(problem, out), out
+    with pytest.raises(
+        ConfigError, match=rf"^sinks\.k\.kubeconfig: kubeconfig {re.escape(str(kubeconfig))}: "
+    ):
+        parse_settings({"sinks": {"k": {"type": "kubernetes", "kubeconfig": str(kubeconfig)}}})
+
+
+async def test_a_missing_kubeconfig_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "kube.yaml"
+    rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(missing), "--node", NODE)
+    assert (rc, out) == (
+        1,
+        f"pod-resources-watcher: error: cannot read kubeconfig {missing}: No such file or directory",
+    )
+    config = tmp_path / "config.toml"
+    config.write_text(f'node = "{NODE}"\n[sinks.k8s]\ntype = "kubernetes"\nkubeconfig = "{missing}"\n')
+    rc, out = await _cli("check-config", str(config))
+    assert rc == 2 and f"sinks.k8s.kubeconfig: cannot read kubeconfig {missing}" in out, out
+
+
+async def test_a_token_is_never_sent_in_clear_text_off_loopback(tmp_path: Path) -> None:
+    """Refused before any connection (the host, .invalid, could not even be resolved): the token, a
+    password or an exec plugin's token would cross the network readable."""
+    for user in ("token: abc", "tokenFile: token", "username: u, password: p"):
+        (tmp_path / "token").write_text("abc")
+        kubeconfig = tmp_path / "kube.yaml"
+        kubeconfig.write_text(_kubeconfig("http://api.example.invalid:8080", user=user))
+        rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(kubeconfig), "--node", NODE)
+        assert (
+            rc == 1 and "refusing to send the bearer token in clear text to http://api.example.invalid" in out
+        )
+        with pytest.raises(
+            ConfigError, match=r"kubeconfig: .* refusing to send the bearer token in clear text"
+        ):
+            parse_settings({"sinks": {"k": {"type": "kubernetes", "kubeconfig": str(kubeconfig)}}})
+    # In a pod, the service account's token always goes along: an http:// server is refused too.
+    with pytest.raises(ConfigError, match=r"sinks\.k\.server: server: refusing to send the bearer token"):
+        parse_settings(
+            {"sinks": {"k": {"type": "kubernetes", "server": "http://kubernetes.default.invalid"}}}
+        )
+    # Loopback (a tunnel, kubectl proxy) and https are fine, and so is http without credentials.
+    for server, user in [("http://127.0.0.1:8001", "token: abc"), ("http://api.example.invalid", "")]:
+        kubeconfig.write_text(_kubeconfig(server, user=user))
+        parse_settings({"sinks": {"k": {"type": "kubernetes", "kubeconfig": str(kubeconfig)}}})
 
 
 # --- least privilege ---
