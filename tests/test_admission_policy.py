@@ -1,7 +1,7 @@
 """The reporting component's ValidatingAdmissionPolicy (deploy/kubernetes/reporting/admissionpolicy.yaml),
 its CEL run as the API server runs it (testkit/admission_policy.py): the agent's ServiceAccount may
-update only its own Node's status, and there only conditions whose type ends in DevicesUnavailable;
-nobody else is affected."""
+update only its own Node's status, and there only its own conditions (type ending in
+DevicesUnavailable, message starting with its mark); nobody else is affected."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testkit.admission_policy import POLICY_FILE, Policy, PolicyError, admit, load, review
+from watcher.sinks.kubernetes.condition_plan import OWNER_MARK
 
 AGENT = "system:serviceaccount:pod-resources-watcher:pod-resources-watcher"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
@@ -97,7 +98,9 @@ def with_conditions(base: dict[str, Any], change: Any) -> dict[str, Any]:
 
 
 def own(kind: str = OWN, status: str = "True") -> dict[str, Any]:
-    return condition(kind, status, reason="DevicesUnhealthy")
+    """One of the agent's conditions: its message carries the agent's mark."""
+    c = condition(kind, status, reason="DevicesUnhealthy")
+    return dict(c, message=OWNER_MARK + c["message"])
 
 
 # --- what the agent does: allowed --------------------------------------------------------------------
@@ -178,8 +181,8 @@ def test_the_kubelet_s_conditions_are_untouchable(kubelet_type: str, how: str) -
     assert message == (
         DENIED
         + "'pod-resources-watcher-node-status' denied request: the pod-resources-watcher agent may set "
-        "and remove only node conditions whose type ends in DevicesUnavailable; this update adds, changes "
-        f"or removes: {kubelet_type}"
+        "and remove only node conditions whose type ends in DevicesUnavailable and whose message starts "
+        f"with its mark; this update adds, changes or removes: {kubelet_type}"
     )
 
 
@@ -208,6 +211,28 @@ def test_another_agent_s_condition_types_are_untouchable(foreign: str) -> None:
     old = node(extra_conditions=[own(foreign)])
     message = admit(status_update(old, with_conditions(old, lambda c: c[:-1])))
     assert message is not None and message.endswith(f"adds, changes or removes: {foreign}")
+
+
+def test_another_writer_s_condition_of_our_suffix_is_untouchable() -> None:
+    """A NIC operator's VendorNicDevicesUnavailable ends like ours but lacks our mark: the agent may
+    not remove it, change it, take it over by writing its mark on it, nor add a suffix condition
+    without the mark."""
+    theirs = condition("VendorNicDevicesUnavailable", "True", reason="NicDown")
+    old = node(extra_conditions=[theirs])
+    for new_conditions in (
+        lambda c: c[:-1],  # removed
+        lambda c: [*c[:-1], dict(theirs, status="False")],  # cleared
+        lambda c: [*c[:-1], dict(theirs, status="False", message=OWNER_MARK + "ours now")],  # taken over
+    ):
+        message = admit(status_update(old, with_conditions(old, new_conditions)))
+        assert message is not None and message.endswith(
+            "adds, changes or removes: VendorNicDevicesUnavailable"
+        )
+    # Our own next to it still passes; one of ours without the mark does not.
+    assert admit(status_update(old, with_conditions(old, lambda c: [*c, own()]))) is None
+    unmarked = dict(own(), message="1 nvidia.com/gpu device(s) failed")
+    message = admit(status_update(old, with_conditions(old, lambda c: [*c, unmarked])))
+    assert message is not None and message.endswith(f"adds, changes or removes: {OWN}")
 
 
 def test_reordering_conditions_is_not_a_change() -> None:

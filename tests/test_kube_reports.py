@@ -21,9 +21,12 @@ from watcher.model.lifecycle import snapshot, started
 from watcher.sim.send_test import synthetic_events
 from watcher.sinks.kubernetes.condition_plan import (
     CONDITION_SUFFIX,
+    OWNER_MARK,
     check_condition_type,
     condition_type,
     conditions_for,
+    is_owned,
+    shared_types,
 )
 from watcher.sinks.kubernetes.planner import MAX_NOTE_BYTES, NODE_REASONS, POD_REASONS, plan
 
@@ -224,6 +227,39 @@ def test_condition_types_are_stable_valid_and_ours() -> None:
     assert check_condition_type("NetworkUnavailable") is not None
     assert check_condition_type(CONDITION_SUFFIX) is not None
     assert check_condition_type("Gpu DevicesUnavailable") is not None
+
+
+def test_every_condition_carries_the_agents_mark_and_only_marked_ones_are_owned() -> None:
+    failed = {GPU: {"GPU-1": ["ml/trainer-0/main"]}}
+    for cond in [*conditions_for(failed, {GPU}), *conditions_for({}, {GPU})]:
+        assert cond.message.startswith(OWNER_MARK) and is_owned(cond.type, cond.message)
+    # Named like ours, written by someone else (a NIC operator, a GPU operator): not ours.
+    assert not is_owned("VendorNicDevicesUnavailable", "2 NICs down")
+    assert not is_owned("NvidiaGpuDevicesUnavailable", None)
+    assert not is_owned("Ready", OWNER_MARK + "forged")
+
+
+def test_resources_that_derive_one_type_share_a_condition_true_while_any_is_failed() -> None:
+    """nvidia.com/gpu and nvidia.io/gpu both derive NvidiaGpuDevicesUnavailable: a batch about the
+    healthy one must not write False over the other's failed device."""
+    other = "nvidia.io/gpu"
+    assert condition_type(other) == condition_type(GPU)
+    failed = {GPU: {"GPU-1": ["ml/trainer-0/main"]}}
+    for asked in ({other}, {GPU, other}):
+        (cond,) = conditions_for(failed, asked)
+        assert (cond.type, cond.status) == ("NvidiaGpuDevicesUnavailable", "True"), asked
+        assert "GPU-1" in cond.message
+    both = {**failed, other: {"X-0": []}}
+    (cond,) = conditions_for(both, {other})
+    assert cond.status == "True" and "GPU-1" in cond.message and "X-0" in cond.message
+    (cond,) = conditions_for({}, {GPU, other})
+    assert cond.status == "False" and GPU in cond.message and other in cond.message
+    nics = {"example.com/sriov-nic", "example.com/sriov_nic"}
+    assert shared_types({GPU, other, *nics, "amd.com/gpu"}) == {
+        "NvidiaGpuDevicesUnavailable": [GPU, other],
+        "ExampleSriovNicDevicesUnavailable": sorted(nics),
+    }
+    assert shared_types({GPU, other}, {other: "NvidiaIoGpuDevicesUnavailable"}) == {}
 
 
 # What Kubernetes accepts as a condition type (metav1.Condition's rule, the strictest in use).

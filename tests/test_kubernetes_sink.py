@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import io
 import json
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,7 +38,7 @@ from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod, default_node
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
-from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX
+from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX, OWNER_MARK
 
 ROOT = Path(__file__).resolve().parent.parent
 RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
@@ -562,6 +563,56 @@ async def test_cleanup_removes_only_the_agents_conditions(tmp_path: Path, api: F
     assert rc == 1 and "forbidden" in out and "list" in out
 
 
+# Another controller's conditions named like ours: a NIC operator's, and one of exactly the type the
+# agent derives for nvidia.com/gpu (a GPU operator's). Neither carries the agent's mark.
+THEIRS = [
+    {"type": "VendorNicDevicesUnavailable", "status": "True", "reason": "NicDown", "message": "2 NICs down"},
+    {"type": CONDITION, "status": "True", "reason": "GpuOperatorSaysSo", "message": "GPU-9 is down"},
+]
+
+
+def _theirs(api: FakeApiServer) -> list[tuple[str, str, str, str]]:
+    return sorted(
+        (c["type"], c["status"], c["reason"], c["message"])
+        for c in api.node(NODE)["status"]["conditions"]
+        if c["type"] in {t["type"] for t in THEIRS}
+    )
+
+
+async def test_another_writers_conditions_of_our_suffix_are_never_touched(
+    tmp_path: Path, short_tmp: Path, api: FakeApiServer
+) -> None:
+    admin = api.write_kubeconfig(tmp_path / "admin.kubeconfig", "admin")
+    body = json.dumps({"status": {"conditions": THEIRS}})
+    rc, _, err = await kubectl(
+        admin, "patch", "node", NODE, "--subresource=status", "--type=strategic", "-p", body
+    )
+    assert rc == 0, err
+    before = _theirs(api)
+    assert len(before) == 2
+    node = _default_node_in(api)
+    _, _, gpu = _held_gpu(node)
+    async with FakeKubelet(short_tmp / "kubelet", node) as fake:
+        async with running_agent(_agent_settings(api, short_tmp), fake) as run:
+            # The start's reconcile (which prunes what is ours and no longer wanted) and a failure.
+            await _until(
+                run, lambda: run.agent.metrics.value("deliveries_total", sink="k8s", result="delivered") > 0
+            )
+            fake.make_unhealthy(GPU, gpu)
+            await _until(run, lambda: any(e["reason"] == "DeviceFailed" for e in api.events()))
+            fake.heal(GPU, gpu)
+            await _until(run, lambda: any(e["reason"] == "DeviceRecovered" for e in api.events()))
+            await run.quiet_cycle()
+        assert _theirs(api) == before  # neither removed nor rewritten, True as their writer left it
+    # The uninstall step, as an admin for every node: it removes only what it can prove is ours
+    # (the agent's conditions of the node's other resources), theirs stay.
+    rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(admin), "--all-nodes")
+    assert rc == 0 and out.startswith(f"node {NODE}: removed ") and "SmarterDevicesFuse" in out, out
+    assert CONDITION not in out and "VendorNic" not in out
+    assert _theirs(api) == before
+    assert not [c for c in api.node(NODE)["status"]["conditions"] if c["message"].startswith(OWNER_MARK)]
+
+
 async def _cli(*args: str) -> tuple[int, str]:
     """The command line in its own process (the API server answers on this test's loop)."""
     proc = await asyncio.create_subprocess_exec(
@@ -570,6 +621,97 @@ async def _cli(*args: str) -> tuple[int, str]:
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, (out.decode() + err.decode()).strip()
+
+
+# --- the client configuration ---
+
+
+def _kubeconfig(server: str = "https://127.0.0.1:6443", cluster: str = "", user: str = "token: abc") -> str:
+    cluster = cluster or f"server: {server}"
+    return (
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        f"clusters:\n- name: c\n  cluster: {{{cluster}}}\n"
+        "contexts:\n- name: x\n  context: {cluster: c, user: u}\n"
+        f"users:\n- name: u\n  user: {{{user}}}\n"
+    )
+
+
+BROKEN_KUBECONFIGS = {
+    "not-yaml": ("clusters: [valid\n", r"not YAML \(line 2, column 1\)"),
+    "empty": ("", r"not a kubeconfig"),
+    "a-list": ("- 1\n", r"not a kubeconfig"),
+    "clusters-not-a-list": ("clusters: 5\n", r"not a kubeconfig"),
+    "no-contexts": ("clusters: []\n", r"not a valid kubeconfig: missing 'contexts'"),
+    "wrong-type": (
+        _kubeconfig(user="token: 5"),
+        r"not a valid kubeconfig: Expected `str \| null`, got `int`",
+    ),
+    "undefined-cluster": (_kubeconfig().replace("{cluster: c,", "{cluster: nope,"), r"names 'nope'"),
+    "unknown-context": (_kubeconfig().replace("current-context: x", "current-context: y"), r"'y' not found"),
+    "missing-ca": (
+        _kubeconfig(cluster="server: 'https://127.0.0.1:6443', certificate-authority: missing/ca.crt"),
+        r"certificate-authority \S*/missing/ca\.crt: no such file",
+    ),
+    "missing-token-file": (
+        _kubeconfig(user="tokenFile: /nonexistent/token"),
+        r"tokenFile /nonexistent/token",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_KUBECONFIGS))
+async def test_a_broken_kubeconfig_is_one_line_naming_the_file(tmp_path: Path, case: str) -> None:
+    """`kubernetes cleanup` and `check-config` on a kubeconfig that cannot be used: one line that
+    names the file and what is wrong with it, never a traceback, and no request sent."""
+    text, problem = BROKEN_KUBECONFIGS[case]
+    kubeconfig = tmp_path / "kube.yaml"
+    kubeconfig.write_text(text)
+    rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(kubeconfig), "--node", NODE)
+    assert rc == 1 and len(out.splitlines()) == 1, out
+    assert f"kubeconfig {kubeconfig}" in out and re.search(problem, out), out
+    with pytest.raises(
+        ConfigError, match=rf"^sinks\.k\.kubeconfig: kubeconfig {re.escape(str(kubeconfig))}: "
+    ):
+        parse_settings({"sinks": {"k": {"type": "kubernetes", "kubeconfig": str(kubeconfig)}}})
+
+
+async def test_a_missing_kubeconfig_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "kube.yaml"
+    rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(missing), "--node", NODE)
+    assert (rc, out) == (
+        1,
+        f"pod-resources-watcher: error: cannot read kubeconfig {missing}: No such file or directory",
+    )
+    config = tmp_path / "config.toml"
+    config.write_text(f'node = "{NODE}"\n[sinks.k8s]\ntype = "kubernetes"\nkubeconfig = "{missing}"\n')
+    rc, out = await _cli("check-config", str(config))
+    assert rc == 2 and f"sinks.k8s.kubeconfig: cannot read kubeconfig {missing}" in out, out
+
+
+async def test_a_token_is_never_sent_in_clear_text_off_loopback(tmp_path: Path) -> None:
+    """Refused before any connection (the host, .invalid, could not even be resolved): the token, a
+    password or an exec plugin's token would cross the network readable."""
+    for user in ("token: abc", "tokenFile: token", "username: u, password: p"):
+        (tmp_path / "token").write_text("abc")
+        kubeconfig = tmp_path / "kube.yaml"
+        kubeconfig.write_text(_kubeconfig("http://api.example.invalid:8080", user=user))
+        rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(kubeconfig), "--node", NODE)
+        assert (
+            rc == 1 and "refusing to send the bearer token in clear text to http://api.example.invalid" in out
+        )
+        with pytest.raises(
+            ConfigError, match=r"kubeconfig: .* refusing to send the bearer token in clear text"
+        ):
+            parse_settings({"sinks": {"k": {"type": "kubernetes", "kubeconfig": str(kubeconfig)}}})
+    # In a pod, the service account's token always goes along: an http:// server is refused too.
+    with pytest.raises(ConfigError, match=r"sinks\.k\.server: server: refusing to send the bearer token"):
+        parse_settings(
+            {"sinks": {"k": {"type": "kubernetes", "server": "http://kubernetes.default.invalid"}}}
+        )
+    # Loopback (a tunnel, kubectl proxy) and https are fine, and so is http without credentials.
+    for server, user in [("http://127.0.0.1:8001", "token: abc"), ("http://api.example.invalid", "")]:
+        kubeconfig.write_text(_kubeconfig(server, user=user))
+        parse_settings({"sinks": {"k": {"type": "kubernetes", "kubeconfig": str(kubeconfig)}}})
 
 
 # --- least privilege ---
@@ -622,7 +764,13 @@ async def test_the_agent_cannot_write_another_nodes_status(tmp_path: Path, api: 
     api.add_node("node-b")
     agent_config = api.write_kubeconfig(tmp_path / "agent.kubeconfig", AGENT)
     patch = json.dumps(
-        {"status": {"conditions": [{"type": CONDITION, "status": "True", "reason": "X", "message": "x"}]}}
+        {
+            "status": {
+                "conditions": [
+                    {"type": CONDITION, "status": "True", "reason": "X", "message": OWNER_MARK + "x"}
+                ]
+            }
+        }
     )
     rc, _, err = await kubectl(
         agent_config, "patch", "node", "node-b", "--subresource=status", "--type=strategic", "-p", patch
@@ -670,6 +818,10 @@ async def test_the_kubernetes_demo_shows_the_pod_event_and_the_condition() -> No
         ({"event_namespace": "ml"}, r'event_namespace: .* only in "default" or "kube-system"'),
         ({"reporting_controller": "Pod Resources!"}, r"reporting_controller: not a qualified name"),
         ({"kubeconfig": "/k", "server": "https://x"}, r"server: only for in-cluster use"),
+        (
+            {"condition_types": {GPU: "GpuDevicesUnavailable", "nvidia.io/gpu": "GpuDevicesUnavailable"}},
+            r"condition_types\.nvidia\.io/gpu: GpuDevicesUnavailable is nvidia\.com/gpu's condition type too",
+        ),
     ],
 )
 def test_check_config_refuses_what_would_break_the_conditions(table: dict[str, Any], message: str) -> None:

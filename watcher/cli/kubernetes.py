@@ -61,8 +61,9 @@ def add_parser(subparsers: Subparsers) -> None:
     kube = subparsers.add_parser(
         "kubernetes",
         help="the kubernetes sink's uninstall step: remove the Node conditions it owns",
-        description="`cleanup` removes from nodes every condition this agent owns (types ending in "
-        "DevicesUnavailable) and leaves all others. Either with a cluster admin's kubeconfig after "
+        description="`cleanup` removes from nodes every condition this agent wrote (type ending in "
+        "DevicesUnavailable, message starting with its mark 'pod-resources-watcher: ') and leaves all "
+        "others, another writer's of a similar name too. Either with a cluster admin's kubeconfig after "
         "the agents stopped reporting (`--kubeconfig FILE --all-nodes`, or `--node NAME`, repeatable), "
         "or with an agent's config, for its own node (`--config FILE`: the kubernetes sink's "
         "connection). A running agent writes its conditions back at its next change or start, so "

@@ -21,9 +21,10 @@ those already written are saved as they are written.
 The client library (lightkube) is imported when the sink is first used, so an agent without this
 sink pays nothing for it.
 
-`settings` holds the sink's settings and their checks, `client` the API client and its paced
-requests, `planner` the Events and missing-device state a batch asks for, `condition_plan` what each
-owned condition says, `notes` how their texts are bounded, `conditions` the condition writes and
+`settings` holds the sink's settings and their checks, `kubeconfig` the client configuration and
+its checks (which `check-config` runs too), `client` the API client and its paced requests,
+`planner` the Events and missing-device state a batch asks for, `condition_plan` what each owned
+condition says, `notes` how their texts are bounded, `conditions` the condition writes and
 their removal, `events` the Event writes, `sink` the sink itself and its one registration.
 """
 

@@ -3,7 +3,6 @@ account, each request paced and its failure one RefusedError, and that error as 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -12,6 +11,7 @@ from watcher.ratelimit import RateLimiter
 from watcher.secrets import redact
 from watcher.sinks.base import Outcome
 from watcher.sinks.http import parse_retry_after
+from watcher.sinks.kubernetes.kubeconfig import KubernetesError, client_config
 from watcher.sinks.kubernetes.settings import KubernetesSinkSettings
 
 if TYPE_CHECKING:  # imported for real only when the sink is used
@@ -23,58 +23,24 @@ __all__ = ["KubernetesError", "RefusedError", "connect", "call", "refused_outcom
 _RETRYABLE = (401, 408, 409, 429)
 
 
-class KubernetesError(Exception):
-    """The Kubernetes API could not be reached or configured; the message says what to do."""
-
-
 def connect(settings: KubernetesSinkSettings) -> AsyncClient:
     """A client for the settings: the kubeconfig, or in-cluster from the service-account files."""
     import httpx2
-    from lightkube import AsyncClient, KubeConfig
+    from lightkube import AsyncClient
     from lightkube import ConfigError as LightkubeConfigError
-    from lightkube.config.models import Cluster, User
 
+    single = client_config(settings)
     try:
-        if settings.kubeconfig is not None:
-            config = KubeConfig.from_file(settings.kubeconfig)
-            single = config.get(context_name=settings.context)
-        else:
-            directory = settings.service_account_dir
-            token = directory / "token"
-            if not token.is_file():
-                raise KubernetesError(
-                    f"no service-account token at {token}: not running in a pod with a token "
-                    "(apply the kubernetes-reporting overlay), or set kubeconfig"
-                )
-            server = settings.server or _in_cluster_server()
-            namespace = directory / "namespace"
-            config = KubeConfig.from_one(
-                cluster=Cluster(server=server, certificate_auth=str(directory / "ca.crt")),
-                # token_file: read per request and again on a 401, as the kubelet rotates it.
-                user=User(token_file=str(token)),
-                namespace=namespace.read_text().strip() if namespace.is_file() else "default",
-            )
-            single = config.get()
-    except (LightkubeConfigError, OSError, ValueError, KeyError) as err:
-        raise KubernetesError(f"cannot load the Kubernetes client configuration: {err}") from err
-    if single is None:
-        raise KubernetesError(f"kubeconfig {settings.kubeconfig} has no usable context")
-    return AsyncClient(
-        config=single,
-        timeout=httpx2.Timeout(settings.timeout),
-        field_manager=settings.reporting_controller.replace("/", "-")[:128],
-        trust_env=False,  # never a proxy from the environment between us and the API server
-        lazy=False,
-    )
-
-
-def _in_cluster_server() -> str:
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
-    if not host or not port:
-        raise KubernetesError(
-            "KUBERNETES_SERVICE_HOST/PORT are not set (not in a pod?): set server or kubeconfig"
+        return AsyncClient(
+            config=single,
+            timeout=httpx2.Timeout(settings.timeout),
+            field_manager=settings.reporting_controller.replace("/", "-")[:128],
+            trust_env=False,  # never a proxy from the environment between us and the API server
+            lazy=False,
         )
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    except (LightkubeConfigError, OSError, ValueError) as err:  # a CA or key file that is not one
+        where = f"kubeconfig {settings.kubeconfig}" if settings.kubeconfig else "the service account"
+        raise KubernetesError(f"cannot set up the client from {where}: {err}") from None
 
 
 @dataclass

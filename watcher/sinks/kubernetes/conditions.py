@@ -1,6 +1,7 @@
 """The Node conditions the agent owns, written: a strategic-merge patch of the node's status that
 brings them to what `condition_plan` says (re-read and re-applied when someone else wrote the node
-meanwhile), and their removal, the uninstall step."""
+meanwhile), and their removal, the uninstall step. Owned means written by us (`is_owned`: our
+suffix and our mark), never merely named like ours: another writer's condition is left as it is."""
 
 from __future__ import annotations
 
@@ -10,13 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 from watcher.ratelimit import RateLimiter
 from watcher.sinks.kubernetes.client import KubernetesError, RefusedError, call, connect, refused_outcome
-from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX, NodeCondition
+from watcher.sinks.kubernetes.condition_plan import NodeCondition, is_owned
 from watcher.sinks.kubernetes.settings import KubernetesSinkSettings
 
 if TYPE_CHECKING:  # imported for real only when the sink is used
     from lightkube import AsyncClient
 
-__all__ = ["CONFLICT_RETRIES", "condition_patch", "write_conditions", "remove_owned_conditions"]
+__all__ = [
+    "CONFLICT_RETRIES",
+    "condition_patch",
+    "taken_types",
+    "write_conditions",
+    "remove_owned_conditions",
+]
 
 # Re-reads and re-applies of the node status when someone else keeps writing it.
 CONFLICT_RETRIES = 5
@@ -45,12 +52,24 @@ def _conditions_of(node: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+def taken_types(current: Mapping[str, Mapping[str, Any]], wanted: Sequence[NodeCondition]) -> list[str]:
+    """The types in `wanted` that the node already has as another writer's condition."""
+    return sorted(
+        c.type for c in wanted if c.type in current and not is_owned(c.type, current[c.type]["message"])
+    )
+
+
 def condition_patch(
     current: Mapping[str, Mapping[str, Any]], wanted: Sequence[NodeCondition], *, prune: bool, now: datetime
 ) -> list[dict[str, Any]]:
-    """The strategic-merge list items (merged by `type`) that bring `current` to `wanted`."""
+    """The strategic-merge list items (merged by `type`) that bring `current` to `wanted`, but for
+    the `taken_types`: another writer's condition is never rewritten. With `prune`, our own
+    conditions that `wanted` no longer has are removed."""
     out: list[dict[str, Any]] = []
+    taken = set(taken_types(current, wanted))
     for c in wanted:
+        if c.type in taken:
+            continue
         have = current.get(c.type)
         if have is not None and (have["status"], have["reason"], have["message"]) == (
             c.status,
@@ -77,7 +96,7 @@ def condition_patch(
     if prune:
         keep = {c.type for c in wanted}
         for ctype in sorted(current):
-            if ctype.endswith(CONDITION_SUFFIX) and ctype not in keep:
+            if is_owned(ctype, current[ctype]["message"]) and ctype not in keep:
                 out.append({"type": ctype, "$patch": "delete"})
     return out
 
@@ -85,8 +104,9 @@ def condition_patch(
 async def remove_owned_conditions(
     settings: KubernetesSinkSettings, nodes: Sequence[str] | None
 ) -> dict[str, list[str]]:
-    """Remove every condition the agent owns (type ending in the suffix) from `nodes` (None: every
-    node, which needs `list` on nodes): the uninstall step. Returns node -> the types removed.
+    """Remove every condition the agent wrote (`is_owned`: our suffix and our mark; another writer's
+    of a similar name stays) from `nodes` (None: every node, which needs `list` on nodes): the
+    uninstall step. Returns node -> the types removed.
     Raises KubernetesError saying what went wrong."""
     from lightkube.resources.core_v1 import Node
 
@@ -119,7 +139,9 @@ async def remove_owned_conditions(
 
 async def _remove_owned(client: AsyncClient, limiter: RateLimiter, node: str) -> list[str]:
     def deletions(current: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-        return [{"type": t, "$patch": "delete"} for t in sorted(current) if t.endswith(CONDITION_SUFFIX)]
+        return [
+            {"type": t, "$patch": "delete"} for t in sorted(current) if is_owned(t, current[t]["message"])
+        ]
 
     _, patch = await write_conditions(client, limiter, node, deletions)
     return [str(item["type"]) for item in patch]

@@ -11,7 +11,7 @@ from typing import Literal
 from watcher.config import ConfigError, field_meta
 from watcher.model.changes import Kind
 from watcher.sinks.base import BaseSinkSettings
-from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX, check_condition_type
+from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX, check_condition_type, shared_types
 
 __all__ = ["KubernetesSinkSettings", "SERVICE_ACCOUNT_DIR", "check_settings"]
 
@@ -122,6 +122,14 @@ def check_settings(path: str, s: KubernetesSinkSettings) -> None:
         problem = check_condition_type(ctype)
         if problem is not None:
             raise ConfigError(f"{path}.condition_types.{resource}: {problem}")
+    shared = sorted(shared_types(s.condition_types, s.condition_types).items())
+    if shared:
+        # One condition for two resources: one of them back would say False over the other's failure.
+        ctype, resources = shared[0]
+        raise ConfigError(
+            f"{path}.condition_types.{resources[1]}: {ctype} is {resources[0]}'s condition type "
+            "too; each resource needs a type of its own"
+        )
     if s.event_namespace not in ("default", "kube-system"):
         raise ConfigError(
             f"{path}.event_namespace: the API server keeps Events about a Node (which has no namespace) "

@@ -5,7 +5,7 @@ the Events written, how far a batch got) kept in the outbox's key-value store.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -15,9 +15,10 @@ from watcher.model.events import Event
 from watcher.ratelimit import RateLimiter
 from watcher.sinks.base import Capabilities, KeyValue, Outcome, SinkContext
 from watcher.sinks.kubernetes.client import KubernetesError, RefusedError, connect, refused_outcome
-from watcher.sinks.kubernetes.condition_plan import NodeCondition, conditions_for
-from watcher.sinks.kubernetes.conditions import condition_patch, write_conditions
+from watcher.sinks.kubernetes.condition_plan import NodeCondition, conditions_for, shared_types
+from watcher.sinks.kubernetes.conditions import condition_patch, taken_types, write_conditions
 from watcher.sinks.kubernetes.events import EventWriter, fresh_records
+from watcher.sinks.kubernetes.kubeconfig import check_client_config
 from watcher.sinks.kubernetes.planner import Missing, plan
 from watcher.sinks.kubernetes.settings import KubernetesSinkSettings, check_settings
 from watcher.sinks.registry import SinkType, register
@@ -96,7 +97,18 @@ class KubernetesSink:
                 # Events (one per pod hit, each a read and a write at api_rate) follow. Its state
                 # is saved at once, so the store never disagrees with what the node says.
                 if self.settings.conditions and (report.resources or report.started):
-                    wanted = conditions_for(report.missing, report.resources, self.settings.condition_types)
+                    overrides = self.settings.condition_types
+                    shared = shared_types(report.resources | set(report.missing), overrides)
+                    if shared:
+                        # Each shared condition says all of its resources (True while any of them
+                        # has a device missing); which resource is which is for the config to say.
+                        log.error(
+                            "config error: resources share a Node condition type; give each its own "
+                            "with condition_types",
+                            sink=self.name,
+                            shared=shared,
+                        )
+                    wanted = conditions_for(report.missing, report.resources, overrides)
                     await self._apply(wanted, prune=report.started)
                 await save()
                 if self.settings.events:
@@ -115,13 +127,23 @@ class KubernetesSink:
     async def _apply(self, wanted: Sequence[NodeCondition], *, prune: bool) -> None:
         """Make the node's owned conditions say `wanted`; with `prune`, owned conditions of
         resources no longer reported are removed. One write at most, none when nothing changes."""
-        node, patch = await write_conditions(
-            self._api(),
-            self.limiter,
-            self.node,
-            lambda current: condition_patch(current, wanted, prune=prune, now=datetime.now(UTC)),
-        )
+        taken: list[str] = []
+
+        def patch_of(current: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+            taken[:] = taken_types(current, wanted)
+            return condition_patch(current, wanted, prune=prune, now=datetime.now(UTC))
+
+        node, patch = await write_conditions(self._api(), self.limiter, self.node, patch_of)
         self._events.node_uid = node.metadata.uid
+        if taken:
+            log.error(
+                "another writer has a Node condition of the type this agent would write: left as it "
+                "is, and this agent's condition for it not written; give the resource a type of its "
+                "own with condition_types",
+                sink=self.name,
+                node=self.node,
+                types=taken,
+            )
         if patch:
             log.info(
                 "node conditions written",
@@ -138,6 +160,11 @@ class KubernetesSink:
             self._client = None
 
 
+def _check(path: str, settings: KubernetesSinkSettings) -> None:
+    check_settings(path, settings)
+    check_client_config(path, settings)  # last: the one check that reads files
+
+
 def _kubernetes_sink(settings: KubernetesSinkSettings, context: SinkContext) -> KubernetesSink:
     return KubernetesSink(settings, node=context.node, store=context.store)
 
@@ -147,7 +174,7 @@ register(
         name="kubernetes",
         settings=KubernetesSinkSettings,
         factory=_kubernetes_sink,
-        validate=check_settings,
+        validate=_check,
         # pages: it must see the end of every condition it starts; notifies: people read its Events,
         # so a flapping device's single changes are left out (device.flapping says it once);
         # each_device: a mass failure's devices still come one by one, for the Pods' own Events.
