@@ -13,10 +13,21 @@ import hashlib
 import json
 import sys
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any, Protocol, TypeVar
 
 from watcher.model.inventory import FORMAT, Inventory
-from watcher.model.records import Claim, ClaimDevice, Container, Device, Memory, NumaNodes, Pod
+from watcher.model.records import (
+    NUMA_ID_LIMIT,
+    NUMA_IDS_MAX,
+    Claim,
+    ClaimDevice,
+    Container,
+    Device,
+    Memory,
+    NumaNodes,
+    Pod,
+)
 
 __all__ = [
     "AllocatableResponse",
@@ -56,8 +67,21 @@ def _share(value: H) -> H:
     return got
 
 
+_VALID_NUMA = range(NUMA_ID_LIMIT)
+_node_ids = attrgetter("ID")
+
+
 def _numa(nodes: Iterable[int]) -> NumaNodes:
-    return _share(tuple(sorted(nodes)))
+    """The NUMA set of `nodes`, bounded (see NUMA_IDS_MAX): the ids filtered before they are
+    collected, in C, so the set never holds more than NUMA_ID_LIMIT of them whatever was listed."""
+    return _share(tuple(sorted(set(filter(_VALID_NUMA.__contains__, nodes)))[:NUMA_IDS_MAX]))
+
+
+def _topology(nodes: Sequence[_NUMANode]) -> NumaNodes:
+    # One valid NUMA node is by far the common case: skip the filter and the sort.
+    if len(nodes) == 1 and (only := nodes[0].ID) in _VALID_NUMA:
+        return _share((only,))
+    return _numa(map(_node_ids, nodes))
 
 
 def _ids(ids: Iterable[int]) -> tuple[int, ...]:
@@ -167,24 +191,24 @@ class ListResponse(Protocol):
 # --- building from the wire ---
 
 
-def _merge_devices(entries: Iterable[_Devices], into: dict[tuple[str, str], set[int]]) -> None:
+def _merge_devices(entries: Iterable[_Devices], into: dict[tuple[str, str], NumaNodes]) -> None:
+    # Each device id gets the entry's one shared, bounded set, not a set of its own: an entry may
+    # list a million ids, each on the same many NUMA nodes. The lowest ids of a union are the lowest
+    # of the parts' lowest, so bounding each entry first changes nothing.
     for entry in entries:
-        nodes = [n.ID for n in entry.topology.nodes]
+        nodes = _topology(entry.topology.nodes)
         res = entry.resource_name
         for dev_id in entry.device_ids:
             numa = into.get((res, dev_id))
             if numa is None:
-                into[(res, dev_id)] = set(nodes)
-            else:
-                numa.update(nodes)
+                into[(res, dev_id)] = nodes
+            elif numa != nodes:
+                into[(res, dev_id)] = _numa((*numa, *nodes))
 
 
 def _merge_memory(entries: Sequence[_Memory], into: dict[tuple[str, NumaNodes], int]) -> None:
     for m in entries:
-        nodes = m.topology.nodes
-        # One NUMA node is by far the common case: skip the set and the sort.
-        numa = (nodes[0].ID,) if len(nodes) == 1 else tuple(sorted({n.ID for n in nodes}))
-        key = (m.memory_type, numa)
+        key = (m.memory_type, _topology(m.topology.nodes))
         into[key] = into.get(key, 0) + m.size
 
 
@@ -196,7 +220,7 @@ def _memory(mtype: str, numa: Iterable[int], size: int) -> Memory:
     return _share(Memory(sys.intern(mtype), _numa(numa), size))
 
 
-def _freeze_devices(merged: Mapping[tuple[str, str], set[int]]) -> tuple[Device, ...]:
+def _freeze_devices(merged: Mapping[tuple[str, str], NumaNodes]) -> tuple[Device, ...]:
     if not merged:
         return ()
     return tuple(_device(res, dev_id, merged[(res, dev_id)]) for res, dev_id in sorted(merged))
@@ -212,7 +236,7 @@ class _ContainerAcc:
     __slots__ = ("claims", "cpu_ids", "devices", "memory")
 
     def __init__(self) -> None:
-        self.devices: dict[tuple[str, str], set[int]] = {}
+        self.devices: dict[tuple[str, str], NumaNodes] = {}
         self.cpu_ids: set[int] = set()
         self.memory: dict[tuple[str, NumaNodes], int] = {}
         self.claims: dict[tuple[str, str], set[ClaimDevice]] = {}
@@ -261,7 +285,7 @@ def build_allocatable(
     allocatable: AllocatableResponse,
 ) -> tuple[tuple[Device, ...], tuple[int, ...], tuple[Memory, ...]]:
     """The allocatable side of an Inventory: devices, CPU ids and memory, merged and sorted."""
-    devices: dict[tuple[str, str], set[int]] = {}
+    devices: dict[tuple[str, str], NumaNodes] = {}
     memory: dict[tuple[str, NumaNodes], int] = {}
     _merge_devices(allocatable.devices, devices)
     _merge_memory(allocatable.memory, memory)
