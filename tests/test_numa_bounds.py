@@ -149,12 +149,21 @@ _CYCLE = textwrap.dedent(
 )
 
 
-def _worst_shapes() -> dict[str, bytes]:
+def _worst_shape(shape: str) -> bytes:
     limit = DEFAULT_MAX_RECEIVE_BYTES - 4096
+    if shape == "one_device":
+        return _allocatable(_one_device(limit))
+    return _allocatable(*_many_devices(limit))
+
+
+def _one_device(limit: int) -> bytes:
     # One device on every id an answer can hold: 1.6 M of them, most outside what Linux numbers.
     one = _device_entry(GPU, ["GPU-0"], list(range(2**21)))
     per_id = len(one) / 2**21
-    one = _device_entry(GPU, ["GPU-0"], list(range(int(limit / per_id))))
+    return _device_entry(GPU, ["GPU-0"], list(range(int(limit / per_id))))
+
+
+def _many_devices(limit: int) -> list[bytes]:
     # As many devices as fit, each on 64 ids of its own (so no NUMA set is shared), over resources
     # that between them hold every (resource, NUMA node) pair.
     entry = len(_device_entry("r0000", ["d0000"], list(range(1000, 1064))))
@@ -163,7 +172,7 @@ def _worst_shapes() -> dict[str, bytes]:
     for n in range(devices):
         first = (n * 7) % (NUMA_ID_LIMIT - NUMA_IDS_MAX)
         spread.append(_device_entry(f"r{n % 4000:04}", [f"d{n:04}"], list(range(first, first + 64))))
-    return {"one_device": _allocatable(one), "many_devices": _allocatable(*spread)}
+    return spread
 
 
 @pytest.mark.parametrize("shape", ["one_device", "many_devices"])
@@ -172,7 +181,7 @@ def test_the_worst_numa_topology_the_limit_admits_stays_within_the_memory_formul
 ) -> None:
     """The documented formula: memory limit ~ 60 MiB + 16 x max_receive_bytes (16 bytes of the
     agent for each byte of the answer, over a floor of 60 MiB)."""
-    answer = _worst_shapes()[shape]
+    answer = _worst_shape(shape)
     assert DEFAULT_MAX_RECEIVE_BYTES - 128 * 1024 < len(answer) <= DEFAULT_MAX_RECEIVE_BYTES
     path = tmp_path / "answer.bin"
     path.write_bytes(answer)
