@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -484,3 +485,33 @@ async def test_an_outbox_failure_met_only_by_a_sink_is_reported_and_repaired_on_
             assert status == 200
     assert refusals.count == 1
     assert run.recorder.kinds().count("device.added") == 1
+
+
+async def test_an_answer_over_the_receive_limit_is_a_warning_not_an_outage(short_tmp: Path) -> None:
+    """A device plugin that lists absurd NUMA topologies can push the kubelet's answer over the
+    limit. The kubelet answered: `api.answer_too_large` once, never the critical
+    `kubelet.unreachable` the plugin would then choose; the changes flow again once it fits."""
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    settings = make_settings(short_tmp, unreachable_grace=0.3)
+    settings = dataclasses.replace(
+        settings, kubelet=dataclasses.replace(settings.kubelet, max_receive_bytes=64 * 1024)
+    )
+    async with fake, running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+        fake.add_device(GPU, "GPU-wide", range(30_000))  # ~120 kB of NUMA ids
+        await run.recorder.until(lambda: "api.answer_too_large" in run.recorder.kinds(mark))
+        await asyncio.sleep(0.5)  # past the grace
+        for _ in range(3):
+            await run.quiet_cycle()
+        kinds = run.recorder.kinds(mark)
+        assert kinds == ["api.answer_too_large"], kinds
+        (event,) = run.recorder.events[mark:]
+        assert event.severity == "warning" and event.details["method"] == "GetAllocatableResources"
+        assert run.agent.metrics.value("requeries_total", result="too_large") >= 3
+        fake.remove_device(GPU, "GPU-wide")
+        fake.add_device(GPU, "GPU-after", (1,))
+        await run.recorder.until(lambda: "device.added" in run.recorder.kinds(mark))
+        assert "kubelet.unreachable" not in run.recorder.kinds(mark)
+        assert run.agent.kubelet_health.failing_since is None

@@ -235,7 +235,9 @@ class HttpSettings:
         default=1024,
         metadata=field_meta(
             "Most device_healthy series /metrics exports (failed devices first); beyond it devices are "
-            "left out, counted in device_series_omitted and logged. 0: no device_healthy at all.",
+            "left out, counted in device_series_omitted and logged. 0: no device_healthy at all. "
+            "Also the most (resource, NUMA node) pairs of the per-NUMA resource_* and memory_* series "
+            "(the rest counted in numa_series_omitted).",
             min=0,
             max=100000,
         ),

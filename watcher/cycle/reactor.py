@@ -226,6 +226,8 @@ class Reactor:
                 "kubelet rate-limited us; backing off", attempt=draft.health.attempt, delay_s=round(delay, 3)
             )
             return "rate_limited", functools.partial(commit, draft)
+        except errors.ResponseTooLargeError as err:  # answered: no outage, so no kubelet.unreachable
+            return "too_large", functools.partial(commit, self._too_large(err, draft, changes))
         except errors.KubeletError as err:
             failed = await self._failed(err, type(err).__name__, draft, changes)
             return "failed", functools.partial(self._commit_failure, commit, failed, cycle)
@@ -378,6 +380,24 @@ class Reactor:
         if isinstance(err, errors.KubeletUnavailableError | errors.DeadlineExceededError):
             # The channel may be wedged on a dead peer; dial afresh next time.
             await self.client.reconnect()
+        return dataclasses.replace(draft, health=health)
+
+    def _too_large(
+        self, err: errors.ResponseTooLargeError, draft: CycleState, changes: list[Change]
+    ) -> CycleState:
+        now = time.monotonic()
+        if draft.health.last_error_kind != "ResponseTooLargeError":
+            self.log.warning("kubelet answer over the receive limit; will retry", error=str(err))
+        self.notifier.schedule_periodic(now)
+        health, more = draft.health.too_large(
+            now,
+            self.socket_path,
+            method=err.method or "List",
+            error=str(err),
+            limit=self.settings.kubelet.max_receive_bytes,
+            retry_delay=self.retry_backoff.delay(draft.health.attempt),
+        )
+        changes.extend(more)
         return dataclasses.replace(draft, health=health)
 
     async def _maybe_unreachable(self, cycle: str) -> None:

@@ -2,8 +2,9 @@
 
 Each transition takes the time (monotonic seconds) and what was seen, and returns the next value
 and the lifecycle changes it calls for (`kubelet.reachable`, `kubelet.connected`,
-`kubelet.unreachable`, `api.degraded`). Nothing here does I/O or keeps a clock: the reactor feeds it,
-and a value whose changes could not be stored is simply dropped, so they come again.
+`kubelet.unreachable`, `api.degraded`, `api.answer_too_large`). Nothing here does I/O or keeps a
+clock: the reactor feeds it, and a value whose changes could not be stored is simply dropped, so
+they come again.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class KubeletHealth:
     retry_at: float | None = None
     ever_connected: bool = False
     degraded_reported: frozenset[str] = frozenset()  # methods an `api.degraded` was stored for
+    too_large_reported: bool = False  # an `api.answer_too_large` was stored for this run of them
 
     @property
     def failing(self) -> bool:
@@ -83,6 +85,29 @@ class KubeletHealth:
             attempt=self.attempt + 1,
             retry_at=retry_at,
             degraded_reported=reported,
+        )
+        return after, changes
+
+    def too_large(
+        self, now: float, socket: Path, *, method: str, error: str, limit: int, retry_delay: float
+    ) -> tuple[KubeletHealth, list[Change]]:
+        """The kubelet answered over the receive limit. It is there, so this is no outage: any
+        outage under way ends (`kubelet.reachable`), and no `kubelet.unreachable` follows however
+        long it lasts. `api.answer_too_large` once, until an answer fits; retried on the backoff."""
+        changes: list[Change] = []
+        if self.unreachable_reported:
+            changes.append(lifecycle.reachable(socket, down_for=now - (self.failing_since or now)))
+        if not self.too_large_reported:
+            changes.append(lifecycle.answer_too_large(method, error, limit=limit))
+        after = dataclasses.replace(
+            self,
+            failing_since=None,
+            last_error=error,
+            last_error_kind="ResponseTooLargeError",
+            unreachable_reported=False,
+            attempt=self.attempt + 1,
+            retry_at=now + retry_delay,
+            too_large_reported=True,
         )
         return after, changes
 

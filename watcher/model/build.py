@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any, Protocol
 
 from watcher.model.inventory import Inventory
-from watcher.model.records import Claim, ClaimDevice, Container, Device, Memory, NumaNodes, Pod
-from watcher.model.sharing import shared, shared_device, shared_ids, shared_memory
+from watcher.model.records import NUMA_ID_LIMIT, Claim, ClaimDevice, Container, Device, Memory, NumaNodes, Pod
+from watcher.model.sharing import shared, shared_device, shared_ids, shared_memory, shared_numa
 
 __all__ = [
     "AllocatableResponse",
@@ -25,6 +26,16 @@ __all__ = [
     "build_allocatable",
     "build_pod",
 ]
+
+_VALID_NUMA = range(NUMA_ID_LIMIT)
+_node_ids = attrgetter("ID")
+
+
+def _topology(nodes: Sequence[_NUMANode]) -> NumaNodes:
+    # One valid NUMA node is by far the common case: skip the filter and the sort.
+    if len(nodes) == 1 and (only := nodes[0].ID) in _VALID_NUMA:
+        return shared((only,))
+    return shared_numa(map(_node_ids, nodes))
 
 
 # --- The protobuf shapes `build()` reads (structural, so this module needs no gRPC). ---
@@ -126,28 +137,28 @@ class ListResponse(Protocol):
 # --- building from the wire ---
 
 
-def _merge_devices(entries: Iterable[_Devices], into: dict[tuple[str, str], set[int]]) -> None:
+def _merge_devices(entries: Iterable[_Devices], into: dict[tuple[str, str], NumaNodes]) -> None:
+    # Each device id gets the entry's one shared, bounded set, not a set of its own: an entry may
+    # list a million ids, each on the same many NUMA nodes. The lowest ids of a union are the lowest
+    # of the parts' lowest, so bounding each entry first changes nothing.
     for entry in entries:
-        nodes = [n.ID for n in entry.topology.nodes]
+        nodes = _topology(entry.topology.nodes)
         res = entry.resource_name
         for dev_id in entry.device_ids:
             numa = into.get((res, dev_id))
             if numa is None:
-                into[(res, dev_id)] = set(nodes)
-            else:
-                numa.update(nodes)
+                into[(res, dev_id)] = nodes
+            elif numa != nodes:
+                into[(res, dev_id)] = shared_numa((*numa, *nodes))
 
 
 def _merge_memory(entries: Sequence[_Memory], into: dict[tuple[str, NumaNodes], int]) -> None:
     for m in entries:
-        nodes = m.topology.nodes
-        # One NUMA node is by far the common case: skip the set and the sort.
-        numa = (nodes[0].ID,) if len(nodes) == 1 else tuple(sorted({n.ID for n in nodes}))
-        key = (m.memory_type, numa)
+        key = (m.memory_type, _topology(m.topology.nodes))
         into[key] = into.get(key, 0) + m.size
 
 
-def _freeze_devices(merged: Mapping[tuple[str, str], set[int]]) -> tuple[Device, ...]:
+def _freeze_devices(merged: Mapping[tuple[str, str], NumaNodes]) -> tuple[Device, ...]:
     if not merged:
         return ()
     return tuple(shared_device(res, dev_id, merged[(res, dev_id)]) for res, dev_id in sorted(merged))
@@ -163,7 +174,7 @@ class _ContainerAcc:
     __slots__ = ("claims", "cpu_ids", "devices", "memory")
 
     def __init__(self) -> None:
-        self.devices: dict[tuple[str, str], set[int]] = {}
+        self.devices: dict[tuple[str, str], NumaNodes] = {}
         self.cpu_ids: set[int] = set()
         self.memory: dict[tuple[str, NumaNodes], int] = {}
         self.claims: dict[tuple[str, str], set[ClaimDevice]] = {}
@@ -212,7 +223,7 @@ def build_allocatable(
     allocatable: AllocatableResponse,
 ) -> tuple[tuple[Device, ...], tuple[int, ...], tuple[Memory, ...]]:
     """The allocatable side of an Inventory: devices, CPU ids and memory, merged and sorted."""
-    devices: dict[tuple[str, str], set[int]] = {}
+    devices: dict[tuple[str, str], NumaNodes] = {}
     memory: dict[tuple[str, NumaNodes], int] = {}
     _merge_devices(allocatable.devices, devices)
     _merge_memory(allocatable.memory, memory)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from watcher.model.records import Memory, NumaNodes, Pod
 
 __all__ = [
+    "NUMA_FIGURES_MAX",
     "DevicesByResource",
     "Holders",
     "NumaCapacity",
@@ -26,6 +27,12 @@ __all__ = [
     "count_memory",
     "find_missing",
 ]
+
+# The most per-NUMA device figures of one node, over all its resources: the first ones in the order
+# of resources then NUMA nodes are kept, the totals stay exact. A real node has a few resources on a
+# few NUMA nodes; plugins that give every device other NUMA ids must not make this as large as the
+# answer (each figure costs the model, the capacity events and the metrics far more than its id).
+NUMA_FIGURES_MAX = 4096
 
 # resource -> device id -> NUMA nodes, as allocatable lists them.
 DevicesByResource = Mapping[str, Mapping[str, NumaNodes]]
@@ -110,6 +117,7 @@ def count_devices(by_res: DevicesByResource, holders: Holders, known: bool) -> t
     for (res, dev_id), (_, numa) in holders.items():
         held_by_res[res][dev_id] = numa
     out = []
+    budget = NUMA_FIGURES_MAX
     for res in sorted(set(by_res) | set(held_by_res)):
         alloc = by_res.get(res, {})
         held = held_by_res.get(res, {})
@@ -127,6 +135,8 @@ def count_devices(by_res: DevicesByResource, holders: Holders, known: bool) -> t
             for node in numa or (None,):
                 n_held[node] += 1
         unavailable = sum(1 for dev_id in held if dev_id not in alloc) if known else 0
+        nodes = sorted(set(n_alloc) | set(n_held), key=_numa_sort_key)[:budget]
+        budget -= len(nodes)
         per_numa = tuple(
             NumaCapacity(
                 node,
@@ -134,7 +144,7 @@ def count_devices(by_res: DevicesByResource, holders: Holders, known: bool) -> t
                 n_held[node],
                 n_free[node] if known else None,
             )
-            for node in sorted(set(n_alloc) | set(n_held), key=_numa_sort_key)
+            for node in nodes
         )
         out.append(
             ResourceCapacity(

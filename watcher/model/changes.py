@@ -34,6 +34,7 @@ class Kind(enum.StrEnum):
     PLUGIN_UNREGISTERED = "plugin.unregistered"
     PLUGIN_REGISTERED = "plugin.registered"
     API_INVALID_TEXT = "api.invalid_text"
+    API_ANSWER_TOO_LARGE = "api.answer_too_large"
     DEVICE_FLAPPING = "device.flapping"
     DEVICE_FLAP_ENDED = "device.flap_ended"
     DEVICE_INCIDENT = "device.incident"
@@ -52,6 +53,7 @@ LIFECYCLE_KINDS = frozenset(
         Kind.PLUGIN_UNREGISTERED,
         Kind.PLUGIN_REGISTERED,
         Kind.API_INVALID_TEXT,
+        Kind.API_ANSWER_TOO_LARGE,
     }
 )
 DIFF_KINDS = frozenset(Kind) - LIFECYCLE_KINDS

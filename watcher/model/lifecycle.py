@@ -17,6 +17,7 @@ __all__ = [
     "unreachable",
     "reachable",
     "degraded",
+    "answer_too_large",
     "snapshot",
     "LOST_IN_LIST_ONLY",
 ]
@@ -118,6 +119,19 @@ def degraded(method: str, reason: str, *, lost: list[str], severity: Severity = 
     else:
         text = f"{method} unavailable: watching allocations only (List-only mode)"
     return Change(Kind.API_DEGRADED, severity, text, {"method": method, "reason": reason, "lost": lost})
+
+
+def answer_too_large(method: str, error: str, *, limit: int) -> Change:
+    """The kubelet answered, but with more than the receive limit: what is on the node chose that
+    (a device plugin listing absurd topologies, a flood of pods), not a kubelet that is down."""
+    return Change(
+        Kind.API_ANSWER_TOO_LARGE,
+        Severity.WARNING,
+        f"the kubelet's {method} answer is over the {limit}-byte receive limit: the watcher cannot see "
+        "this node's changes until it fits; look for the device plugin or pods that make it so large, "
+        "or raise [kubelet] max_receive_bytes and the agent's memory limit with it",
+        {"method": method, "error": error, "max_receive_bytes": limit},
+    )
 
 
 def invalid_text(repaired: list[str]) -> Change:

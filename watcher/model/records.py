@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "NUMA_ID_LIMIT",
+    "NUMA_IDS_MAX",
     "NumaNodes",
     "Device",
     "Memory",
@@ -29,6 +31,14 @@ __all__ = [
 ]
 
 NumaNodes = tuple[int, ...]
+
+# NUMA ids are chosen by device plugins, and nothing but the receive limit bounds how many one lists:
+# 100,000 ids on one device took the agent past its memory limit and /metrics past what Prometheus
+# takes. Linux numbers its NUMA nodes below 1024 (MAX_NUMNODES at the largest NODES_SHIFT, 10), and
+# no device sits on more than a few of them, so an id outside [0, NUMA_ID_LIMIT) is dropped and a set
+# keeps its NUMA_IDS_MAX lowest ids (the lowest, so that the kubelet's order never changes the set).
+NUMA_ID_LIMIT = 1024
+NUMA_IDS_MAX = 64
 
 
 @dataclass(frozen=True, slots=True)

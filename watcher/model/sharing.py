@@ -13,7 +13,7 @@ import sys
 from collections.abc import Hashable, Iterable
 from typing import Any, TypeVar
 
-from watcher.model.records import Device, Memory, NumaNodes
+from watcher.model.records import NUMA_ID_LIMIT, NUMA_IDS_MAX, Device, Memory, NumaNodes
 
 __all__ = ["shared", "shared_numa", "shared_ids", "shared_device", "shared_memory"]
 
@@ -35,8 +35,13 @@ def shared(value: H) -> H:
     return got
 
 
+_VALID_NUMA = range(NUMA_ID_LIMIT)
+
+
 def shared_numa(nodes: Iterable[int]) -> NumaNodes:
-    return shared(tuple(sorted(nodes)))
+    """The NUMA set of `nodes`, bounded (see NUMA_IDS_MAX): the ids filtered before they are
+    collected, in C, so the set never holds more than NUMA_ID_LIMIT of them whatever was listed."""
+    return shared(tuple(sorted(set(filter(_VALID_NUMA.__contains__, nodes)))[:NUMA_IDS_MAX]))
 
 
 def shared_ids(ids: Iterable[int]) -> tuple[int, ...]:

@@ -54,6 +54,7 @@ class _DeviceHealthCollector(Collector):
     def __init__(self) -> None:
         self.samples: tuple[DeviceSample, ...] = ()
         self.omitted = 0
+        self.numa_omitted = 0
 
     def collect(self) -> Iterator[Metric]:
         healthy = GaugeMetricFamily(
@@ -69,7 +70,13 @@ class _DeviceHealthCollector(Collector):
             "Devices left out of device_healthy by [http] max_device_series (0: none).",
         )
         omitted.add_metric([], self.omitted)
-        yield from (healthy, omitted)
+        numa_omitted = GaugeMetricFamily(
+            f"{P}_numa_series_omitted",
+            "(resource or memory type, NUMA node) pairs left out of the per-NUMA resource_* and memory_* "
+            "series by [http] max_device_series (0: none).",
+        )
+        numa_omitted.add_metric([], self.numa_omitted)
+        yield from (healthy, omitted, numa_omitted)
 
 
 def _device_samples(inv: Inventory) -> list[DeviceSample]:
@@ -90,7 +97,8 @@ def _device_samples(inv: Inventory) -> list[DeviceSample]:
 
 
 def _numa_set(numa: Sequence[int]) -> str:
-    return ",".join(map(str, numa)) or "none"
+    # 64 NUMA ids at most (the model's bound) still make a label of up to 320 characters: cut too.
+    return device_label(",".join(map(str, numa))) or "none"
 
 
 class _OutboxCollector(Collector):
@@ -218,21 +226,41 @@ class Metrics:
         self._shown = inv
         for g in (*self.resource.values(), *self.memory.values()):
             g.clear()
+        # Per-NUMA pairs, like device_healthy's devices, are bounded by [http] max_device_series:
+        # the totals (numa="all") always come first and are never left out.
+        budget = self.max_device_series
+        pairs = 0
         for cap in inv.capacity:
             self._resource(cap.resource, "all", cap.allocatable, cap.allocated, cap.free)
+        for cap in inv.capacity:
             for n in cap.per_numa:
-                self._resource(cap.resource, _numa(n.numa), n.allocatable, n.allocated, n.free)
+                pairs += 1
+                if pairs <= budget:
+                    self._resource(cap.resource, _numa(n.numa), n.allocatable, n.allocated, n.free)
         cpus = inv.cpus
         self._resource("cpu", "all", cpus.allocatable, cpus.allocated, cpus.free)
         for m in inv.memory_capacity:
-            numa = ",".join(map(str, m.numa)) or "none"
+            pairs += 1
+            if pairs > budget:
+                continue
+            labels = (device_label(m.type), _numa_set(m.numa))
             for state, value in (
                 ("allocatable", m.allocatable),
                 ("allocated", m.allocated),
                 ("free", m.free),
             ):
                 if value is not None:
-                    self.memory[state].labels(m.type, numa).set(value)
+                    self.memory[state].labels(*labels).set(value)
+        omitted = max(0, pairs - budget)
+        if omitted and not self.device_health.numa_omitted:  # once per crossing, not per inventory
+            log.warning(
+                "more (resource, NUMA node) pairs than [http] max_device_series: the per-NUMA "
+                "resource_* and memory_* series leave some out (the totals are kept)",
+                pairs=pairs,
+                max_device_series=budget,
+                omitted=omitted,
+            )
+        self.device_health.numa_omitted = omitted
         self._set_device_health(inv)
 
     def _set_device_health(self, inv: Inventory) -> None:
@@ -251,9 +279,10 @@ class Metrics:
         self.device_health.omitted = omitted
 
     def _resource(self, resource: str, numa: str, *values: int | None) -> None:
+        labels = (device_label(resource), numa)
         for state, value in zip(("allocatable", "allocated", "free"), values, strict=True):
             if value is not None:
-                self.resource[state].labels(resource, numa).set(value)
+                self.resource[state].labels(*labels).set(value)
 
     def set_outbox(self, stats: Mapping[str, SinkStats]) -> None:
         self.outbox.stats = dict(stats)

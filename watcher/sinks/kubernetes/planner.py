@@ -67,6 +67,7 @@ NODE_REASONS = {
     "DevicePluginRegistered": "it registered again",
     "PodResourcesApiDegraded": "part of the pod-resources API is disabled or failing",
     "InvalidDeviceText": "the kubelet's answer carried a name or id that is not valid UTF-8",
+    "PodResourcesAnswerTooLarge": "the kubelet's answer is over the receive limit: the agent is blind",
     "SendTest": "`send-test` checked the sink: no action needed",
 }
 
@@ -87,6 +88,7 @@ _NODE_EVENTS: dict[Kind, tuple[str, Literal["Normal", "Warning"]]] = {
     Kind.PLUGIN_REGISTERED: ("DevicePluginRegistered", "Normal"),
     Kind.API_DEGRADED: ("PodResourcesApiDegraded", "Warning"),
     Kind.API_INVALID_TEXT: ("InvalidDeviceText", "Warning"),
+    Kind.API_ANSWER_TOO_LARGE: ("PodResourcesAnswerTooLarge", "Warning"),
 }
 # events.k8s.io requires an action: what the reporter was doing. Ours is always watching.
 ACTION = "WatchPodResources"
