@@ -19,4 +19,6 @@ other). The wheel carries only `watcher*`; nothing under `watcher/` imports this
 - node_model, node_rendering, node_mutations, inventories: random nodes for the property tests,
   rendered into kubelet responses, changed for real; small inventories from a few names
 - planted_secret: the secret that no captured output may show
+- hostile_text: characters no person may be shown as they are (zero-width, bidi, tags, combining
+  marks), and a check, by Unicode category, that a text shows none
 """

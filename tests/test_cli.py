@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from testkit.hostile_text import INVISIBLE, LOOK_ALIKE, OVERDRAWN, hidden_in
 from testkit.planted_secret import PLANTED_SECRET
 from watcher.cli import PROG, build_parser, main
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -421,6 +422,33 @@ def test_the_snapshot_table_escapes_names_that_would_forge_lines() -> None:
     assert "\x1b" not in plain
     assert "ml/evil\\x0apod\\x1b[2J" in plain
     assert not any(line.startswith("pod") for line in plain.splitlines())
+
+
+def test_the_snapshot_table_shows_invisible_and_combining_characters_escaped_and_aligned() -> None:
+    """A look-alike of GPU-1 (a zero-width space after it), a stack of combining marks, bidi and tag
+    characters: each escaped, so the id reads as what it is, and the columns after it line up."""
+    from watcher.model.build import build
+    from watcher.sim.fake_node import default_node
+    from watcher.snapshot import Snapshot, format_table
+
+    fake = FakeKubelet("/nonexistent", default_node(), seed=1)
+    ids = [LOOK_ALIKE, OVERDRAWN, "GPU-" + "".join(INVISIBLE.values())]
+    for i in ids:
+        fake.add_device("nvidia.com/gpu", i, [0])
+    fake.allocate("ml", "p\u200f1", "c", devices={"nvidia.com/gpu": ids})
+    for i in ids:
+        fake.remove_device("nvidia.com/gpu", i)  # listed under ALLOCATED BUT NOT ALLOCATABLE
+    plain = format_table(Snapshot(build(fake.allocatable_response(), fake.list_response())))
+    assert hidden_in(plain, allowed="\n") == []
+    lines = plain.splitlines()
+    header = lines.index("ALLOCATED BUT NOT ALLOCATABLE (failed or vanished while in use)") + 1
+    rows = lines[header + 1 : header + 1 + len(ids)]
+    assert any(r.split()[1] == "GPU-1\\u200b" for r in rows), rows
+    # Every row's NUMA column starts where the header's does.
+    numa_at = lines[header].index("NUMA")
+    assert [(r[numa_at:].split()[0], r[numa_at - 2 : numa_at]) for r in rows] == [("0", "  ")] * len(ids), (
+        rows
+    )
 
 
 # --- check-config prints no secret ---

@@ -11,7 +11,7 @@ import pytest
 
 from testkit.agent import make_settings, running_agent
 from watcher.sim.fake_kubelet import FakeKubelet
-from watcher.sim.fake_script import ScriptError, parse_script, play
+from watcher.sim.fake_script import MAX_BYTES, ScriptError, load_script, parse_script, play
 
 GPU = "nvidia.com/gpu"
 
@@ -51,11 +51,35 @@ def test_a_scenario_parses_into_timed_steps() -> None:
         ("1 restart downtime=x", r"usage: AT restart \[downtime=SECONDS\] \[warmup\]"),
         ("2 end\n\n1 fail r d", r"line 3: at 1 s comes before the step above it"),
         ("# nothing\n", r"no steps"),
+        # Digits that str.isdigit() takes and int() refuses, and NUMA ids the wire's int64 cannot carry.
+        ("1 add r d ²", r"line 1: usage: AT add RESOURCE DEVICE \[NUMA\]"),
+        ("1 add r d ٣", r"line 1: usage: AT add RESOURCE DEVICE \[NUMA\]"),
+        ("1 add r d 9223372036854775808", r"line 1: NUMA node '9223372036854775808' is larger than"),
+        ("1 add r d " + "9" * 5000, r"line 1: NUMA node '9{40}' is larger than 9223372036854775807"),
+        ("x" * 5000 + " end", r"line 1: 'x{40}' is not a time"),  # quoted, not echoed whole
+        ("1" + "0" * 400 + " end", r"line 1: '10+' is too large a time"),
+        ("1 restart downtime=1" + "0" * 400, r"usage: AT restart"),
     ],
 )
 def test_a_bad_line_is_refused_with_its_number_before_anything_runs(text: str, message: str) -> None:
     with pytest.raises(ScriptError, match=message):
         parse_script(text)
+
+
+def test_the_largest_int64_numa_node_and_leading_zeros_are_taken() -> None:
+    steps = parse_script("1 add r d 9223372036854775807\n2 add r e " + "0" * 5000 + "1")
+    assert [s.args[2][-3:] for s in steps] == ["807", "001"]
+
+
+def test_a_huge_file_is_refused_after_reading_a_bounded_prefix(tmp_path: Path) -> None:
+    """Not read whole into memory first (200 MB once took 680 MB of RSS): refused at MAX_BYTES."""
+    script = tmp_path / "huge.txt"
+    with script.open("wb") as f:
+        f.truncate(2 * MAX_BYTES)  # sparse: no disk, and twice what is ever read
+    with pytest.raises(ScriptError, match=r"larger than 4 MiB"):
+        load_script(script)
+    script.write_text("# fine\n" * ((MAX_BYTES - 100) // 7) + "1 end\n")
+    assert [s.action for s in load_script(script)] == ["end"]
 
 
 async def test_the_agent_sees_exactly_the_scripted_story(short_tmp: Path) -> None:
@@ -106,3 +130,9 @@ async def test_the_command_plays_a_file_and_ends_with_it(short_tmp: Path, tmp_pa
     script.write_text("1 fial nvidia.com/gpu GPU-3\n")
     rc, out = await _cli("fake-kubelet", "--root", str(short_tmp / "k"), "--script", str(script))
     assert rc == 2 and "line 1: expected an action" in out
+    # A NUMA node int() refuses, or one over int64: refused before serving, not a traceback or an
+    # agent whose every answer fails.
+    for numa in ("²", str(2**63)):
+        script.write_text(f"0 add {GPU} GPU-x {numa}\n0.1 end\n")
+        rc, out = await _cli("fake-kubelet", "--root", str(short_tmp / "k"), "--script", str(script))
+        assert rc == 2 and "line 1:" in out and "Traceback" not in out, out

@@ -13,6 +13,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from testkit.hostile_text import INVISIBLE, LOOK_ALIKE, hidden_in
 from testkit.inventories import GPU, inventory_of
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.diff import diff
@@ -291,6 +292,29 @@ def test_hostile_names_make_bounded_one_line_notes(name: str, count: int) -> Non
         assert "\n" not in e.note and "\x1b" not in e.note
     for c in conditions_for(report.missing, report.resources):
         assert "\n" not in c.message and len(c.message.encode()) <= 1024
+
+
+@given(st.text(alphabet=st.sampled_from([*INVISIBLE.values(), "a", "-", "1"]), min_size=1, max_size=40))
+def test_invisible_and_combining_characters_are_escaped_in_notes_and_messages(name: str) -> None:
+    """What kubectl shows a person (Event notes, condition messages) has no zero-width, bidi or tag
+    character and no combining mark as it is: a look-alike device reads as what it is."""
+    changes = [
+        Change(
+            Kind.DEVICE_REMOVED,
+            Severity.CRITICAL,
+            f"{GPU} {device} left allocatable",
+            {"resource": GPU, "device": device, "allocated_to": [f"ml/p{name}/c"]},
+        )
+        for device in (LOOK_ALIKE, f"GPU-{name}")
+    ]
+    report = plan(_events(changes), {})
+    assert report.events
+    for e in report.events:
+        assert hidden_in(e.note) == [], e.note
+    messages = [c.message for c in conditions_for(report.missing, report.resources)]
+    assert messages and any("GPU-1\\u200b" in m for m in messages), messages
+    for m in messages:
+        assert hidden_in(m) == [], m
 
 
 def test_every_reason_is_documented_camel_case() -> None:

@@ -28,6 +28,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from testkit.certificates import self_signed, server_context
 from testkit.dispatching import dispatching, open_outbox
+from testkit.hostile_text import INVISIBLE, LOOK_ALIKE, OVERDRAWN, hidden_in
 from testkit.receiver import Receiver
 from testkit.receivers import PagerDutyReceiver, PathEchoReceiver, SlackReceiver, WebhookReceiver
 from watcher.cli import main
@@ -367,6 +368,26 @@ async def test_slack_escapes_mrkdwn_control_characters_in_the_fallback_text(
     (msg,) = slack.messages
     assert "<!channel>" not in msg["text"] and "<https://evil.example|click>" not in msg["text"], msg["text"]
     assert "&lt;!channel&gt;" in msg["text"]
+
+
+async def test_invisible_and_combining_characters_reach_people_escaped(
+    slack: SlackReceiver, pagerduty: PagerDutyReceiver, make_sink: Any, pd_env: None
+) -> None:
+    """Zero-width, bidi and tag characters and combining marks in a device id are shown escaped in
+    every text a person reads (Slack's blocks, header and notification, PagerDuty's summary): a
+    look-alike of GPU-1 reads as something else, a stack of marks cannot draw over the message. The
+    machine-readable details keep the exact id."""
+    device = LOOK_ALIKE + "".join(INVISIBLE.values()) + OVERDRAWN
+    event = removed(1, device)
+    assert "GPU-1\\u200b" in event.summary and "\\U000e0061" in event.summary
+    assert (await make_sink(slack_config(slack)).deliver([event])).delivered  # one: the header has it
+    (msg,) = slack.messages
+    for text in [msg["text"], *texts_of(msg, "header", "section", "context")]:
+        assert hidden_in(text, allowed="\n") == [], text
+    assert (await make_sink(pd_config(pagerduty)).deliver([event])).delivered
+    (trigger,) = pagerduty.events
+    assert hidden_in(trigger["payload"]["summary"]) == []
+    assert trigger["payload"]["custom_details"]["details"]["device"] == device
 
 
 # --- PagerDuty ---

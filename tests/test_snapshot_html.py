@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
+from testkit.hostile_text import INVISIBLE, OVERDRAWN, hidden_in
 from testkit.tools import tool
 from watcher.kubelet.client import PodResourcesClient
 from watcher.model.build import build
@@ -293,6 +294,35 @@ async def test_hostile_names_are_text_in_chromium_not_markup(short_tmp: Path) ->
         long = [(k, v) for e in elements for k, v in e.attrs.items() if len(v) > MAX_LABEL]
         assert not [(k, v) for k, v in long if k.startswith("data-") and k != "data-hash"], long
         assert all(len("".join(e.text)) < 300 for e in elements if e.tag != "style"), "an unbounded text"
+
+
+async def test_a_look_alike_or_overdrawn_tile_is_shown_as_what_it_is(short_tmp: Path) -> None:
+    """A tile whose id is a real GPU's with a zero-width space after it reads differently from the
+    real one, a stack of combining marks is shown escaped instead of drawn over its tile, and no
+    zero-width, bidi or tag character reaches the page's text or attributes."""
+    fake = FakeKubelet("/nonexistent", default_node(), seed=1)
+    real = next(i for r, i in fake.node.devices if r == GPU)
+    for dev in (real + "\u200b", OVERDRAWN, "GPU-" + "".join(INVISIBLE.values())):
+        fake.add_device(GPU, dev, [0])
+    fake.allocate("ml", "p\u200f1", "c\u0301", devices={GPU: [OVERDRAWN]})
+    markup = render_html(Snapshot(build(fake.allocatable_response(), fake.list_response())), "n\u200b")
+    page = short_tmp / "look-alike.html"
+    page.write_text(markup)
+    overdrawn = "GPU-Z" + "\\u0489\\u030d\\u0346\\u0353" * 2 + "\\u0489\\u03…"  # cut at MAX_LABEL
+
+    for tree in (_tree(markup), _tree(await _dump_dom(page, short_tmp / "profile"))):
+        elements = tree.walk()
+        shown = [e.all_text() + "".join(e.attrs.values()) for e in elements if e.tag != "style"]
+        assert hidden_in("".join(shown), allowed="\n") == []
+        tiles = {e.attrs["data-device"]: e for e in elements if "data-device" in e.attrs}
+        ids = {
+            dev: next(c for c in t.walk() if c.attrs.get("class") == "id").all_text()
+            for dev, t in tiles.items()
+        }
+        assert ids[real] == real and ids[real + "\\u200b"] == real + "\\u200b"
+        assert ids[overdrawn] == overdrawn and len(overdrawn) == MAX_LABEL
+        (pod,) = [e for e in tiles[overdrawn].walk() if "data-pod" in e.attrs]
+        assert pod.all_text() == "ml/p\\u200f1"
 
 
 def test_allocatable_unknown_draws_holdings_only_and_says_so() -> None:

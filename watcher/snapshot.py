@@ -81,6 +81,9 @@ def _numa(nodes: tuple[int, ...] | int | None) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    # Columns measured as shown: an escaped character is several columns wide, a combining mark
+    # took none. (`printable` of the whole line later leaves these cells as they are.)
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:

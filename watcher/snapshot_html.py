@@ -6,7 +6,8 @@ CSS, no script, no external resource, and a Content-Security-Policy that forbids
 got past the escaping still could neither run nor fetch anything.
 
 Device ids and pod, container and resource names are chosen by device plugins and users: every one
-goes through `printable` (control and bidi characters escaped, so none can reorder what is shown),
+goes through `printable` (controls, bidi, zero-width and tag characters and combining marks escaped,
+so none can reorder or overdraw what is shown, nor make a look-alike of another tile),
 is cut to a bounded length, then HTML-escaped (quotes too: they also land in attributes).
 """
 
@@ -54,7 +55,8 @@ h1{font-size:20px;margin:0 0 4px}
 .figures{color:#444;margin:0 0 6px;padding-left:16px}
 .res h3{font-size:13px;margin:8px 0 4px;font-family:monospace}
 .tiles{display:flex;flex-wrap:wrap;gap:6px}
-.dev{width:210px;min-height:56px;padding:4px 6px;border-radius:4px;color:#fff;box-sizing:border-box}
+.dev{width:210px;min-height:56px;padding:4px 6px;border-radius:4px;color:#fff;box-sizing:border-box;
+overflow:hidden}
 .dev .id{font-family:monospace;font-size:11px;word-break:break-all}
 .pod,.ctr{display:block;unicode-bidi:isolate;word-break:break-all}
 .ctr{opacity:.85}

@@ -19,6 +19,7 @@ anything runs, so a typo never plays half a scenario.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,17 @@ from pathlib import Path
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_plugins import Warmup
 
-__all__ = ["Step", "ScriptError", "parse_script", "load_script", "play", "ACTIONS"]
+__all__ = [
+    "Step",
+    "ScriptError",
+    "parse_script",
+    "load_script",
+    "play",
+    "ACTIONS",
+    "MAX_STEPS",
+    "MAX_BYTES",
+    "MAX_NUMA",
+]
 
 ACTIONS = {
     "fail": "RESOURCE DEVICE",
@@ -39,9 +50,16 @@ ACTIONS = {
     "restart": "[downtime=SECONDS] [warmup]",
     "end": "",
 }
-_AT = re.compile(r"(\d+(?:\.\d+)?)s?")
+# ASCII digits only: `\d` also takes digits such as `²` that int() and float() then refuse.
+_AT = re.compile(r"([0-9]+(?:\.[0-9]+)?)s?")
+_NUMA = re.compile(r"[0-9]+")
+# The wire's NUMA node id is an int64: a larger one would make every answer fail to encode.
+MAX_NUMA = 2**63 - 1
 # Most steps in one file: a scenario is read whole before it runs.
 MAX_STEPS = 10_000
+# Most bytes read from one file: ten thousand steps fit many times over, and a huge file is refused
+# after reading this much, not held whole in memory first.
+MAX_BYTES = 4 * 1024 * 1024
 
 
 class ScriptError(ValueError):
@@ -65,10 +83,13 @@ def parse_script(text: str) -> list[Step]:
         where = f"line {number}"
         at = _AT.fullmatch(words[0])
         if at is None:
-            raise ScriptError(f"{where}: {words[0]!r} is not a time; expected seconds such as 2 or 2.5s")
+            raise ScriptError(f"{where}: {words[0][:40]!r} is not a time; expected seconds such as 2 or 2.5s")
         if len(words) < 2 or words[1] not in ACTIONS:
             raise ScriptError(f"{where}: expected an action, one of {', '.join(ACTIONS)}")
-        step = Step(float(at.group(1)), words[1], tuple(words[2:]), number)
+        seconds = float(at.group(1))
+        if not math.isfinite(seconds):
+            raise ScriptError(f"{where}: {words[0][:40]!r} is too large a time")
+        step = Step(seconds, words[1], tuple(words[2:]), number)
         _check(step, where)
         if steps and step.at < steps[-1].at:
             raise ScriptError(
@@ -87,8 +108,10 @@ def _check(step: Step, where: str) -> None:
     n = len(step.args)
     if step.action in ("fail", "heal", "remove") and n != 2:
         raise ScriptError(usage)
-    if step.action == "add" and (n not in (2, 3) or (n == 3 and not step.args[2].isdigit())):
+    if step.action == "add" and (n not in (2, 3) or (n == 3 and not _NUMA.fullmatch(step.args[2]))):
         raise ScriptError(usage)
+    if step.action == "add" and n == 3 and _numa(step.args[2]) is None:
+        raise ScriptError(f"{where}: NUMA node {step.args[2][:40]!r} is larger than {MAX_NUMA} (an int64)")
     if step.action == "allocate" and (n != 2 or step.args[0].count("/") != 2 or "=" not in step.args[1]):
         raise ScriptError(usage)
     if step.action == "free" and (n != 1 or step.args[0].count("/") != 1):
@@ -98,15 +121,29 @@ def _check(step: Step, where: str) -> None:
             if arg == "warmup":
                 continue
             key, _, value = arg.partition("=")
-            if key != "downtime" or not _AT.fullmatch(value):
+            if key != "downtime" or not (m := _AT.fullmatch(value)) or not math.isfinite(float(m.group(1))):
                 raise ScriptError(usage)
     if step.action == "end" and n:
         raise ScriptError(usage)
 
 
+def _numa(digits: str) -> int | None:
+    """The NUMA node id `digits` spell, None above `MAX_NUMA`. Leading zeros are stripped first:
+    int() refuses strings over 4,300 digits, and they cannot be an int64 anyway."""
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > len(str(MAX_NUMA)) or int(significant) > MAX_NUMA:
+        return None
+    return int(significant)
+
+
 def load_script(path: Path) -> list[Step]:
+    """The steps of the file at `path`, read as UTF-8, refused unread beyond `MAX_BYTES`."""
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise ScriptError(f"larger than {MAX_BYTES // (1024 * 1024)} MiB; a scenario is a short file")
+        text = raw.decode()
     except (OSError, UnicodeDecodeError) as err:
         raise ScriptError(f"cannot read {path}: {err}") from err
     return parse_script(text)
@@ -145,7 +182,8 @@ async def _do(kubelet: FakeKubelet, step: Step) -> None:
             raise KeyError(f"device {a[0]} {a[1]}")
         kubelet.set_healthy(a[0], a[1], step.action == "heal")
     elif step.action == "add":
-        kubelet.add_device(a[0], a[1], (int(a[2]),) if len(a) == 3 else ())
+        numa = _numa(a[2]) if len(a) == 3 else None
+        kubelet.add_device(a[0], a[1], () if numa is None else (numa,))
     elif step.action == "remove":
         if (a[0], a[1]) not in kubelet.node.devices:
             raise KeyError(f"device {a[0]} {a[1]}")
