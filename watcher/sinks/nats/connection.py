@@ -25,12 +25,14 @@ log = structlog.get_logger("watcher.sinks.nats")
 
 class ConnectionLog:
     """One sink's connection story across its clients: whether an outage was already logged (one
-    line per outage, not one per reconnect attempt or per failed first connect), and what the
-    server said asynchronously that explains a later timeout (a permissions violation is sent as
-    an error line, and the request it refused just never gets an answer)."""
+    line per outage, not one per reconnect attempt or per failed first connect, and only while the
+    connection is really down), and what the server said asynchronously that explains a later
+    timeout (a permissions violation is sent as an error line, and the request it refused just
+    never gets an answer)."""
 
     def __init__(self) -> None:
         self.last = ""
+        self.reported = ""  # the last client error seen while connected, logged once
         self.down = False
         self.attempts = 0
 
@@ -103,6 +105,15 @@ async def connect(
                     "least privilege)",
                     sink=settings.name,
                     error=text,
+                )
+            return
+        if nc.is_connected:
+            # Not an outage either (an exception in a callback, a slow consumer): saying the
+            # connection failed would be false, and would leave the next real outage unlogged.
+            if state.reported != text:
+                state.reported = text
+                log.error(
+                    "the NATS client reported an error; the connection is up", sink=settings.name, error=text
                 )
             return
         failures.append(err)
