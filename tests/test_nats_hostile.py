@@ -5,6 +5,7 @@ subject. Real nats-server processes, or a loopback peer that misbehaves on purpo
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -172,3 +173,100 @@ async def test_closing_against_a_hung_server_ends_within_the_grace(tmp_path: Pat
         finally:
             await sink.close()
         assert took < 1.0 + 1.0, f"closing took {took:.1f} s"
+
+
+def test_no_other_name_shares_a_subject_token_with_a_dns_name() -> None:
+    from watcher.sinks.nats import node_token
+
+    # "gpu 1" is cut to gpu-1 plus a digest: the digest itself must not spell a DNS name's token.
+    hostile = ["gpu 1", "a_b", "GPU-1", "gpu\udcff", "gpu\\udcff", "", "x" * 300]
+    for name in hostile:
+        token = node_token(name)
+        assert node_token(token) != token, f"{name!r} shares {token} with the DNS name {token}"
+        assert node_token(token.lower().replace("_", ".")) != token
+    assert len({node_token(n) for n in hostile}) == len(hostile)
+
+
+def test_a_node_name_that_is_no_utf8_fails_the_config_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    from watcher.config import ConfigError
+    from watcher.settings import parse_settings
+
+    monkeypatch.setenv("NODE_NAME", os.fsdecode(b"gpu\xff"))
+    with pytest.raises(ConfigError, match=r"node: \$NODE_NAME is not valid UTF-8"):
+        parse_settings({})
+    assert parse_settings({"node": "gpu-1"}).node == "gpu-1"  # named in the file: that one is used
+
+
+INFO = b'INFO {"server_id":"peer","version":"2.10.0","proto":1,"headers":true,"max_payload":1048576}\r\n'
+
+
+class Peer:
+    """A loopback peer on one port: a NATS server for its first `good` connections (INFO, then
+    PONG to every PING), then one whose greeting is a 10 MB INFO line; it counts connections."""
+
+    def __init__(self, good: int) -> None:
+        self.good = good
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+        self.tasks: set[asyncio.Task[object]] = set()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"nats://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        try:
+            if self.connections > self.good:
+                writer.write(b'INFO {"junk":"' + b"x" * 10_000_000 + b'"}\r\n')
+                await writer.drain()
+                await reader.read()
+                return
+            writer.write(INFO)
+            while line := await reader.readline():
+                if line.startswith(b"PING"):
+                    writer.write(b"PONG\r\n")
+                    await asyncio.sleep(0.2)
+                    return  # connected; then dropped: the client reconnects, to the hostile greeting
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.transport.abort()  # what it still holds (the 10 MB) need not reach anyone
+
+    async def __aenter__(self) -> Peer:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+
+async def test_a_10mb_greeting_is_a_clear_retry_not_a_traceback_nor_a_dead_reconnect() -> None:
+    from watcher.sinks.nats import connect
+
+    async with Peer(good=0) as peer:
+        sink = NatsSink(_settings(servers=(peer.url,)), node="node-a")
+        try:
+            outcome = await sink.deliver(_events("one"))
+        finally:
+            await sink.close()
+        assert outcome.retry and "cannot reach NATS" in outcome.error
+        assert "greeting is not one a NATS server sends" in outcome.error
+
+    # Once connected, the same greeting on a reconnect is one failed attempt: the client goes on.
+    async with Peer(good=1) as peer:
+        nc = await connect(_settings(servers=(peer.url,)), name="test")
+        try:
+            await wait_until(lambda: peer.connections >= 4, 10, what="reconnect attempts going on")
+            assert not nc.is_closed
+        finally:
+            await nc.close()

@@ -12,7 +12,7 @@ import structlog
 from watcher.model.events import Event
 from watcher.secrets import redact
 from watcher.sinks.base import Capabilities, Outcome, SinkContext
-from watcher.sinks.nats.connection import ConnectionLog, connect
+from watcher.sinks.nats.connection import ConnectionLog, abort_socket, connect
 from watcher.sinks.nats.publisher import Publisher, publisher_for
 from watcher.sinks.nats.settings import NatsSinkSettings, check_settings
 from watcher.sinks.nats.stream import StreamError
@@ -119,7 +119,7 @@ class NatsSink:
         closing.add_done_callback(_retrieved)
         await asyncio.wait({closing}, timeout=min(self.settings.timeout, CLOSE_GRACE_S))
         if not closing.done():
-            _cut(nc)
+            abort_socket(nc)
             await asyncio.wait({closing}, timeout=0.5)
             closing.cancel()
 
@@ -128,14 +128,6 @@ def _retrieved(task: asyncio.Future[None]) -> None:
     """A close's failure is no news: the connection is gone either way."""
     if not task.cancelled():
         task.exception()
-
-
-def _cut(nc: nats.aio.client.Client) -> None:
-    """Abort the client's socket: what it still holds unsent is dropped, and a close waiting for a
-    server that reads nothing ends at once."""
-    transport = getattr(getattr(getattr(nc, "_transport", None), "_io_writer", None), "transport", None)
-    if transport is not None:
-        transport.abort()
 
 
 def _nats_sink(settings: NatsSinkSettings, context: SinkContext) -> NatsSink:
