@@ -263,6 +263,7 @@ async def test_a_10mb_greeting_is_a_clear_retry_not_a_traceback_nor_a_dead_recon
         assert "greeting is not one a NATS server sends" in outcome.error
 
     # Once connected, the same greeting on a reconnect is one failed attempt: the client goes on.
+    before = asyncio.all_tasks()
     async with Peer(good=1) as peer:
         nc = await connect(_settings(servers=(peer.url,)), name="test")
         try:
@@ -270,3 +271,5 @@ async def test_a_10mb_greeting_is_a_clear_retry_not_a_traceback_nor_a_dead_recon
             assert not nc.is_closed
         finally:
             await nc.close()
+            # nats-py's close waits for a reconnect attempt under way only so long: let it end.
+            await wait_until(lambda: asyncio.all_tasks() <= before, 5, what="the client's tasks ended")
