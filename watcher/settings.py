@@ -245,8 +245,15 @@ class HttpSettings:
 
 
 def default_node_name() -> str:
-    """The node this runs on: $NODE_NAME, else the hostname."""
-    return os.environ.get("NODE_NAME") or socket.gethostname()
+    """The node this runs on: $NODE_NAME, else the hostname; ConfigError if that is no UTF-8 text,
+    as no event naming it could ever be stored (Python keeps the bad bytes as lone surrogates)."""
+    node = os.environ.get("NODE_NAME") or socket.gethostname()
+    try:
+        node.encode()
+    except UnicodeEncodeError:
+        source = "$NODE_NAME" if os.environ.get("NODE_NAME") else "the hostname"
+        raise ConfigError(f"node: {source} is not valid UTF-8; set node in the config file") from None
+    return node
 
 
 def _default_sinks() -> tuple[BaseSinkSettings, ...]:

@@ -24,10 +24,12 @@ The client library (nats-py) is imported when the sink is first used, so an agen
 sink pays nothing for it.
 
 `settings` holds the sink's settings and their checks, `subjects` where an event goes and what
-travels with it (pure), `connection` the client, `stream` the stream's checks, `publisher` the
-publishing of a batch, `sink` the sink itself and its one registration.
+travels with it (pure), `connection` the client, `stream` the stream's checks, `acks` the
+publishes whose acknowledgements the sink reads itself, `publisher` the publishing of a batch,
+`sink` the sink itself and its one registration.
 """
 
+from watcher.sinks.nats.acks import Acks, read_ack
 from watcher.sinks.nats.connection import ConnectionLog, connect
 from watcher.sinks.nats.publisher import Published, Publisher, publisher_for
 from watcher.sinks.nats.settings import NatsSinkSettings
@@ -43,6 +45,8 @@ __all__ = [
     "NatsSink",
     "NatsSinkSettings",
     "Publisher",
+    "Acks",
+    "read_ack",
     "Published",
     "StreamError",
     "ConnectionLog",

@@ -18,34 +18,63 @@ from watcher.tls import client_context
 if TYPE_CHECKING:  # imported for real only when the sink is used
     import nats.aio.client
 
-__all__ = ["ConnectionLog", "connect"]
+__all__ = ["ConnectionLog", "abort_socket", "connect"]
 
 log = structlog.get_logger("watcher.sinks.nats")
 
 
 class ConnectionLog:
     """One sink's connection story across its clients: whether an outage was already logged (one
-    line per outage, not one per reconnect attempt or per failed first connect), and what the
-    server said asynchronously that explains a later timeout (a permissions violation is sent as
-    an error line, and the request it refused just never gets an answer)."""
+    line per outage, not one per reconnect attempt or per failed first connect, and only while the
+    connection is really down), and what the server said asynchronously that explains a later
+    timeout (a permissions violation is sent as an error line, and the request it refused just
+    never gets an answer)."""
 
     def __init__(self) -> None:
         self.last = ""
+        self.reported = ""  # the last client error seen while connected, logged once
         self.down = False
         self.attempts = 0
 
 
+def abort_socket(nc: nats.aio.client.Client) -> None:
+    """Abort the client's socket: what it still holds unsent is dropped, and whatever waits for
+    a peer that reads nothing (a close, a flush) ends at once."""
+    transport = getattr(getattr(getattr(nc, "_transport", None), "_io_writer", None), "transport", None)
+    if transport is not None:
+        transport.abort()
+
+
 def _client(*, tls: bool) -> nats.aio.client.Client:
-    """A client; with `tls`, one that connects with TLS or not at all. nats-py upgrades to TLS only
-    when the server's INFO asks for it, so a server without TLS (or anyone in between rewriting its
-    INFO) would be sent the credentials in the clear, tls:// URL and ca_file notwithstanding. Asking
-    for the upgrade ourselves makes the handshake fail there instead, before CONNECT is sent."""
+    """A client whose handshake fails as one failed attempt whatever the peer sends; with `tls`,
+    one that connects with TLS or not at all. nats-py upgrades to TLS only when the server's INFO
+    asks for it, so a server without TLS (or anyone in between rewriting its INFO) would be sent the
+    credentials in the clear, tls:// URL and ca_file notwithstanding. Asking for the upgrade
+    ourselves makes the handshake fail there instead, before CONNECT is sent."""
+    import nats.errors
     from nats.aio.client import Client
 
-    if not tls:
-        return Client()
+    class AgentClient(Client):
+        async def _process_connect_init(self) -> None:
+            try:
+                await super()._process_connect_init()
+            except (nats.errors.Error, OSError, TimeoutError):
+                raise
+            except (ValueError, LookupError, TypeError, AttributeError) as err:
+                # A greeting no NATS server sends (an INFO line over the client's read buffer, one
+                # that is no JSON object) escapes nats-py as itself: a traceback on every retry of
+                # a first connect, and the end of the reconnect loop (a blind agent) on a later one.
+                # Its socket is cut here: a failed reconnect attempt would leave it open.
+                abort_socket(self)
+                raise nats.errors.Error(
+                    f"nats: the server's greeting is not one a NATS server sends ({type(err).__name__}: "
+                    f"{str(err)[:200]})"
+                ) from err
 
-    class TlsOnlyClient(Client):
+    if not tls:
+        return AgentClient()
+
+    class TlsOnlyClient(AgentClient):
         async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
             info["tls_required"] = True
             await super()._process_info(info, initial_connection)
@@ -103,6 +132,15 @@ async def connect(
                     "least privilege)",
                     sink=settings.name,
                     error=text,
+                )
+            return
+        if nc.is_connected:
+            # Not an outage either (an exception in a callback, a slow consumer): saying the
+            # connection failed would be false, and would leave the next real outage unlogged.
+            if state.reported != text:
+                state.reported = text
+                log.error(
+                    "the NATS client reported an error; the connection is up", sink=settings.name, error=text
                 )
             return
         failures.append(err)

@@ -8,19 +8,27 @@ import json
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from watcher.model.events import Event
 from watcher.secrets import redact
+from watcher.sinks.nats.acks import Acks
 from watcher.sinks.nats.settings import NatsSinkSettings
 from watcher.sinks.nats.stream import ensure_stream
 from watcher.sinks.nats.subjects import message_headers, subject_for, wire_size
 
 if TYPE_CHECKING:  # imported for real only when the sink is used
     import nats.aio.client
-    import nats.js.client
 
-__all__ = ["Publisher", "Published", "publisher_for"]
+__all__ = ["Publisher", "Published", "Publishing", "publisher_for"]
+
+
+class Publishing(Protocol):
+    """What publishes for a Publisher: `Acks` (the sink's), or nats-py's JetStream context."""
+
+    async def publish_async(
+        self, subject: str, payload: bytes, *, stream: str, headers: dict[str, str]
+    ) -> asyncio.Future[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -33,8 +41,8 @@ class Published:
     duplicates: int = 0
     error: str = ""
     oversized: bool = False
-    # The JetStream context should be made afresh: a publish raised after the client had taken a
-    # slot for it (never given back), or no stream answered (deleted? check it again).
+    # The publisher should be made afresh: a publish raised (nats-py's own context keeps the slot
+    # of one that raised, never given back), or no stream answered (deleted? check it again).
     stale: bool = False
 
 
@@ -50,7 +58,7 @@ class Publisher:
 
     def __init__(
         self,
-        js: nats.js.client.JetStreamContext,
+        js: Publishing,
         *,
         stream: str,
         prefix: str,
@@ -132,14 +140,26 @@ class Publisher:
             run.fail(f"no stream answered (no responders): {_RETRYABLE_HINT}")
             run.stale = True
         except nats.js.errors.APIError as err:
-            run.fail(
-                redact(f"the stream refused it: {err.description} (code {err.err_code})"),
-                oversized=err.err_code == _MAX_MSG_SIZE,
-            )
+            run.fail(redact(_refused(err)), oversized=err.err_code == _MAX_MSG_SIZE)
         except (nats.errors.Error, OSError) as err:
             run.fail(redact(f"{type(err).__name__}: {err}"))
         else:
-            run.stored(bool(ack.duplicate))
+            if ack.stream != self.stream:
+                # Only a responder other than the stream answers so: the server itself refuses a
+                # publish that another stream would capture (Nats-Expected-Stream).
+                run.fail(
+                    redact(
+                        f"an acknowledgement from stream {ack.stream[:100]!r}, not {self.stream}: something "
+                        "other than the stream answers on its subjects; retried"
+                    )
+                )
+            else:
+                run.stored(bool(ack.duplicate))
+
+    async def close(self) -> None:
+        """Stop listening for acknowledgements (the sink's own `Acks`; others have nothing to stop)."""
+        if isinstance(self.js, Acks):
+            await self.js.close()
 
 
 @dataclass
@@ -163,18 +183,33 @@ class _Run:
             self.error, self.oversized = error, oversized
 
 
-# JetStream's error code for a message over the stream's max_msg_size.
+# JetStream's error codes: a message over the stream's max_msg_size; a message the stream could
+# not store (a stream that discards new messages is full, or its store failed).
 _MAX_MSG_SIZE = 10054
+_STORE_FAILED = 10077
+
+
+def _refused(err: Any) -> str:
+    """What a refusal in an acknowledgement means, and what it asks for."""
+    said = f"{err.description} (code {err.err_code})"
+    if err.err_code == _STORE_FAILED:
+        return (
+            f"the stream could not store it: {said}: a stream with discard=new is full (raise its "
+            "max_msgs/max_bytes, or let it discard old messages) or its store failed; retried"
+        )
+    if err.err_code == _MAX_MSG_SIZE:
+        return (
+            f"the stream refused it: {said}: over the stream's max_msg_size, it can never be stored as it is"
+        )
+    return f"the stream refused it: {said}; retried"
 
 
 async def publisher_for(nc: nats.aio.client.Client, settings: NatsSinkSettings, node: str) -> Publisher:
     """A fresh JetStream context on `nc` with the stream checked (`ensure_stream`), and its Publisher."""
     s = settings
-    # The client's own bound on publishes awaiting acknowledgement is ours: never more.
-    js = nc.jetstream(timeout=s.timeout, publish_async_max_pending=s.max_in_flight)
-    await ensure_stream(js, s, node)
+    await ensure_stream(nc.jetstream(timeout=s.timeout), s, node)
     return Publisher(
-        js,
+        Acks(nc, max_pending=s.max_in_flight),
         stream=s.stream,
         prefix=s.subject_prefix,
         timeout=s.timeout,

@@ -4,7 +4,6 @@ they go stale, and the NATS client's failures as outcomes the delivery worker re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -13,7 +12,7 @@ import structlog
 from watcher.model.events import Event
 from watcher.secrets import redact
 from watcher.sinks.base import Capabilities, Outcome, SinkContext
-from watcher.sinks.nats.connection import ConnectionLog, connect
+from watcher.sinks.nats.connection import ConnectionLog, abort_socket, connect
 from watcher.sinks.nats.publisher import Publisher, publisher_for
 from watcher.sinks.nats.settings import NatsSinkSettings, check_settings
 from watcher.sinks.nats.stream import StreamError
@@ -22,9 +21,13 @@ from watcher.sinks.registry import SinkType, register
 if TYPE_CHECKING:  # imported for real only when the sink is used
     import nats.aio.client
 
-__all__ = ["NatsSink"]
+__all__ = ["NatsSink", "CLOSE_GRACE_S"]
 
 log = structlog.get_logger("watcher.sinks.nats")
+
+# What an agent's stop leaves a sink to close in: of its 15 s (TimeoutStopSec,
+# terminationGracePeriodSeconds), the tasks' grace (5 s) goes first and the outbox closes last.
+CLOSE_GRACE_S = 5.0
 
 
 class NatsSink:
@@ -80,7 +83,8 @@ class NatsSink:
                 )
             result = await publisher.publish(events)
             if result.stale:
-                self._publisher = None  # a fresh context, and the stream checked again, next time
+                self._publisher = None  # a fresh one, and the stream checked again, next time
+                await publisher.close()
         if result.duplicates:
             log.info(
                 "the stream already had some of these events (a re-publish after a lost "
@@ -102,17 +106,28 @@ class NatsSink:
         return None
 
     async def close(self) -> None:
+        """Close the connection within `CLOSE_GRACE_S` (or the sink's timeout, if shorter), even
+        against a server that hangs; what it still held is dropped (the outbox keeps every event
+        not acknowledged, sent again at the next start and deduplicated by the server)."""
         nc, self._nc, self._publisher = self._nc, None, None
         if nc is None:
             return
-        try:
-            async with asyncio.timeout(self.settings.timeout):
-                await nc.drain()
-        except Exception:  # the servers are gone: close without flushing
-            pass
-        if not nc.is_closed:
-            with contextlib.suppress(Exception):
-                await nc.close()
+        # Not drain(): by now the worker has settled every publish, so there is nothing to wait
+        # for, and drain() swallows a cancel and then waits out its own flush (10 s) on a hung
+        # server. close() is waited on, never cancelled: past the grace the socket is cut.
+        closing = asyncio.ensure_future(nc.close())
+        closing.add_done_callback(_retrieved)
+        await asyncio.wait({closing}, timeout=min(self.settings.timeout, CLOSE_GRACE_S))
+        if not closing.done():
+            abort_socket(nc)
+            await asyncio.wait({closing}, timeout=0.5)
+            closing.cancel()
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    """A close's failure is no news: the connection is gone either way."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _nats_sink(settings: NatsSinkSettings, context: SinkContext) -> NatsSink:

@@ -15,13 +15,14 @@ _DNS_TOKEN = re.compile(r"[a-z0-9-]+(?:\.[a-z0-9-]+)*")
 
 def node_token(node: str) -> str:
     """The node as one subject token: a DNS name (every Kubernetes node's) with its dots as `_`,
-    which no DNS name has, so two nodes never share a token; any other name is cut to safe
-    characters and told apart by a digest of it."""
+    which no DNS name has, so two DNS names never share a token; any other name is cut to safe
+    characters and told apart by a digest of it, after an `X`: no DNS name's token has an
+    upper-case letter, so none can be taken for another name's (`gpu-1-<digest>` is a DNS name)."""
     if _DNS_TOKEN.fullmatch(node) and len(node) <= 253:
         return node.replace(".", "_")
     safe = re.sub(r"[^A-Za-z0-9-]", "-", node)[:64]
-    digest = hashlib.sha256(node.encode(errors="backslashreplace")).hexdigest()[:12]
-    return f"{safe}-{digest}"
+    digest = hashlib.sha256(node.encode(errors="surrogatepass")).hexdigest()[:12]
+    return f"{safe}-X{digest}"
 
 
 def subject_for(prefix: str, event: Event) -> str:
