@@ -189,7 +189,7 @@ def test_no_other_name_shares_a_subject_token_with_a_dns_name() -> None:
 
 def test_a_node_name_that_is_no_utf8_fails_the_config_check(monkeypatch: pytest.MonkeyPatch) -> None:
     from watcher.config import ConfigError
-    from watcher.settings import parse_settings
+    from watcher.settings_file import parse_settings
 
     monkeypatch.setenv("NODE_NAME", os.fsdecode(b"gpu\xff"))
     with pytest.raises(ConfigError, match=r"node: \$NODE_NAME is not valid UTF-8"):

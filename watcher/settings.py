@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from watcher.config import field_meta
+from watcher.config import ConfigError, field_meta
 from watcher.kubelet.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT
 from watcher.secrets import Secret
 from watcher.sinks.base import BaseSinkSettings
