@@ -133,6 +133,7 @@ def test_fit_keeps_the_most_pods_whose_answer_fits(short_tmp: Path) -> None:
     )
 
 
+@pytest.mark.chaos  # long: `make chaos` runs it (CI runs both), `make test` leaves it out
 def test_a_node_size_is_measured_in_a_process_of_its_own() -> None:
     """bench/scale_agent.py: every measured cycle a real change, reported; CPU, wall, bytes
     written and RSS figures that are there and plausible."""

@@ -267,6 +267,7 @@ async def test_a_flapping_device_healthy_at_an_agent_restart_clears_the_conditio
         assert [c["status"] for c in node_seen["status"]["conditions"] if c["type"] == CONDITION] == ["False"]
 
 
+@pytest.mark.chaos  # long: `make chaos` runs it (CI runs both), `make test` leaves it out
 async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_write(
     tmp_path: Path, short_tmp: Path, api: FakeApiServer
 ) -> None:

@@ -175,6 +175,7 @@ def _many_devices(limit: int) -> list[bytes]:
     return spread
 
 
+@pytest.mark.chaos  # long: `make chaos` runs it (CI runs both), `make test` leaves it out
 @pytest.mark.parametrize("shape", ["one_device", "many_devices"])
 def test_the_worst_numa_topology_the_limit_admits_stays_within_the_memory_formula(
     shape: str, tmp_path: Path

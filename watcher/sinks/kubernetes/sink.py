@@ -139,7 +139,9 @@ class KubernetesSink:
             log.error(
                 "another writer has a Node condition of the type this agent would write: left as it "
                 "is, and this agent's condition for it not written; give the resource a type of its "
-                "own with condition_types",
+                "own with condition_types. If an earlier build of this agent wrote it (its message has "
+                "no 'pod-resources-watcher: ' mark), delete that condition once: this build never "
+                "changes an unmarked one",
                 sink=self.name,
                 node=self.node,
                 types=taken,

@@ -134,7 +134,10 @@ async def connect(
                     error=text,
                 )
             return
-        if nc.is_connected:
+        # The client reports a lost connection (EOF, a socket error, a stale ping) while its status
+        # still says connected, before it starts reconnecting: that is an outage whatever the status.
+        lost = isinstance(err, OSError | nats.errors.UnexpectedEOF | nats.errors.StaleConnectionError)
+        if nc.is_connected and not lost:
             # Not an outage either (an exception in a callback, a slow consumer): saying the
             # connection failed would be false, and would leave the next real outage unlogged.
             if state.reported != text:
