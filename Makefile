@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-dev
 RUN_STAMP := $(VENV)/.installed-run
 PY_CHECK  := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
 
-.PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos docs clean help
+.PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos docs peers clean help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -80,6 +80,12 @@ proto: $(STAMP) ## regenerate watcher/kubeletapi from proto/
 docs: $(STAMP) ## regenerate docs/configuration.md from the settings' doc strings
 	$(BIN)/python -m testkit.config_reference > docs/configuration.md.tmp
 	mv docs/configuration.md.tmp docs/configuration.md
+
+# Test peers: programs compiled from upstream Kubernetes code (peers/, its own Go module pinned to
+# one release), built into .peers/bin. Go's build and module caches are reused; not part of make test.
+peers: ## build the Go test peers (kube-apiserver from k8s.io/kubernetes) into .peers/bin
+	@command -v go >/dev/null 2>&1 || { echo "peers: Go is not installed: install Go 1.26+ (Debian: apt-get install golang) and run make peers again"; exit 1; }
+	cd peers && go build -o $(CURDIR)/.peers/bin/ ./cmd/...
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
