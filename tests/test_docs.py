@@ -9,7 +9,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIP = {".git", ".venv", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis", "node_modules"}
+# Not the repository's text: virtualenv, caches, and .peers/ (the Go test peers `make peers` builds;
+# extensionless binaries would read as text).
+SKIP = {
+    ".git",
+    ".venv",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+    "node_modules",
+    ".peers",
+}
 TEXT = {".md", ".py", ".toml", ".yaml", ".yml", ".json", ".txt", ".proto", ".service", ".env", ""}
 # A relative path that climbs: it must still land inside the repository, which is all a reader has.
 CLIMBING = re.compile(r"(?<![\w./])((?:\.\./)+[\w][\w./-]*)")
