@@ -16,6 +16,7 @@ import structlog
 from testkit.certificates import make_pki
 from testkit.disks import FailingDisk, tmpfs
 from testkit.disks import failing_disk as make_failing_disk
+from testkit.permissions import umask
 from testkit.planted_secret import PLANTED_SECRET
 from watcher.sim.fake_kubelet import FakeKubelet
 
@@ -111,3 +112,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA, a server certificate for 127.0.0.1 and a client certificate from it; and a client
     certificate from another CA."""
     return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The common default umask, under which files came out 0644 and directories 0755."""
+    with umask(0o022):
+        yield

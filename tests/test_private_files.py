@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import stat
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from testkit.agent import make_settings, running_agent
+from testkit.permissions import mode
 from watcher.app import Agent
 from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
@@ -29,20 +28,6 @@ from watcher.sinks.registry import build_sink
 from watcher.sinks.webhook import WebhookSinkSettings
 
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-def umask_022() -> Iterator[None]:
-    """The common default umask, under which files came out 0644 and directories 0755."""
-    old = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 def event(seq: int) -> Event:

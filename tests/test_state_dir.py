@@ -5,30 +5,16 @@ config error, and an existing directory that holds other programs' files is left
 from __future__ import annotations
 
 import os
-import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from testkit.agent import make_settings, running_agent
+from testkit.permissions import mode
 from watcher.config import ConfigError
 from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
-
-
-@pytest.fixture
-def umask_022() -> Iterator[None]:
-    old = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 @pytest.mark.parametrize(
