@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-dev
 RUN_STAMP := $(VENV)/.installed-run
 PY_CHECK  := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
 
-.PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos docs peers clean help
+.PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos docs peers e2e clean help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -64,7 +64,7 @@ typecheck: $(STAMP) ## mypy --strict on the package, testkit/ and bench/
 	$(BIN)/mypy
 
 pytest: $(STAMP) ## the test suite (run `make tools` first, or the tests needing a missing tool skip)
-	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -m "not chaos"
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -m "not chaos and not e2e"
 
 chaos: $(STAMP) ## the long suites: 200 kubelet restarts, 50 warm-ups, 70 receiver flaps (RELIABILITY.md); the tests marked chaos
 	PRW_CHAOS_RESTARTS=200 PRW_CHAOS_FLAPS=70 PRW_WARMUP_RESTARTS=50 PRW_WARMUP_MAX_S=5 \
@@ -86,6 +86,9 @@ docs: $(STAMP) ## regenerate docs/configuration.md from the settings' doc string
 peers: ## build the Go test peers (kube-apiserver from k8s.io/kubernetes) into .peers/bin
 	@command -v go >/dev/null 2>&1 || { echo "peers: Go is not installed: install Go 1.26+ (Debian: apt-get install golang) and run make peers again"; exit 1; }
 	cd peers && go build -o $(CURDIR)/.peers/bin/ ./cmd/...
+
+e2e: peers tools ## the end-to-end tests against the Go test peers (the real kube-apiserver, kubelet-lite); builds them first
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -p no:cacheprovider -m e2e
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
