@@ -1,4 +1,5 @@
-"""A running watcher against a running fake kubelet, with events and cycles to await."""
+"""A running watcher against a running kubelet (the fake, or kubelet-lite), with events and
+cycles to await."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jsonschema  # type: ignore[import-untyped]  # the test extra's, untyped
 
@@ -18,7 +19,16 @@ from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSetti
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.file import FileSinkSettings
 
-__all__ = ["Recorder", "Running", "make_settings", "running_agent", "write_agent_config"]
+__all__ = [
+    "AgentRun",
+    "KubeletPaths",
+    "Recorder",
+    "Running",
+    "agent_against",
+    "make_settings",
+    "running_agent",
+    "write_agent_config",
+]
 
 _VALIDATOR = jsonschema.Draft202012Validator(
     event_schema(), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
@@ -62,32 +72,32 @@ class Recorder:
         return [str(e.kind) for e in self.events[since:]]
 
 
+class KubeletPaths(Protocol):
+    """Where a kubelet serves: the fake's and kubelet-lite's (testkit.kubelet_lite) alike."""
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def socket_path(self) -> Path: ...
+
+
 @dataclasses.dataclass
-class Running:
+class AgentRun:
+    """A running agent and what it reported, whatever kubelet serves it."""
+
     agent: Agent
     recorder: Recorder
-    kubelet: FakeKubelet
     task: asyncio.Task[None]
-    _marks: int = 0
-
-    async def add_devices(
-        self, resource: str, devices: Iterable[tuple[str, tuple[int, ...]]], timeout: float = 10.0
-    ) -> None:
-        """Add each (device id, NUMA nodes) to the fake kubelet in turn, the next once the agent
-        reported this one (device.added and the capacity change: two events)."""
-        for device, numa in devices:
-            mark = len(self.recorder.events)
-            self.kubelet.add_device(resource, device, numa)
-            await self.recorder.kinds_after(mark, 2, timeout)
+    _marks: int = dataclasses.field(default=0, init=False)
 
     def queries_ok(self) -> float:
         """Re-queries the kubelet answered (changed or not)."""
         m = self.agent.metrics
         return m.value("requeries_total", result="changed") + m.value("requeries_total", result="unchanged")
 
-    async def settled(self) -> None:
-        """Until the fake kubelet's plugins and pods are all back and the agent holds nothing back."""
-        await self.kubelet.plugins.wait_settled()
+    async def released(self) -> None:
+        """Until the agent holds nothing back (its warm-up holds end on the clock)."""
         await self.quiet_cycle()
         while self.agent.settling.holding:
             await asyncio.sleep(0.25)  # holds end on the clock (the pod list stable for a while)
@@ -101,10 +111,35 @@ class Running:
         await self.recorder.until(lambda: any(mark in r for r in self.recorder.reasons), timeout)
 
 
-def make_settings(root: Path, **overrides: Any) -> Settings:
+@dataclasses.dataclass
+class Running(AgentRun):
+    """An agent against the fake kubelet, which the test scripts through `kubelet`."""
+
+    kubelet: FakeKubelet = dataclasses.field(kw_only=True)
+
+    async def add_devices(
+        self, resource: str, devices: Iterable[tuple[str, tuple[int, ...]]], timeout: float = 10.0
+    ) -> None:
+        """Add each (device id, NUMA nodes) to the fake kubelet in turn, the next once the agent
+        reported this one (device.added and the capacity change: two events)."""
+        for device, numa in devices:
+            mark = len(self.recorder.events)
+            self.kubelet.add_device(resource, device, numa)
+            await self.recorder.kinds_after(mark, 2, timeout)
+
+    async def settled(self) -> None:
+        """Until the fake kubelet's plugins and pods are all back and the agent holds nothing back."""
+        await self.kubelet.plugins.wait_settled()
+        await self.released()
+
+
+def make_settings(root: Path, *, kubelet_root: Path | None = None, **overrides: Any) -> Settings:
+    """The agent's settings for a test: state under `root`, the kubelet's root directory at
+    `kubelet_root` (default root/kubelet, where the fake-kubelet fixtures put it)."""
+    kubelet_dir = root / "kubelet" if kubelet_root is None else kubelet_root
     kubelet = KubeletSettings(
-        socket=root / "kubelet" / "pod-resources" / "kubelet.sock",
-        root_dir=root / "kubelet",
+        socket=kubelet_dir / "pod-resources" / "kubelet.sock",
+        root_dir=kubelet_dir,
         unreachable_grace=overrides.pop("unreachable_grace", 30.0),
     )
     watch = WatchSettings(
@@ -127,7 +162,7 @@ def make_settings(root: Path, **overrides: Any) -> Settings:
 
 
 @asynccontextmanager
-async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterator[Running]:
+async def _agent_task(settings: Settings) -> AsyncIterator[tuple[Agent, Recorder, asyncio.Task[None]]]:
     recorder = Recorder()
     agent = Agent(settings)
     agent.subscribe(recorder.on_event)
@@ -138,16 +173,30 @@ async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterat
     recorder.task = task
     task.add_done_callback(recorder.changes.notify)
     try:
-        yield Running(agent, recorder, kubelet, task)
+        yield agent, recorder, task
     finally:
         agent.stop.set()
         await asyncio.wait_for(task, timeout=15)
 
 
+@asynccontextmanager
+async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterator[Running]:
+    """The agent against the fake kubelet `kubelet`."""
+    async with _agent_task(settings) as (agent, recorder, task):
+        yield Running(agent, recorder, task, kubelet=kubelet)
+
+
+@asynccontextmanager
+async def agent_against(settings: Settings) -> AsyncIterator[AgentRun]:
+    """The agent against whatever kubelet serves under `settings.kubelet` (e.g. kubelet-lite)."""
+    async with _agent_task(settings) as (agent, recorder, task):
+        yield AgentRun(agent, recorder, task)
+
+
 def write_agent_config(
     path: Path,
     root: Path,
-    kubelet: FakeKubelet,
+    kubelet: KubeletPaths,
     sinks: str,
     *,
     log_level: str = "warning",

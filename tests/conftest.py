@@ -16,6 +16,8 @@ import structlog
 from testkit.certificates import make_pki
 from testkit.disks import FailingDisk, tmpfs
 from testkit.disks import failing_disk as make_failing_disk
+from testkit.kubelet_lite import KubeletLite
+from testkit.peers import peer
 from testkit.permissions import umask
 from testkit.planted_secret import PLANTED_SECRET
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -40,6 +42,19 @@ async def kubelet(short_tmp: Path) -> AsyncIterator[FakeKubelet]:
         yield fake
     finally:
         await fake.stop(remove_socket=True)
+
+
+@pytest.fixture
+async def kubelet_lite(short_tmp: Path) -> AsyncIterator[KubeletLite]:
+    """kubelet-lite (the Go test peer on upstream's device manager and pod-resources server)
+    serving short_tmp/kubelet, where `make_settings(short_tmp)` looks; no plugins yet. Every
+    process it or its plugins started is stopped afterwards, whatever the test did."""
+    lite = KubeletLite(peer("kubelet-lite"), peer("device-plugin"), short_tmp / "kubelet")
+    try:
+        await lite.start()
+        yield lite
+    finally:
+        await lite.close()
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,321 @@
+"""The agent against kubelet-lite: upstream's device manager, checkpoint restore, device plugin
+registration, pod-resources server and rate limiter (peers/cmd/kubelet-lite), with our v1beta1
+device plugin (peers/cmd/device-plugin). The same assertions the fake-kubelet tests make, on the
+real thing; and where it is cheap, the fake checked against the real one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+
+from testkit.agent import AgentRun, agent_against, make_settings
+from testkit.kubelet_lite import AdmissionError, KubeletLite
+from testkit.waiting import wait_until
+from watcher.kubeletapi.v1 import api_pb2
+from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_plugins import Warmup
+
+pytestmark = pytest.mark.e2e
+
+GPU = "example.com/gpu"
+GPUS = {"gpu0": (0,), "gpu1": (0,), "gpu2": (1,), "gpu3": (1,)}
+SERVICE = "/v1.PodResourcesLister/"
+FLIPS = 30  # health changes in the rate-limit test, each awaited by the agent's re-query
+
+
+@asynccontextmanager
+async def _agent(short_tmp: Path, **overrides: Any) -> AsyncIterator[AgentRun]:
+    """The agent on kubelet-lite's root, past its first look and holding nothing back."""
+    async with agent_against(make_settings(short_tmp, **overrides)) as run:
+        await run.recorder.until(lambda: "watcher.started" in run.recorder.kinds())
+        await run.released()
+        yield run
+
+
+async def _call(socket: Path, method: str, request: bytes = b"") -> bytes:
+    async with aio.insecure_channel(f"unix:{socket}") as channel:
+        return bytes(await channel.unary_unary(SERVICE + method)(request, timeout=5))
+
+
+async def _error(socket: Path, method: str, request: bytes = b"") -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(aio.AioRpcError) as caught:
+        await _call(socket, method, request)
+    return caught.value.code(), caught.value.details() or ""
+
+
+async def _list(socket: Path) -> api_pb2.ListPodResourcesResponse:
+    return api_pb2.ListPodResourcesResponse.FromString(await _call(socket, "List"))
+
+
+async def _allocatable(socket: Path) -> api_pb2.AllocatableResourcesResponse:
+    return api_pb2.AllocatableResourcesResponse.FromString(await _call(socket, "GetAllocatableResources"))
+
+
+def _devices_of(response: api_pb2.ListPodResourcesResponse, namespace: str, name: str) -> set[str]:
+    return {
+        device
+        for pod in response.pod_resources
+        if (pod.namespace, pod.name) == (namespace, name)
+        for container in pod.containers
+        for entry in container.devices
+        for device in entry.device_ids
+    }
+
+
+# -- the agent against the real kubelet --
+
+
+async def test_kubelet_restarts_give_one_kubelet_restarted_each_and_nothing_else(
+    kubelet_lite: KubeletLite, short_tmp: Path
+) -> None:
+    """The real checkpoint restore and plugin re-registration: no false 'device missing'."""
+    await kubelet_lite.add_plugin(GPU, GPUS)
+    await kubelet_lite.admit("ml", "trainer-restarts", {"main": {GPU: 2}})
+    async with _agent(short_tmp) as run:
+        before = run.agent.inventory
+        mark = len(run.recorder.events)
+        for n in range(2):
+            await kubelet_lite.restart()
+            await run.recorder.until(
+                lambda n=n: run.recorder.kinds(mark).count("kubelet.restarted") == n + 1, timeout=30
+            )
+            await run.released()
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["kubelet.restarted"] * 2
+        assert run.agent.inventory == before
+
+
+async def test_a_device_plugin_restart_gives_only_plugin_lifecycle_events(
+    kubelet_lite: KubeletLite, short_tmp: Path
+) -> None:
+    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
+    await kubelet_lite.admit("ml", "trainer-plugin", {"main": {GPU: 1}})
+    async with _agent(short_tmp) as run:
+        mark = len(run.recorder.events)
+        await plugin.stop()  # the process ends and removes its socket
+
+        async def dropped() -> bool:  # the kubelet notices when the plugin's stream ends
+            allocatable = await _allocatable(kubelet_lite.socket_path)
+            return not any(d.resource_name == GPU for d in allocatable.devices)
+
+        await wait_until(dropped, what="the kubelet dropping the departed plugin's devices")
+        # That drop rewrites no file: the agent sees it at its next look (its timer; forced here).
+        await run.quiet_cycle()
+        await plugin.start()  # a new process, registering anew
+        await run.recorder.until(lambda: "plugin.registered" in run.recorder.kinds(mark), timeout=15)
+        await run.released()
+        assert run.recorder.kinds(mark) == ["plugin.unregistered", "plugin.registered"]
+        assert all(e.details["resource"] == GPU for e in run.recorder.events[mark:])
+
+
+async def test_a_quick_device_plugin_restart_gives_no_event_but_plugin_lifecycle(
+    kubelet_lite: KubeletLite, short_tmp: Path
+) -> None:
+    """Stopped and started at once: whether the agent catches the gap is timing, but it never
+    reports anything else (no device missing, no allocation change)."""
+    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
+    await kubelet_lite.admit("ml", "trainer-quick", {"main": {GPU: 1}})
+    async with _agent(short_tmp) as run:
+        before = run.agent.inventory
+        mark = len(run.recorder.events)
+        await plugin.restart()
+        await run.released()
+        assert run.recorder.kinds(mark) in ([], ["plugin.unregistered", "plugin.registered"])
+        assert run.agent.inventory == before
+
+
+async def test_an_allocated_device_turning_unhealthy_is_critical_and_healing_resolves_it(
+    kubelet_lite: KubeletLite, short_tmp: Path
+) -> None:
+    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
+    held = await kubelet_lite.admit("ml", "trainer-health", {"main": {GPU: 1}})
+    (victim,) = held["main"][GPU]
+    async with _agent(short_tmp) as run:
+        mark = len(run.recorder.events)
+        await plugin.set_healthy(victim, False)  # through ListAndWatch
+        await run.recorder.until(lambda: "device.removed" in run.recorder.kinds(mark))
+        (removed,) = [e for e in run.recorder.events[mark:] if e.kind == "device.removed"]
+        assert str(removed.severity) == "critical"
+        assert removed.details["device"] == victim
+        assert removed.details["allocated_to"] == ["ml/trainer-health/main"]
+        assert "ml/trainer-health/main" in removed.summary
+        mark = len(run.recorder.events)
+        await plugin.set_healthy(victim, True)
+        await run.recorder.until(lambda: "device.added" in run.recorder.kinds(mark))
+        (added,) = [e for e in run.recorder.events[mark:] if e.kind == "device.added"]
+        assert added.details["device"] == victim
+        assert list(added.details["numa"]) == list(GPUS[victim])
+
+
+async def test_a_hot_plugged_device_is_reported_added(kubelet_lite: KubeletLite, short_tmp: Path) -> None:
+    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
+    async with _agent(short_tmp) as run:
+        mark = len(run.recorder.events)
+        await plugin.add_device("gpu-hotplug", (1,))
+        await run.recorder.until(lambda: "device.added" in run.recorder.kinds(mark))
+        (added,) = [e for e in run.recorder.events[mark:] if e.kind == "device.added"]
+        assert added.details == {"resource": GPU, "device": "gpu-hotplug", "numa": [1]}
+
+
+async def test_a_pod_admitted_with_devices_and_removed_shows_as_the_agent_reports_it(
+    kubelet_lite: KubeletLite, short_tmp: Path
+) -> None:
+    await kubelet_lite.add_plugin(GPU, GPUS)
+    async with _agent(short_tmp) as run:
+        mark = len(run.recorder.events)
+        held = await kubelet_lite.admit("team", "job-alloc", {"main": {GPU: 2}})
+        ids = sorted(held["main"][GPU])
+        assert len(ids) == 2
+        await run.recorder.until(lambda: "allocation.added" in run.recorder.kinds(mark))
+        (added,) = [e for e in run.recorder.events[mark:] if e.kind == "allocation.added"]
+        assert (added.details["namespace"], added.details["pod"], added.details["container"]) == (
+            "team",
+            "job-alloc",
+            "main",
+        )
+        assert added.details["devices"] == {GPU: ids}
+        mark = len(run.recorder.events)
+        await kubelet_lite.remove("team", "job-alloc")
+        # The kubelet rewrites no state file when a pod goes (the device manager frees its devices
+        # in memory): the agent sees it at its next timer, which this forces.
+        await run.quiet_cycle()
+        (gone,) = [e for e in run.recorder.events[mark:] if e.kind == "allocation.removed"]
+        assert gone.details["devices"] == {GPU: ids}
+        # Freed for real: a pod can now take every device.
+        again = await kubelet_lite.admit("team", "job-all", {"main": {GPU: len(GPUS)}})
+        assert sorted(again["main"][GPU]) == sorted(GPUS)
+
+
+async def test_the_device_manager_refuses_more_devices_than_are_free_in_upstreams_words(
+    kubelet_lite: KubeletLite,
+) -> None:
+    await kubelet_lite.add_plugin(GPU, GPUS)
+    with pytest.raises(AdmissionError) as caught:
+        await kubelet_lite.admit("team", "job-greedy", {"main": {GPU: len(GPUS) + 1}})
+    assert caught.value.reason == "UnexpectedAdmissionError"
+    assert caught.value.message == (
+        f"Allocate failed due to requested number of devices unavailable for {GPU}. "
+        f"Requested: {len(GPUS) + 1}, Available: {len(GPUS)}, which is unexpected"
+    )
+    assert await kubelet_lite.pods() == []  # a refused pod is not admitted
+
+
+async def test_the_agent_at_its_highest_rate_cap_stays_under_the_real_rate_limiter(
+    kubelet_lite: KubeletLite, short_tmp: Path
+) -> None:
+    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
+    async with _agent(short_tmp, max_rpc_rate=50) as run:  # the most [watch] max_rpc_rate allows
+        answered = run.queries_ok()
+        for flip in range(FLIPS):  # each flip rewrites the checkpoint: a trigger to re-query
+            seen = run.queries_ok()
+            await plugin.set_healthy("gpu3", flip % 2 == 1)
+            await run.recorder.until(lambda seen=seen: run.queries_ok() > seen)
+        await run.quiet_cycle()
+        assert run.agent.metrics.value("requeries_total", result="rate_limited") == 0
+        assert run.queries_ok() - answered >= FLIPS  # the burst did drive a re-query each
+
+
+# -- the fake checked against the real one --
+
+
+async def test_the_fake_and_the_real_limiter_reject_with_the_same_status_and_text(
+    kubelet_lite: KubeletLite, short_tmp: Path
+) -> None:
+    async def burst(socket: Path) -> set[tuple[grpc.StatusCode, str]]:
+        async with aio.insecure_channel(f"unix:{socket}") as channel:
+            call = channel.unary_unary(SERVICE + "List")
+            results = await asyncio.gather(*(call(b"", timeout=5) for _ in range(40)), return_exceptions=True)
+        return {(r.code(), r.details() or "") for r in results if isinstance(r, aio.AioRpcError)}
+
+    real = await burst(kubelet_lite.socket_path)
+    async with FakeKubelet(short_tmp / "fake") as fake:
+        faked = await burst(fake.socket_path)
+    assert real == {(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")}
+    assert faked == real
+
+
+async def test_the_fake_and_the_real_answer_get_of_an_unknown_pod_alike(
+    kubelet_lite: KubeletLite, short_tmp: Path
+) -> None:
+    request = api_pb2.GetPodResourcesRequest(pod_namespace="nowhere", pod_name="ghost").SerializeToString()
+    real = await _error(kubelet_lite.socket_path, "Get", request)
+    async with FakeKubelet(short_tmp / "fake") as fake:
+        faked = await _error(fake.socket_path, "Get", request)
+    assert real == (grpc.StatusCode.UNKNOWN, "pod ghost in namespace nowhere not found")
+    assert faked == real
+
+
+async def test_the_fake_and_the_real_socket_have_one_mode_and_are_replaced_on_restart(
+    kubelet_lite: KubeletLite, short_tmp: Path
+) -> None:
+    def identity(path: Path) -> tuple[int, int, int]:
+        st = os.stat(path)
+        return st.st_ino, st.st_mtime_ns, stat.S_IMODE(st.st_mode)
+
+    real_before = identity(kubelet_lite.socket_path)
+    await kubelet_lite.restart()
+    real_after = identity(kubelet_lite.socket_path)
+    fake = FakeKubelet(short_tmp / "fake")
+    async with fake:
+        fake_before = identity(fake.socket_path)
+        await fake.restart()
+        fake_after = identity(fake.socket_path)
+    assert stat.S_ISSOCK(os.stat(kubelet_lite.socket_path).st_mode)
+    assert real_before[:2] != real_after[:2]  # a new file (its inode may be reused; its time is not)
+    assert fake_before[:2] != fake_after[:2]
+    assert real_after[2] == fake_after[2], f"socket mode: real {real_after[2]:o}, fake {fake_after[2]:o}"
+
+
+async def test_the_warm_up_shows_allocations_at_once_and_allocatable_empty_until_the_plugin_registers(
+    kubelet_lite: KubeletLite, short_tmp: Path
+) -> None:
+    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
+    held = await kubelet_lite.admit("ml", "trainer-warmup", {"main": {GPU: 2}})
+    await kubelet_lite.stop()
+    await plugin.stop()  # a plugin not back yet: the kubelet knows its devices only by its checkpoint
+    await kubelet_lite.start()
+    assert _devices_of(await _list(kubelet_lite.socket_path), "ml", "trainer-warmup") == set(
+        held["main"][GPU]
+    )
+    assert [d for d in (await _allocatable(kubelet_lite.socket_path)).devices if d.resource_name == GPU] == []
+    await plugin.start()
+
+    async def all_back() -> bool:  # registered; its first ListAndWatch answer follows
+        allocatable = await _allocatable(kubelet_lite.socket_path)
+        return {i for d in allocatable.devices for i in d.device_ids} == set(GPUS)
+
+    await wait_until(all_back, what="the plugin's devices back in allocatable")
+
+    # The fake's warm-up has the same shape.
+    fake = FakeKubelet(short_tmp / "fake", warmup=Warmup(never=frozenset({"nvidia.com/gpu"})))
+    async with fake:
+        held_fake = {
+            i
+            for p in fake.node.pods.values()
+            for c in p.containers
+            for i in c.devices.get("nvidia.com/gpu", [])
+        }
+        listed = await _list(fake.socket_path)
+        assert (
+            held_fake
+            and {
+                i
+                for pod in listed.pod_resources
+                for c in pod.containers
+                for d in c.devices
+                if d.resource_name == "nvidia.com/gpu"
+                for i in d.device_ids
+            }
+            == held_fake
+        )
+        faked = await _allocatable(fake.socket_path)
+        assert [d for d in faked.devices if d.resource_name == "nvidia.com/gpu"] == []
