@@ -140,6 +140,21 @@ async def test_a_plugin_restart_gives_only_plugin_lifecycle_events(
         assert all(e.details["resource"] == GPU for e in run.recorder.events[mark:])
 
 
+async def test_a_plugin_whose_stream_ends_after_its_socket_is_gone_is_seen_without_the_timer(
+    kubelet: FakeKubelet, short_tmp: Path
+) -> None:
+    """The kubelet drops a departed plugin's devices when its ListAndWatch stream ends, a moment
+    after the socket is gone, and writes no file then: the re-query the socket's removal triggers
+    comes too early, and only the follow-up looks catch the drop (the timer is an hour here)."""
+    async with running_agent(make_settings(short_tmp), kubelet) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+        kubelet.plugins.restart_plugin(GPU, downtime=5.0, stream_ends_after=0.3)
+        await run.recorder.until(lambda: bool(run.recorder.kinds(mark)), timeout=4)
+        assert run.recorder.kinds(mark) == ["plugin.unregistered"]  # not its devices "removed"
+
+
 async def test_a_plugin_that_never_returns_is_reported_once_after_the_grace(
     kubelet: FakeKubelet, short_tmp: Path
 ) -> None:

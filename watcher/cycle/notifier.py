@@ -22,13 +22,19 @@ from watcher.kubelet.watching import DirectoryWatch
 from watcher.settings import Settings
 from watcher.supervision import Scope
 
-__all__ = ["Notifier", "STATE_FILE_NAMES", "CHECKPOINT_NAME"]
+__all__ = ["CHECKPOINT_NAME", "Notifier", "PLUGIN_FOLLOW_UPS", "STATE_FILE_NAMES"]
 
 log = structlog.get_logger("watcher.cycle.notifier")
 
 # Kubelet state files that are rewritten (temp + rename) when the inventory changes.
 STATE_FILE_NAMES = ("cpu_manager_state", "memory_manager_state", "dra_manager_state")
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"
+# Looks after a device-plugin socket comes or goes (seconds after the change). The kubelet drops a
+# departed plugin's devices when the plugin's ListAndWatch stream ends, a moment after its socket
+# is gone, and rewrites no file then; and it lists a new plugin's devices only once its first
+# ListAndWatch answer arrives. The re-query the socket change triggers can come before either, so
+# without these the change would wait for the timer (seen against the kubelet's own device manager).
+PLUGIN_FOLLOW_UPS = (0.5, 2.0)
 
 
 class Notifier:
@@ -48,6 +54,8 @@ class Notifier:
         self._socket_seen: SocketState | None = None
         self._said_not_a_socket: FileIdentity | None = None
         self._generation = Scope(stop)
+        # The pending follow-up looks (monotonic), earliest first; the reactor drops the past ones.
+        self.follow_ups: list[float] = []
 
     @property
     def socket_path(self) -> Path:
@@ -145,4 +153,7 @@ class Notifier:
     ) -> None:
         async for batch in self._directory_watch(directory, match, name, generation).batches():
             if batch:
+                if any(n.endswith(".sock") for n in batch):
+                    now = time.monotonic()
+                    self.follow_ups = sorted({*self.follow_ups, *(now + d for d in PLUGIN_FOLLOW_UPS)})
                 self.trigger.fire("state-file:" + ",".join(sorted(batch)))

@@ -138,6 +138,8 @@ class Reactor:
             deadlines.append(look)
         if (quiet := state.flaps.next_look(self._flap_rule)) is not None:
             deadlines.append(quiet)
+        if self.notifier.follow_ups:
+            deadlines.append(self.notifier.follow_ups[0])
         return deadlines
 
     def _wake_at(self) -> float:
@@ -155,6 +157,9 @@ class Reactor:
         """One complete re-query, committed (or its failure recorded) before it returns."""
         async with self.lock:
             started = time.perf_counter()
+            # This look serves every follow-up already due (see PLUGIN_FOLLOW_UPS).
+            now = time.monotonic()
+            self.notifier.follow_ups = [t for t in self.notifier.follow_ups if t > now]
             result = "failed"
             try:
                 # The result is known before the commit: a commit cut short (at shutdown) does

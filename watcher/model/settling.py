@@ -27,10 +27,14 @@ from dataclasses import dataclass
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.inventory import Inventory
 
-__all__ = ["Settling", "POLL_S", "PODS_STABLE_S"]
+__all__ = ["DEPARTURE_S", "PODS_STABLE_S", "POLL_S", "Settling"]
 
 POLL_S = 1.0  # while something is held, look again this often (2 RPCs: well inside our 5/s cap)
 PODS_STABLE_S = 2.0  # the pod list must not change for this long before held pods are released
+# The kubelet drops a departed plugin's devices when the plugin's ListAndWatch stream ends, which
+# can be a moment after its socket is gone. A look in between sees the socket gone and every device
+# still there; for this long after, those devices leaving is still that plugin's departure.
+DEPARTURE_S = 5.0
 
 
 def _resources(inv: Inventory) -> frozenset[str]:
@@ -45,6 +49,7 @@ class Settling:
     pod_keys: frozenset[tuple[str, str]] = frozenset()  # the pods of the last answer
     pods_changed_at: float = 0.0  # when the pod list last changed
     sockets: frozenset[str] | None = None  # the plugin sockets of the last settled look
+    departed_at: float | None = None  # a socket went away, its devices not yet (see DEPARTURE_S)
     last_look: float = 0.0
 
     @property
@@ -112,15 +117,23 @@ class Settling:
         ):
             pods_since = None
         kubelet_restart = state.kubelet_restart and bool(held or pods_since is not None)
-        settled_sockets = state.sockets
+        settled_sockets, departed_at = state.sockets, state.departed_at
         if not held and pods_since is None and sockets is not None:
-            settled_sockets = sockets
+            lost = state.sockets - sockets if state.sockets is not None else frozenset()
+            if lost and (departed_at is None or now - departed_at < DEPARTURE_S):
+                # Keep the departed socket in the settled set for a while: its devices may
+                # still leave (DEPARTURE_S), and that is the plugin going, not a failure.
+                departed_at = now if departed_at is None else departed_at
+                settled_sockets = state.sockets | sockets if state.sockets is not None else sockets
+            else:
+                settled_sockets, departed_at = sockets, None
         after = dataclasses.replace(
             state,
             held=tuple(sorted(held.items())),
             kubelet_restart=kubelet_restart,
             pods_since=pods_since,
             sockets=settled_sockets,
+            departed_at=departed_at,
             last_look=now,
         )
         return after, changes

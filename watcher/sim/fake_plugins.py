@@ -94,15 +94,23 @@ class Plugins:
             for key in sorted(self.hidden_pods):
                 self._later(self.rng.uniform(low, high), functools.partial(self._reveal, key))
 
-    def restart_plugin(self, resource: str, downtime: float | None) -> None:
+    def restart_plugin(
+        self, resource: str, downtime: float | None, *, stream_ends_after: float = 0.0
+    ) -> None:
         """The plugin of `resource` goes away (its devices leave allocatable) and registers again
-        after `downtime` seconds; None: it never comes back."""
-        self.down.add(resource)
+        after `downtime` seconds; None: it never comes back.
+
+        As with the kubelet's own device manager: the plugin's socket goes first; the devices leave
+        allocatable when its ListAndWatch stream ends (`stream_ends_after` seconds later), and no
+        state file is rewritten for that."""
         self._settled.clear()
         (self.directory / plugin_socket_name(resource)).unlink(missing_ok=True)
-        self.on_change()
+        if stream_ends_after > 0:
+            self._later(stream_ends_after, functools.partial(self.down.add, resource))
+        else:
+            self.down.add(resource)
         if downtime is not None:
-            self._later(downtime, functools.partial(self._register, resource))
+            self._later(stream_ends_after + downtime, functools.partial(self._register, resource))
 
     async def wait_settled(self) -> None:
         """Until every plugin that will come back has registered and List shows every pod."""
