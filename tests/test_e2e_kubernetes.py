@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,8 @@ from watcher.sinks.kubernetes.condition_plan import OWNER_MARK
 
 pytestmark = pytest.mark.e2e
 
+ROOT = Path(__file__).resolve().parent.parent
+
 GPU = "nvidia.com/gpu"
 CONDITION = "NvidiaGpuDevicesUnavailable"
 HELD, SPARE = "GPU-held", "GPU-spare"
@@ -58,7 +61,8 @@ def cluster(kube_cluster: KubeTestCluster) -> KubeTestCluster:
 
 @pytest.fixture
 def placed(cluster: KubeTestCluster, request: pytest.FixtureRequest) -> Placement:
-    tag = request.node.name.removeprefix("test_")[:20].replace("_", "-").strip("-")
+    # Object names must be DNS labels: the test's name, shortened, without brackets or underscores.
+    tag = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:20].strip("-")
     return place_agent(cluster, tag)
 
 
@@ -242,7 +246,11 @@ def test_a_condition_it_does_not_own_is_refused(cluster: KubeTestCluster, placed
 
 def test_other_status_fields_and_metadata_are_refused(cluster: KubeTestCluster, placed: Placement) -> None:
     answer = _patch_status(cluster, placed, placed.node, {"capacity": {GPU: "8"}})
-    _refused_by_policy(answer, placed.node, "this update changes status.capacity")
+    _refused_by_policy(answer, placed.node, "this update changes status.")
+    # The server defaults allocatable to capacity on a Node that has none, so the update changes
+    # both; CEL iterates a map in no fixed order, so the message lists them in either.
+    changed = answer.message.split("this update changes ")[1].split(", ")
+    assert sorted(changed) == ["status.allocatable", "status.capacity"], answer.message
     answer = _patch_status(cluster, placed, placed.node, {"conditions": [_ours()]}, labels={"stolen": "yes"})
     _refused_by_policy(answer, placed.node, "this update changes metadata.labels")
 
@@ -314,3 +322,15 @@ def test_what_rbac_grants_is_allowed(cluster: KubeTestCluster, placed: Placement
     status = api_request(cluster, placed.kubeconfig, "GET", f"/api/v1/nodes/{placed.node}/status")
     assert (pod.status, status.status) == (200, 200), (pod, status)
     assert status.body["metadata"]["name"] == placed.node
+
+
+def test_the_server_refuses_a_policy_whose_cel_does_not_type_check(cluster: KubeTestCluster) -> None:
+    # The real server type-checks CEL when the policy is written; the Python fake
+    # (testkit/admission_policy.py, untyped CEL) would accept this one and fail only at evaluation.
+    shipped = (ROOT / "deploy" / "kubernetes" / "reporting" / "admissionpolicy.yaml").read_text()
+    broken = shipped.replace("has(request.name) ? request.name : ''", "has(request.name) ? request.name : 0")
+    assert broken != shipped
+    done = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=broken, check=False)
+    assert done.returncode == 1
+    assert "spec.variables[1].expression: Invalid value" in done.stderr, done.stderr
+    assert "found no matching overload for '_?_:_' applied to '(bool, string, int)'" in done.stderr
