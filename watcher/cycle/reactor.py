@@ -222,6 +222,11 @@ class Reactor:
         commit = functools.partial(self._commit, changes, cycle, took_name_events=took_name_events)
         try:
             alloc_raw, list_raw = await self._query()
+            if not restarted and probe_socket(self.socket_path).identity not in (None, draft.socket):
+                # Replaced while we asked (probed absent or old): the answer may be the new kubelet's
+                # warm-up with its restart unseen. Drop it; the next cycle sees the restart first.
+                self.notifier.trigger.fire("socket", urgent=True)
+                return "unchanged", functools.partial(commit, draft)
         except errors.RateLimitedError:
             now = time.monotonic()
             delay = self.rate_backoff.delay(draft.health.attempt)
