@@ -85,11 +85,12 @@ docs: $(STAMP) ## regenerate docs/configuration.md from the settings' doc string
 # one release), built into .peers/bin. Go's build and module caches are reused; not part of make test.
 # The upstream release peers/go.mod pins, stamped in as upstream's build scripts do (-X on
 # component-base's version), so `kube-apiserver --version` and /version say which code runs.
+# -buildvcs=false: the peers need no VCS stamp, and a clone owned by another user would fail it.
 PEERS_K8S := $(shell sed -n 's/^[[:space:]]*k8s.io\/kubernetes \(v[0-9.]*\)$$/\1/p' peers/go.mod)
 PEERS_LDFLAGS := $(foreach v,gitVersion=$(PEERS_K8S) gitMajor=$(word 1,$(subst ., ,$(PEERS_K8S:v%=%))) gitMinor=$(word 2,$(subst ., ,$(PEERS_K8S))) gitTreeState=clean,-X k8s.io/component-base/version.$(v))
 peers: ## build the Go test peers (kube-apiserver from k8s.io/kubernetes) into .peers/bin
 	@command -v go >/dev/null 2>&1 || { echo "peers: Go is not installed: install Go 1.26+ (Debian: apt-get install golang) and run make peers again"; exit 1; }
-	cd peers && go build -ldflags "$(PEERS_LDFLAGS)" -o $(CURDIR)/.peers/bin/ ./cmd/...
+	cd peers && go build -buildvcs=false -ldflags "$(PEERS_LDFLAGS)" -o $(CURDIR)/.peers/bin/ ./cmd/...
 
 e2e: peers tools ## the end-to-end tests against the Go test peers (the real kube-apiserver, kubelet-lite); builds them first
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -p no:cacheprovider -m e2e
