@@ -88,7 +88,7 @@ docs: $(STAMP) ## regenerate docs/configuration.md from the settings' doc string
 # -buildvcs=false: the peers need no VCS stamp, and a clone owned by another user would fail it.
 PEERS_K8S := $(shell sed -n 's/^[[:space:]]*k8s.io\/kubernetes \(v[0-9.]*\)$$/\1/p' peers/go.mod)
 PEERS_LDFLAGS := $(foreach v,gitVersion=$(PEERS_K8S) gitMajor=$(word 1,$(subst ., ,$(PEERS_K8S:v%=%))) gitMinor=$(word 2,$(subst ., ,$(PEERS_K8S))) gitTreeState=clean,-X k8s.io/component-base/version.$(v))
-peers: ## build the Go test peers (kube-apiserver from k8s.io/kubernetes) into .peers/bin
+peers: ## build the Go test peers from k8s.io/kubernetes (kube-testcluster, kubelet-lite, device-plugin, kube-apiserver) into .peers/bin
 	@command -v go >/dev/null 2>&1 || { echo "peers: Go is not installed: install Go 1.26+ (Debian: apt-get install golang) and run make peers again"; exit 1; }
 	cd peers && go build -buildvcs=false -ldflags "$(PEERS_LDFLAGS)" -o $(CURDIR)/.peers/bin/ ./cmd/...
 
