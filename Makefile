@@ -11,7 +11,7 @@ PY_CHECK  := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11)
 .PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos docs peers e2e clean help
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(RUN_STAMP): pyproject.toml
 	@$(PY_CHECK)
