@@ -1,5 +1,6 @@
 """The Helm chart rendered by the real helm (v4, from `testkit.tools`): `template` runs it on a values
-dict and returns what helm printed; `render` returns the objects, `pod` the DaemonSet's pod spec."""
+dict and returns what helm printed; `render` returns the objects, `pod` the DaemonSet's pod spec.
+`VALUES_SETS` are the documented values sets."""
 
 from __future__ import annotations
 
@@ -11,13 +12,43 @@ from typing import Any
 from testkit.manifests import DEPLOY, load_yaml_docs, the
 from testkit.tools import tool
 
-__all__ = ["CHART", "NAMESPACE", "RELEASE", "SCHEMA_ERROR", "helm", "pod", "render", "template"]
+__all__ = [
+    "CHART",
+    "NAMESPACE",
+    "RELEASE",
+    "SCHEMA_ERROR",
+    "VALUES_SETS",
+    "helm",
+    "pod",
+    "render",
+    "template",
+]
 
 CHART = DEPLOY / "helm" / "pod-resources-watcher"
 RELEASE = "pod-resources-watcher"
 NAMESPACE = "pod-resources-watcher"
 # What helm says when values.schema.json refuses a values file.
 SCHEMA_ERROR = "values don't meet the specifications of the schema"
+
+# The documented values sets (deploy/README.md, "Helm"): tests/test_helm.py renders and checks each
+# offline, tests/test_e2e_deploy.py has the real API server accept what each renders.
+VALUES_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "podmonitor": {"monitoring": {"monitor": "PodMonitor", "service": True, "prometheusRule": True}},
+    "servicemonitor": {
+        "monitoring": {"monitor": "ServiceMonitor", "labels": {"release": "kube-prometheus-stack"}}
+    },
+    "reporting": {"kubernetesReporting": {"enabled": True}},
+    "placement": {
+        "nodeSelector": {"kubernetes.io/os": "linux", "nvidia.com/gpu.present": "true"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "controlPlaneNodes": True,
+    },
+    "existing-secret": {
+        "secrets": {"existingSecret": "gpu-alerts", "optional": False},
+        "image": {"repository": "registry.example.invalid/pod-resources-watcher", "tag": "0.1.0-rc1"},
+    },
+}
 
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:
