@@ -48,6 +48,50 @@ VALUES_SETS: dict[str, dict[str, Any]] = {
         "secrets": {"existingSecret": "gpu-alerts", "optional": False},
         "image": {"repository": "registry.example.invalid/pod-resources-watcher", "tag": "0.1.0-rc1"},
     },
+    # Every other value of the README's table, away from its default.
+    "every-option": {
+        "image": {"tag": "0.1.0", "digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "registry-credentials"}],
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 1,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"app": "other-node-agent"}},
+                        },
+                    }
+                ]
+            }
+        },
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "128Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"},
+        },
+        "hostPaths": {
+            "podResources": "/var/lib/k0s/kubelet/pod-resources",
+            "devicePlugins": "/var/lib/k0s/kubelet/device-plugins",
+            "state": "/var/lib/k0s/pod-resources-watcher",
+        },
+        # The chart's own config with one change: a config of the operator's, in full.
+        "config": (CHART / "files" / "config.toml").read_text().replace('level = "info"', 'level = "debug"'),
+        "priorityClassName": "",
+        "resourceQuota": {"enabled": False},
+        "updateStrategy": {"maxUnavailable": 2},
+        "terminationGracePeriodSeconds": 30,
+        "podAnnotations": {"example.com/team": "gpu-platform"},
+        "podLabels": {"team": "gpu-platform"},
+        "networkPolicy": {"namespaces": ["monitoring", "observability"]},
+        "monitoring": {
+            "monitor": "PodMonitor",
+            "interval": "1m",
+            "scrapeTimeout": "15s",
+            "labels": {"release": "prom"},
+        },
+        "kubernetesReporting": {"enabled": True, "tokenExpirationSeconds": 600},
+        "fullnameOverride": "gpu-watcher",
+    },
 }
 
 

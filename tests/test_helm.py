@@ -65,6 +65,10 @@ EXPECTED_KINDS = {
     "reporting": sorted(BASE_KINDS + REPORTING_KINDS),
     "placement": BASE_KINDS,
     "existing-secret": BASE_KINDS,
+    # resourceQuota off, a PodMonitor without the Service, reporting on.
+    "every-option": sorted(
+        [k for k in BASE_KINDS if k != "ResourceQuota"] + ["PodMonitor", *REPORTING_KINDS]
+    ),
 }
 
 
