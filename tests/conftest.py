@@ -1,5 +1,5 @@
-"""Shared fixtures: short socket directories, a running fake kubelet, a task-leak guard, and
-certificates for TLS tests."""
+"""Shared fixtures: short socket directories, a running fake kubelet, a task-leak guard,
+certificates for TLS tests, and the real Kubernetes API server (kube-testcluster)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import structlog
 from testkit.certificates import make_pki
 from testkit.disks import FailingDisk, tmpfs
 from testkit.disks import failing_disk as make_failing_disk
+from testkit.kube_testcluster import KubeTestCluster, start_kube_testcluster
 from testkit.permissions import umask
 from testkit.planted_secret import PLANTED_SECRET
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -119,3 +120,15 @@ def umask_022() -> Iterator[None]:
     """The common default umask, under which files came out 0644 and directories 0755."""
     with umask(0o022):
         yield
+
+
+# --- the real Kubernetes API server (the Go peer kube-testcluster) ---
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeTestCluster]:
+    """One kube-testcluster (etcd and upstream's kube-apiserver) for the whole session: starting it
+    costs seconds. Tests share it, so each names its own objects uniquely. The static-token user
+    `viewer` (group `viewers`) is granted nothing."""
+    with start_kube_testcluster(tmp_path_factory.mktemp("kube"), {"viewer": ["viewers"]}) as cluster:
+        yield cluster
