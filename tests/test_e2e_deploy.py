@@ -1,18 +1,22 @@
 """deploy/ against the real API server (kube-testcluster): what tests/test_deploy.py and
 tests/test_helm.py check offline against JSON schemas, the server itself decides here.
 
-- Every kustomization (the base, each overlay, the SELinux component's privileged alternative) built by
-  the real `kubectl kustomize`, and every documented Helm values set rendered by the real helm, is
-  applied as admin with `kubectl apply --server-side --dry-run=server --validate=strict`: the server
-  accepts every object, reports each one back, keeps every field sent, and warns about nothing.
+- Every kustomization (the base, each overlay) built by the real `kubectl kustomize`, and every
+  documented Helm values set rendered by the real helm, is applied as admin with `kubectl apply
+  --server-side --dry-run=server --validate=strict`: the server accepts every object, reports each one
+  back, keeps every field sent (testkit/kube_dry_run.py), and warns about nothing. The SELinux
+  component's privileged alternative is refused for one reason only: this server, like kube-apiserver
+  by default, does not allow privileged containers.
 - The Prometheus Operator's CRDs are installed first, for real, from testkit/prometheus_crds.py (an
-  open schema: their objects' own fields are the one thing not checked here), and are Established.
+  open schema: their objects' own fields are the one thing not checked here), and are Established;
+  the namespace is created for real, since a dry-run cannot create the namespace its objects need.
 - The reporting objects (ClusterRole and binding, ValidatingAdmissionPolicy and binding) are created for
-  real, from kustomize and from the chart, read back, and the RBAC is asked what it grants.
+  real, from kustomize and from the chart, read back, and the authorizer is asked what they grant
+  (the fake API server's RBAC must answer the same).
 - Negative controls, one per kind of check, so that "accepted" means something: an unknown field, an
   invalid value, a custom resource field outside the open schema, an admission policy whose CEL does
-  not compile, and chart values the schema refuses rendered anyway; the server refuses each with its
-  own message.
+  not compile; the server refuses each with its own message. tests/test_e2e_chart_schema.py does the
+  same for the chart's values schema.
 """
 
 from __future__ import annotations
@@ -397,6 +401,7 @@ def test_a_dry_run_cannot_create_the_namespace_its_objects_need(
         ("variables.nodeName == 1", "found no matching overload for '_==_'"),
         ("variables.statusUpdate &&", "Syntax error"),
     ],
+    ids=["undefined-variable", "type-error", "syntax-error"],
 )
 def test_the_dry_run_refuses_an_admission_policy_whose_cel_does_not_compile(
     expression: str, complaint: str, cluster: KubeTestCluster
