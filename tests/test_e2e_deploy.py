@@ -22,10 +22,8 @@ tests/test_helm.py check offline against JSON schemas, the server itself decides
 from __future__ import annotations
 
 import copy
-import json
 import os
 import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,9 +35,18 @@ import yaml  # type: ignore[import-untyped]  # the test extra's pyyaml, untyped
 from testkit.helm_chart import VALUES_SETS, template
 from testkit.kube_dry_run import FIELD_MANAGER, as_yaml, dry_run, missing, returned
 from testkit.kube_testcluster import KubeTestCluster
-from testkit.manifests import BASE, OVERLAYS, REPORTING, SELINUX, load_yaml, load_yaml_docs, object_key, the
+from testkit.manifests import (
+    BASE,
+    OVERLAYS,
+    REPORTING,
+    SELINUX,
+    kustomize,
+    load_yaml,
+    load_yaml_docs,
+    object_key,
+    the,
+)
 from testkit.prometheus_crds import crds
-from testkit.tools import tool
 from testkit.waiting import wait_until
 from watcher.sim.apiserver.rbac import Attributes, allows, grants_for
 
@@ -71,18 +78,6 @@ def cluster(kube_cluster: KubeTestCluster) -> KubeTestCluster:
         "apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", str(BASE / "namespace.yaml")
     )
     return kube_cluster
-
-
-def _kustomize(directory: Path) -> str:
-    result = subprocess.run(
-        [tool("kubectl"), "kustomize", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def assert_accepted(cluster: KubeTestCluster, text: str) -> list[dict[str, Any]]:
@@ -133,7 +128,7 @@ KUSTOMIZATIONS = {"base": BASE, **OVERLAYS}
 
 @pytest.mark.parametrize("variant", sorted(KUSTOMIZATIONS))
 def test_kustomization_is_accepted_by_the_server(variant: str, cluster: KubeTestCluster) -> None:
-    assert_accepted(cluster, _kustomize(KUSTOMIZATIONS[variant]))
+    assert_accepted(cluster, kustomize(KUSTOMIZATIONS[variant]))
 
 
 # What kube-apiserver says of a privileged container when it runs without --allow-privileged=true
@@ -150,7 +145,7 @@ def test_the_privileged_alternative_is_refused_only_for_the_cluster_policy(
     """The test server does not allow privileged containers, as kube-apiserver does not by default:
     the privileged alternative's DaemonSet is refused for that alone (one error: privileged true
     with allowPrivilegeEscalation true is otherwise valid), and every other object is accepted."""
-    objs = load_yaml_docs(_kustomize(privileged_overlay))
+    objs = load_yaml_docs(kustomize(privileged_overlay))
     sc = the(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["securityContext"]
     assert sc["privileged"] is True and sc["allowPrivilegeEscalation"] is True
     result = dry_run(cluster, as_yaml([the(objs, "DaemonSet")]))
@@ -175,7 +170,7 @@ def test_helm_values_set_is_accepted_by_the_server(
 
 def test_the_crds_are_established_and_serve_their_kinds(cluster: KubeTestCluster) -> None:
     for crd in crds():
-        got = json.loads(cluster.kubectl("get", "crd", crd["metadata"]["name"], "-o", "json").stdout)
+        got = cluster.get("crd", crd["metadata"]["name"])
         conditions = {c["type"]: c["status"] for c in got["status"]["conditions"]}
         assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True", conditions
     listed = cluster.kubectl(
@@ -224,9 +219,7 @@ def _kustomize_reporting(suffix: str) -> list[dict[str, Any]]:
     running against the same server (the sink's end-to-end tests create the shipped objects) meets
     them. Only names change; every rule, expression and message is the shipped one."""
     objs = [
-        o
-        for o in load_yaml_docs(_kustomize(OVERLAYS["kubernetes-reporting"]))
-        if o["kind"] in REPORTING_KINDS
+        o for o in load_yaml_docs(kustomize(OVERLAYS["kubernetes-reporting"])) if o["kind"] in REPORTING_KINDS
     ]
     shipped_user = f"system:serviceaccount:{NAMESPACE}:pod-resources-watcher"
     for obj in objs:
@@ -310,7 +303,7 @@ async def test_reporting_objects_are_created_read_back_and_grant_exactly_the_rol
 
 @pytest.fixture(scope="module")
 def base_objects() -> list[dict[str, Any]]:
-    return load_yaml_docs(_kustomize(BASE))
+    return load_yaml_docs(kustomize(BASE))
 
 
 def test_the_dry_run_refuses_an_unknown_field(
