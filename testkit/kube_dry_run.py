@@ -41,10 +41,15 @@ def as_yaml(objs: list[dict[str, Any]]) -> str:
 
 def dry_run(cluster: KubeTestCluster, text: str) -> subprocess.CompletedProcess[str]:
     """Server-side apply of the manifests in `text` (YAML or JSON), as the admin, dry-run, strict
-    field validation, the objects printed back as JSON; kubectl's own result, exit code unchecked."""
+    field validation, the objects printed back as JSON; kubectl's own result, exit code unchecked.
+
+    --force-conflicts: where an object of that name already exists, made by another field manager
+    (another test's `kubectl apply` of the shipped policy), the apply would fail on who owns a field,
+    not on whether the manifest is valid; forcing takes the fields over in this dry-run only."""
     return cluster.kubectl(
         "apply",
         "--server-side",
+        "--force-conflicts",
         "--dry-run=server",
         "--validate=strict",
         f"--field-manager={FIELD_MANAGER}",
