@@ -1,5 +1,6 @@
 """The Helm chart rendered by the real helm (v4, from `testkit.tools`): `template` runs it on a values
-dict and returns what helm printed; `render` returns the objects, `pod` the DaemonSet's pod spec."""
+dict and returns what helm printed; `render` returns the objects, `pod` the DaemonSet's pod spec.
+`VALUES_SETS` are the documented values sets."""
 
 from __future__ import annotations
 
@@ -11,13 +12,87 @@ from typing import Any
 from testkit.manifests import DEPLOY, load_yaml_docs, the
 from testkit.tools import tool
 
-__all__ = ["CHART", "NAMESPACE", "RELEASE", "SCHEMA_ERROR", "helm", "pod", "render", "template"]
+__all__ = [
+    "CHART",
+    "NAMESPACE",
+    "RELEASE",
+    "SCHEMA_ERROR",
+    "VALUES_SETS",
+    "helm",
+    "pod",
+    "render",
+    "template",
+]
 
 CHART = DEPLOY / "helm" / "pod-resources-watcher"
 RELEASE = "pod-resources-watcher"
 NAMESPACE = "pod-resources-watcher"
 # What helm says when values.schema.json refuses a values file.
 SCHEMA_ERROR = "values don't meet the specifications of the schema"
+
+# The documented values sets (deploy/README.md, "Helm"): tests/test_helm.py renders and checks each
+# offline, tests/test_e2e_deploy.py has the real API server accept what each renders.
+VALUES_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "podmonitor": {"monitoring": {"monitor": "PodMonitor", "service": True, "prometheusRule": True}},
+    "servicemonitor": {
+        "monitoring": {"monitor": "ServiceMonitor", "labels": {"release": "kube-prometheus-stack"}}
+    },
+    "reporting": {"kubernetesReporting": {"enabled": True}},
+    "placement": {
+        "nodeSelector": {"kubernetes.io/os": "linux", "nvidia.com/gpu.present": "true"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "controlPlaneNodes": True,
+    },
+    "existing-secret": {
+        "secrets": {"existingSecret": "gpu-alerts", "optional": False},
+        "image": {"repository": "registry.example.invalid/pod-resources-watcher", "tag": "0.1.0-rc1"},
+    },
+    # Every other value of the README's table, away from its default.
+    "every-option": {
+        "image": {"tag": "0.1.0", "digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "registry-credentials"}],
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 1,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"app": "other-node-agent"}},
+                        },
+                    }
+                ]
+            }
+        },
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "128Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"},
+        },
+        "hostPaths": {
+            "podResources": "/var/lib/k0s/kubelet/pod-resources",
+            "devicePlugins": "/var/lib/k0s/kubelet/device-plugins",
+            "state": "/var/lib/k0s/pod-resources-watcher",
+        },
+        # The chart's own config with one change: a config of the operator's, in full.
+        "config": (CHART / "files" / "config.toml").read_text().replace('level = "info"', 'level = "debug"'),
+        "priorityClassName": "",
+        "resourceQuota": {"enabled": False},
+        "updateStrategy": {"maxUnavailable": 2},
+        "terminationGracePeriodSeconds": 30,
+        "podAnnotations": {"example.com/team": "gpu-platform"},
+        "podLabels": {"team": "gpu-platform"},
+        "networkPolicy": {"namespaces": ["monitoring", "observability"]},
+        "monitoring": {
+            "monitor": "PodMonitor",
+            "interval": "1m",
+            "scrapeTimeout": "15s",
+            "labels": {"release": "prom"},
+        },
+        "kubernetesReporting": {"enabled": True, "tokenExpirationSeconds": 600},
+        "fullnameOverride": "gpu-watcher",
+    },
+}
 
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:

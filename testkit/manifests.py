@@ -1,12 +1,14 @@
 """The deploy/ manifests as the tests read them: strict YAML (duplicate keys rejected), and `build()`,
 a small builder for the subset of kustomize these files use, which runs everywhere and fails on any
-field it does not implement and on any referenced file that is missing. `SCHEMA_VERSION` is the
-newest Kubernetes version whose schemas `kubernetes-validate` bundles."""
+field it does not implement and on any referenced file that is missing; `kustomize()`, what the real
+kustomize prints. `SCHEMA_VERSION` is the newest Kubernetes version whose schemas `kubernetes-validate`
+bundles."""
 
 from __future__ import annotations
 
 import base64
 import copy
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ except ImportError as err:  # pragma: no cover - a missing test dependency
     raise ImportError(
         'testkit/manifests.py needs kubernetes-validate: add "kubernetes-validate>=1.30" to the test extra'
     ) from err
+
+from testkit.tools import tool
 
 __all__ = [
     "BASE",
@@ -33,6 +37,7 @@ __all__ = [
     "build",
     "env_file",
     "kinds",
+    "kustomize",
     "load_yaml",
     "load_yaml_docs",
     "object_key",
@@ -299,3 +304,11 @@ def kinds(objs: list[dict[str, Any]]) -> list[str]:
 def the(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     (obj,) = [o for o in objs if o["kind"] == kind]
     return obj
+
+
+def kustomize(directory: Path) -> str:
+    """What the real kustomize (`kubectl kustomize`, from testkit.tools) prints for `directory`."""
+    command = [tool("kubectl"), "kustomize", str(directory)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout

@@ -23,7 +23,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from testkit.helm_chart import CHART, NAMESPACE, SCHEMA_ERROR, helm, pod, render, template
+from testkit.helm_chart import CHART, NAMESPACE, SCHEMA_ERROR, VALUES_SETS, helm, pod, render, template
 from testkit.manifests import (
     DEPLOY,
     OVERLAYS,
@@ -58,24 +58,6 @@ REPORTING_KINDS = [
     "ValidatingAdmissionPolicyBinding",
 ]
 
-# The documented values sets (deploy/README.md, "Helm").
-VALUES_SETS: dict[str, dict[str, Any]] = {
-    "defaults": {},
-    "podmonitor": {"monitoring": {"monitor": "PodMonitor", "service": True, "prometheusRule": True}},
-    "servicemonitor": {
-        "monitoring": {"monitor": "ServiceMonitor", "labels": {"release": "kube-prometheus-stack"}}
-    },
-    "reporting": {"kubernetesReporting": {"enabled": True}},
-    "placement": {
-        "nodeSelector": {"kubernetes.io/os": "linux", "nvidia.com/gpu.present": "true"},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "controlPlaneNodes": True,
-    },
-    "existing-secret": {
-        "secrets": {"existingSecret": "gpu-alerts", "optional": False},
-        "image": {"repository": "registry.example.invalid/pod-resources-watcher", "tag": "0.1.0-rc1"},
-    },
-}
 EXPECTED_KINDS = {
     "defaults": BASE_KINDS,
     "podmonitor": sorted([*BASE_KINDS, "PodMonitor", "PrometheusRule", "Service"]),
@@ -83,6 +65,10 @@ EXPECTED_KINDS = {
     "reporting": sorted(BASE_KINDS + REPORTING_KINDS),
     "placement": BASE_KINDS,
     "existing-secret": BASE_KINDS,
+    # resourceQuota off, a PodMonitor without the Service, reporting on.
+    "every-option": sorted(
+        [k for k in BASE_KINDS if k != "ResourceQuota"] + ["PodMonitor", *REPORTING_KINDS]
+    ),
 }
 
 
