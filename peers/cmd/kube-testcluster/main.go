@@ -180,6 +180,9 @@ func run(o options, stderr *os.File) error {
 		"--cert-dir=" + filepath.Join(dir, "certs"),
 		"--token-auth-file=" + tokenFile,
 		"--authorization-mode=RBAC",
+		// As kubeadm, kind and managed clusters run it (the flag's own default is false): the
+		// documented privileged alternative of the SELinux overlay must be judged as there.
+		"--allow-privileged=true",
 		"--service-account-issuer=" + server,
 		"--api-audiences=" + server,
 		"--service-account-key-file=" + certs.saKeyFile,
