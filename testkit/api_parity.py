@@ -14,6 +14,7 @@ one side; a test compares what it gives for the two.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -21,13 +22,24 @@ import ssl
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # the test extra's pyyaml, untyped
 
-from testkit.kube_reporting import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, READY, Answer, Placement
+from testkit.admission_policy import review
+from testkit.kube_reporting import (
+    AGENT_NAMESPACE,
+    AGENT_SERVICE_ACCOUNT,
+    READY,
+    Answer,
+    Placement,
+    place_agent,
+)
+from testkit.kube_schemas import strict_schemas
 from testkit.kube_testcluster import KubeTestCluster
 from watcher.sim.apiserver import ADMIN, FakeApiServer, grants_for, pod_bound_user, shipped_rbac
 
@@ -37,9 +49,11 @@ __all__ = [
     "Call",
     "Row",
     "Side",
+    "both_sides",
     "comparable",
     "fake_side",
     "fill",
+    "identity",
     "normalised",
     "play",
     "real_side",
@@ -282,6 +296,44 @@ def fake_side(fake: FakeApiServer, placed: Placement, other: str, users_seen: li
     side.values = _values(placed, other, node["metadata"]["uid"], pod["metadata"]["uid"])
     side.values["agent_pod_uid"] = agent_pod["metadata"]["uid"]
     return side
+
+
+@asynccontextmanager
+async def both_sides(
+    cluster: KubeTestCluster, tag: str, unbound: Path, fake_dir: Path
+) -> AsyncIterator[dict[str, Side]]:
+    """The agent placed on the real server (its Node named after `tag`), and a fake started in
+    `fake_dir` set up alike, with testkit's strict schemas and the shipped admission policy:
+    {"real": ..., "fake": ...}; the fake stops when the block ends."""
+    placed = await asyncio.to_thread(place_agent, cluster, tag)
+    other = f"other-{placed.node}"
+    real = await asyncio.to_thread(real_side, cluster, placed, other, unbound)
+    seen: list[dict[str, Any]] = []
+
+    def admission(request: dict[str, Any]) -> object | None:
+        seen.append(request["userInfo"])  # who asked, as the fake's admission sees it
+        return review(request)
+
+    fake = FakeApiServer(fake_dir, users={}, rules={}, admission=admission, schema=strict_schemas())
+    await fake.start()
+    try:
+        yield {"real": real, "fake": fake_side(fake, placed, other, seen)}
+    finally:
+        await fake.stop()
+
+
+def identity(user: dict[str, Any], side: Side) -> dict[str, Any]:
+    """What a user info must agree on between the sides: the username, groups and extra (uids as
+    their template names, the credential id as its kind), and that it has a uid."""
+    extra = {k: normalised(v, side.values) for k, v in user.get("extra", {}).items()}
+    if _CREDENTIAL_ID in extra:
+        extra[_CREDENTIAL_ID] = [v.split("=")[0] for v in user["extra"][_CREDENTIAL_ID]]
+    return {
+        "username": user["username"],
+        "uid": bool(user.get("uid")),
+        "groups": user["groups"],
+        "extra": extra,
+    }
 
 
 def _values(placed: Placement, other: str, node_uid: str, pod_uid: str) -> dict[str, str]:

@@ -19,18 +19,14 @@ from typing import Any
 
 import pytest
 
-from testkit.admission_policy import review
-from testkit.api_parity import AGENT_USER, WORKLOAD, Call, Row, Side, fake_side, normalised, play, real_side
+from testkit.api_parity import AGENT_USER, WORKLOAD, Call, Row, Side, both_sides, identity, play
 from testkit.kube_reporting import (
     AGENT_NAMESPACE,
     AGENT_SERVICE_ACCOUNT,
     READY,
     install_reporting,
-    place_agent,
 )
-from testkit.kube_schemas import strict_schemas
 from testkit.kube_testcluster import KubeTestCluster
-from watcher.sim.apiserver import FakeApiServer
 from watcher.sinks.kubernetes.condition_plan import OWNER_MARK, NodeCondition
 from watcher.sinks.kubernetes.conditions import condition_patch
 from watcher.sinks.kubernetes.planner import ACTION
@@ -39,6 +35,7 @@ pytestmark = pytest.mark.e2e
 
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 CONDITION = "NvidiaGpuDevicesUnavailable"
 POLICY = "ValidatingAdmissionPolicy 'pod-resources-watcher-node-status'"
 # The sink's own patches (watcher/sinks/kubernetes/conditions.py), at fixed times.
@@ -84,6 +81,8 @@ SERIES = {"series": {"count": 2, "lastObservedTime": "2026-01-01T00:01:00.000001
 STORED_POD_EVENT = (f"{EVENTS}/{POD_EVENT}", f"/api/v1/namespaces/{{namespace}}/events/{POD_EVENT}")
 STORED_NODE_EVENT = (f"{NODE_EVENTS}/{NODE_EVENT}", f"/api/v1/namespaces/default/events/{NODE_EVENT}")
 OWN_STATUS = "/api/v1/nodes/{node}/status"
+# Another writer's condition: our suffix, not our mark.
+VENDOR = {"type": "VendorNicDevicesUnavailable", "status": "True", "reason": "Down", "message": "nic"}
 
 
 def _rbac(id: str, method: str, path: str, says: str, body: Any = None, who: str = "agent") -> Row:
@@ -139,6 +138,31 @@ TABLE = [
         Call("agent", "POST", EVENTS, {**POD_EVENT_BODY, "eventTime": "2026-01-01T00:00:00Z"}),
         400,
         "parsing time",
+    ),
+    Row(
+        "event-note-too-long",
+        Call("agent", "POST", EVENTS, {**POD_EVENT_BODY, "note": "x" * 1025}),
+        422,
+        "can have at most 1024 characters",
+    ),
+    Row(
+        "event-note-changed",
+        Call("agent", "PATCH", f"{EVENTS}/{POD_EVENT}", {"note": "changed"}, MERGE),
+        422,
+        "field is immutable",
+        before=(Call("agent", "POST", EVENTS, POD_EVENT_BODY),),
+        stored=STORED_POD_EVENT,
+    ),
+    Row(
+        "event-in-a-missing-namespace",
+        Call(
+            "agent",
+            "POST",
+            "/apis/events.k8s.io/v1/namespaces/gone/events",
+            _event(POD_EVENT, "gone", {**ON_POD, "namespace": "gone"}),
+        ),
+        404,
+        'namespaces "gone" not found',
     ),
     Row(
         "event-series-of-one",
@@ -230,6 +254,44 @@ TABLE = [
         "labels", _conditions(ADDED, None, labels={"stolen": "yes"}), "this update changes metadata.labels"
     ),
     _own_status("unbound-token", _conditions(ADDED, None), "credentials name no node", who="unbound"),
+    _own_status(
+        "annotations",
+        _conditions(ADDED, None, annotations={"stolen": "yes"}),
+        "this update changes metadata.annotations",
+    ),
+    _own_status(
+        "ready-removed", _conditions([{"type": "Ready", "$patch": "delete"}], None), "removes: Ready"
+    ),
+    # A merge patch replaces the whole list: Ready goes, which is why the sink merges strategically.
+    Row(
+        "merge-patch-drops-ready",
+        Call("agent", "PATCH", OWN_STATUS, _conditions(ADDED, None), MERGE),
+        403,
+        "adds, changes or removes: Ready",
+        stored=(OWN_STATUS,),
+    ),
+    Row(
+        "another-writers-condition-taken-over",
+        Call(
+            "agent", "PATCH", OWN_STATUS, _conditions([{**ADDED[0], "type": VENDOR["type"]}], None), STRATEGIC
+        ),
+        403,
+        f"adds, changes or removes: {VENDOR['type']}",
+        before=(Call("admin", "PATCH", OWN_STATUS, _conditions([VENDOR], None), STRATEGIC),),
+        stored=(OWN_STATUS,),
+    ),
+    Row(
+        "json-patch-adds-a-condition",
+        Call(
+            "agent",
+            "PATCH",
+            OWN_STATUS,
+            [{"op": "add", "path": "/status/conditions/-", "value": ADDED[0]}],
+            JSON_PATCH,
+        ),
+        200,
+        stored=(OWN_STATUS,),
+    ),
     # --- what the shipped RBAC does not grant ---
     _rbac(
         "update-status",
@@ -311,21 +373,8 @@ async def sides(
 ) -> AsyncIterator[dict[str, Side]]:
     """Both servers set up alike for one test: the same names, each its own uids."""
     tag = request.node.callspec.id[:18].strip("-") if hasattr(request.node, "callspec") else "identity"
-    placed = await asyncio.to_thread(place_agent, cluster, tag)
-    other = f"other-{placed.node}"
-    real = await asyncio.to_thread(real_side, cluster, placed, other, unbound)
-    seen: list[dict[str, Any]] = []
-
-    def admission(request: dict[str, Any]) -> object | None:
-        seen.append(request["userInfo"])  # who asked, as the fake's admission sees it
-        return review(request)
-
-    fake = FakeApiServer(short_tmp / "api", users={}, rules={}, admission=admission, schema=strict_schemas())
-    await fake.start()
-    try:
-        yield {"real": real, "fake": fake_side(fake, placed, other, seen)}
-    finally:
-        await fake.stop()
+    async with both_sides(cluster, tag, unbound, short_tmp / "api") as made:
+        yield made
 
 
 @pytest.mark.parametrize("row", TABLE, ids=[r.id for r in TABLE])
@@ -364,19 +413,7 @@ async def test_the_fakes_agent_is_who_the_real_token_says(sides: dict[str, Side]
     assert wrote.status == 200, wrote
     fake_user = fake.users_seen[-1]
 
-    def shape(user: dict[str, Any], side: Side) -> dict[str, Any]:
-        extra = {k: normalised(v, side.values) for k, v in user["extra"].items()}
-        extra["authentication.kubernetes.io/credential-id"] = [
-            v.split("=")[0] for v in user["extra"]["authentication.kubernetes.io/credential-id"]
-        ]
-        return {
-            "username": user["username"],
-            "uid": bool(user.get("uid")),
-            "groups": user["groups"],
-            "extra": extra,
-        }
-
-    assert shape(fake_user, fake) == shape(real_user, real)
+    assert identity(fake_user, fake) == identity(real_user, real)
     # The uids are those of the Node and the agent's Pod on each side.
-    assert shape(real_user, real)["extra"]["authentication.kubernetes.io/node-uid"] == ["{node_uid}"]
-    assert shape(real_user, real)["extra"]["authentication.kubernetes.io/pod-uid"] == ["{agent_pod_uid}"]
+    assert identity(real_user, real)["extra"]["authentication.kubernetes.io/node-uid"] == ["{node_uid}"]
+    assert identity(real_user, real)["extra"]["authentication.kubernetes.io/pod-uid"] == ["{agent_pod_uid}"]
