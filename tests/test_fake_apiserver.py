@@ -21,7 +21,7 @@ import pytest
 from testkit.kube_rbac import rules_from_manifests
 from testkit.kube_schemas import strict_schemas
 from testkit.tools import tool
-from watcher.sim.apiserver import ADMIN, FakeApiServer, kubectl, micro_time
+from watcher.sim.apiserver import ADMIN, FakeApiServer, kubectl, micro_time, pod_bound_user
 from watcher.sim.apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge
 
 
@@ -40,7 +40,7 @@ WATCHER_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
 USERS = {
-    "watcher": {"username": SA, "extra": {"authentication.kubernetes.io/node-name": [NODE]}},
+    "watcher": pod_bound_user(SA, node=NODE, pod="pod-resources-watcher-x7k2p"),
     "creator": {"username": "system:serviceaccount:ml:creator"},
 }
 RULES: dict[str, list[dict[str, Any]]] = {
@@ -256,15 +256,21 @@ async def test_strategic_merge_merges_conditions_by_type(api: FakeApiServer, cli
     assert conditions(api) == {"GPUHealthy": gpu_condition()}
 
 
-async def test_a_status_patch_changes_only_status_and_a_node_patch_never_status(
+async def test_a_status_patch_never_changes_the_spec_and_a_node_patch_never_status(
     api: FakeApiServer, client: Client
 ) -> None:
     before = api.node(NODE)
-    patch = {"metadata": {"labels": {"x": "y"}}, "status": {"conditions": [gpu_condition()]}}
+    # The real Node status strategy keeps the spec but takes the metadata sent (labels too).
+    patch = {
+        "metadata": {"labels": {"x": "y"}},
+        "spec": {"unschedulable": True},
+        "status": {"conditions": [gpu_condition()]},
+    }
     status, _, _ = await client.call(ADMIN, "PATCH", NODE_STATUS, patch, SMP)
     assert status == 200
     after = api.node(NODE)
-    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+    assert after["spec"] == before["spec"]
+    assert after["metadata"]["labels"] == before["metadata"]["labels"] | {"x": "y"}
     assert "GPUHealthy" in conditions(api)
 
     patch = {"status": {"conditions": []}, "metadata": {"labels": {"x": "y"}}}
@@ -316,7 +322,7 @@ async def test_node_conditions_need_a_type_and_a_known_status(api: FakeApiServer
     bad = {"status": {"conditions": [{"type": "GPUHealthy", "status": "Maybe"}]}}
     status, body, _ = await client.call("watcher", "PATCH", NODE_STATUS, bad, SMP)
     assert (status, body["reason"]) == (422, "Invalid")
-    assert body["details"]["causes"][0]["field"] == "status.conditions[1].status"
+    assert body["details"]["causes"][0]["field"] == "status.conditions[0].status"  # a new one goes first
     status, body, _ = await client.call(
         "watcher", "PATCH", NODE_STATUS, {"status": {"conditions": [{"status": "True"}]}}, MERGE
     )
@@ -370,10 +376,7 @@ async def test_events_are_validated_like_the_real_server(
     path = f"{EVENTS_DEFAULT}/e1"
     status, body, _ = await client.call("watcher", "PATCH", path, {"note": "changed"}, MERGE)
     assert (status, body["reason"]) == (422, "Invalid")
-    assert (
-        body["message"]
-        == 'Event.events.k8s.io "e1" is invalid: message: Invalid value: "changed": field is immutable'
-    )
+    assert body["message"] == 'Event "e1" is invalid: message: Invalid value: "changed": field is immutable'
     series = {"series": {"count": 3, "lastObservedTime": micro_time()}}
     status, patched, _ = await client.call("watcher", "PATCH", path, series, MERGE)
     assert status == 200
@@ -622,8 +625,9 @@ def test_strategic_merge_directives() -> None:
             "conditions": [{"type": "A", "reason": "R"}],
         },
     }
+    # An element new to a merged list comes before the stored ones (strategicpatch's order).
     assert strategic_merge(original, patch, keys) == {
-        "metadata": {"labels": {"b": "2", "c": "3"}, "finalizers": ["x", "y"]},
+        "metadata": {"labels": {"b": "2", "c": "3"}, "finalizers": ["y", "x"]},
         "status": {
             "conditions": [{"type": "B", "status": "False"}, {"type": "A", "status": "True", "reason": "R"}]
         },

@@ -32,7 +32,7 @@ from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
 from watcher.settings_file import parse_settings
-from watcher.sim.apiserver import FakeApiServer, kubectl
+from watcher.sim.apiserver import FakeApiServer, kubectl, pod_bound_user
 from watcher.sim.demo_kubernetes import run_kubernetes_demo
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod, default_node
@@ -47,10 +47,12 @@ GPU = "nvidia.com/gpu"
 CONDITION = "NvidiaGpuDevicesUnavailable"
 AGENT = "agent"
 RATE = 20  # the mass failure's API rate: 64 pods' Events take ~6.5 s at it (~26 s at the default 5)
-SA = {
-    "username": "system:serviceaccount:pod-resources-watcher:pod-resources-watcher",
-    "extra": {"authentication.kubernetes.io/node-name": [NODE]},
-}
+# As a pod-bound token authenticates on the real server: the node and pod names and uids as extra.
+SA = pod_bound_user(
+    "system:serviceaccount:pod-resources-watcher:pod-resources-watcher",
+    node=NODE,
+    pod="pod-resources-watcher-x7k2p",
+)
 
 
 def _agent_rules(drop: tuple[int, str] | None = None) -> list[dict[str, Any]]:

@@ -23,7 +23,14 @@ from typing import Any, TextIO
 from watcher.app import Agent
 from watcher.ops.logs import configure_logging
 from watcher.settings import HttpSettings, KubeletSettings, LogSettings, Settings, WatchSettings
-from watcher.sim.apiserver import FakeApiServer, SchemaCheck, grants_for, kubectl, shipped_rbac
+from watcher.sim.apiserver import (
+    FakeApiServer,
+    SchemaCheck,
+    grants_for,
+    kubectl,
+    pod_bound_user,
+    shipped_rbac,
+)
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.kubernetes import KubernetesSinkSettings
 from watcher.sinks.kubernetes.condition_plan import condition_type
@@ -65,12 +72,7 @@ async def run_kubernetes_demo(*, out: TextIO | None = None, schema: SchemaCheck 
         rules = {
             "agent": grants_for(shipped_rbac(), service_account="pod-resources-watcher", namespace=NAMESPACE)
         }
-        users = {
-            "agent": {
-                "username": SERVICE_ACCOUNT,
-                "extra": {"authentication.kubernetes.io/node-name": [NODE]},
-            }
-        }
+        users = {"agent": pod_bound_user(SERVICE_ACCOUNT, node=NODE, pod=f"pod-resources-watcher-{NODE}")}
         api = FakeApiServer(root / "api", users=users, rules=rules, schema=schema)
         await api.start()
         api.add_node(NODE)

@@ -5,6 +5,7 @@ from watcher.sim.apiserver.decoding import SchemaCheck, SchemaViolation
 from watcher.sim.apiserver.kubectl import kubectl
 from watcher.sim.apiserver.rbac import Grant, grants_for, shipped_rbac
 from watcher.sim.apiserver.server import ADMIN, FakeApiServer, RequestRecord
+from watcher.sim.apiserver.users import pod_bound_user
 from watcher.sim.apiserver.values import micro_time
 
 __all__ = [
@@ -17,5 +18,6 @@ __all__ = [
     "grants_for",
     "kubectl",
     "micro_time",
+    "pod_bound_user",
     "shipped_rbac",
 ]

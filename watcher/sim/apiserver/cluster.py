@@ -8,8 +8,9 @@ import copy
 import uuid
 from collections.abc import Mapping, Sequence
 
+from watcher.sim.apiserver.decoding import defaults
 from watcher.sim.apiserver.errors import ApiError, not_found
-from watcher.sim.apiserver.kinds import CORE_EVENTS, Kind, core_event
+from watcher.sim.apiserver.kinds import CORE_EVENTS, KINDS, Kind, core_event
 from watcher.sim.apiserver.selectors import field_selector, label_selector
 from watcher.sim.apiserver.values import Json, micro_time, timestamp
 
@@ -48,8 +49,15 @@ class Cluster:
             self.objects[("", "namespaces", "", name)] = ns
         return copy.deepcopy(self.objects[("", "namespaces", "", name)])
 
-    def add_node(self, name: str, *, conditions: Sequence[Json] | None = None) -> Json:
-        """A Node as a kubelet registers one (Ready by default), and its Lease."""
+    def add_node(self, name: str, *, conditions: Sequence[Json] | None = None, kubelet: bool = True) -> Json:
+        """A Node as a kubelet registers one (Ready by default), and its Lease; without `kubelet`,
+        as an admin creates one by name and then sets its conditions (unstamped): no labels,
+        addresses, capacity or node info, and no Lease."""
+        if not kubelet:
+            bare: Json = {"apiVersion": "v1", "kind": "Node", "metadata": self.new_meta(name), "spec": {}}
+            bare["status"] = {"conditions": [dict(c) for c in conditions or []]}
+            self.objects[("", "nodes", "", name)] = defaults(KINDS[("", "nodes")], bare)
+            return copy.deepcopy(bare)
         now = timestamp()
         if conditions is None:
             conditions = [

@@ -26,7 +26,7 @@ from watcher.sim.apiserver.errors import (
 from watcher.sim.apiserver.kinds import Kind
 from watcher.sim.apiserver.values import Json, dig
 
-__all__ = ["SchemaCheck", "SchemaViolation", "decode"]
+__all__ = ["SchemaCheck", "SchemaViolation", "decode", "defaults"]
 
 _MICRO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})")
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})")
@@ -81,6 +81,34 @@ def _times(obj: Json, kind: Kind) -> list[tuple[tuple[str, ...], Any]]:
     return found
 
 
+# A time layout in Go's terms, element by element: fixed digits, literal text, the fraction, the zone.
+_LAYOUT_PARTS = re.compile(r"2006|01|02|15|04|05|\.0+|Z07:00|[^0-9Z.]+")
+
+
+def _go_time_error(value: str, layout: str) -> str | None:
+    """What Go's time.Parse says of `value` that does not fit `layout` ("cannot parse "Z" as
+    ".000000""), or None where its wording is not modelled here (a field out of range)."""
+    rest = value
+    for part in _LAYOUT_PARTS.findall(layout):
+        if part[0].isdigit():
+            size = 4 if part == "2006" else 2
+            ok = len(rest) >= size and rest[:size].isdigit()
+            taken = size
+        elif part.startswith("."):
+            size = len(part)
+            ok = len(rest) >= size and rest[0] == "." and rest[1:size].isdigit()
+            taken = size
+        elif part == "Z07:00":
+            ok = rest.startswith("Z") or (len(rest) >= 6 and rest[0] in "+-" and rest[3] == ":")
+            taken = 1 if rest.startswith("Z") else 6
+        else:
+            ok, taken = rest.startswith(part), len(part)
+        if not ok:
+            return f'cannot parse "{rest}" as "{part}"'
+        rest = rest[taken:]
+    return None
+
+
 def _field_path(parts: Sequence[Any]) -> str:
     """A schema error's path as the real server writes a field: `status.conditions[1].type`."""
     out = ""
@@ -112,11 +140,33 @@ def decode(kind: Kind, body: Any, schema: SchemaCheck | None) -> Json:
             else (_TIME, "2006-01-02T15:04:05Z07:00")
         )
         if value is not None and (not isinstance(value, str) or not pattern.fullmatch(value)):
-            raise decode_error(kind, f'parsing time "{value}" as "{layout}": cannot parse {".".join(path)}')
+            problem = _go_time_error(value, layout) if isinstance(value, str) else None
+            problem = problem or f"cannot parse {'.'.join(path)}"
+            raise decode_error(kind, f'parsing time "{value}" as "{layout}": {problem}')
     if schema is not None:
         violation = schema(obj)
         if violation is not None:
             raise _schema_error(kind, obj, violation)
+    return defaults(kind, obj)
+
+
+def defaults(kind: Kind, obj: Json) -> Json:
+    """`obj` as the real server holds and serves it once decoded: a Node's allocatable defaulted
+    from its capacity when it has none (SetDefaults_NodeStatus), and the fields a Go struct always
+    serializes, an unset time as null and an empty struct as {}: a Node condition's two times, an
+    events.k8s.io Event's deprecatedSource and deprecated timestamps. Admission sees them too."""
+    if kind.kind == "Node" and isinstance(obj.get("status"), dict):
+        status = obj["status"]
+        if isinstance(status.get("capacity"), dict) and status.get("allocatable") is None:
+            status["allocatable"] = copy.deepcopy(status["capacity"])
+        for condition in status.get("conditions") or []:
+            if isinstance(condition, dict):
+                condition.setdefault("lastHeartbeatTime", None)
+                condition.setdefault("lastTransitionTime", None)
+    if kind.kind == "Event" and kind.group == "events.k8s.io":
+        obj.setdefault("deprecatedSource", {})
+        obj.setdefault("deprecatedFirstTimestamp", None)
+        obj.setdefault("deprecatedLastTimestamp", None)
     return obj
 
 

@@ -84,9 +84,13 @@ def invalid_error(kind: Kind, name: str, errors: Sequence[FieldError]) -> ApiErr
     listed = [f"{e.field}: {e.body}" for e in errors]
     summary = listed[0] if len(listed) == 1 else "[" + ", ".join(listed) + "]"
     details: Json = {"name": name, "kind": kind.kind, "causes": [e.cause() for e in errors]}
-    if kind.group:
-        details["group"] = kind.group
-    return ApiError(422, "Invalid", f'{kind.qualified_kind} "{name}" is invalid: {summary}', details)
+    # The real server names the kind of the internal object it validated: an events.k8s.io
+    # Event is stored and validated as the core one, so its 422 names no group.
+    group = "" if kind.group == "events.k8s.io" else kind.group
+    if group:
+        details["group"] = group
+    qualified = f"{kind.kind}.{group}" if group else kind.kind
+    return ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: {summary}', details)
 
 
 def decode_error(kind: Kind, detail: str) -> ApiError:

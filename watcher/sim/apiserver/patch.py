@@ -39,10 +39,17 @@ _ORDER = "$setElementOrder/"
 _DELETE_PRIMITIVE = "$deleteFromPrimitiveList/"
 
 
+# What Go's encoding/json calls a JSON value that cannot be decoded into the patch's map.
+_GO_JSON_TYPES = ((bool, "bool"), (str, "string"), (list, "array"), (int, "number"), (float, "number"))
+
+
 def strategic_merge(original: Any, patch: Any, keys: MergeKeys) -> Any:
     """`original` with the strategic merge `patch` applied (neither is modified)."""
+    if patch is None:
+        patch = {}  # JSON null decodes into the patch's map as an empty one
     if not isinstance(patch, dict):
-        raise PatchError("a strategic merge patch must be a JSON object")
+        found = next(name for t, name in _GO_JSON_TYPES if isinstance(patch, t))
+        raise PatchError(f"json: cannot unmarshal {found} into Go value of type map[string]interface {{}}")
     merged = _merge_map(original if isinstance(original, dict) else {}, patch, keys, ())
     return {} if merged is None else merged
 
@@ -99,10 +106,10 @@ def _merge_list(original: list[Any], patch: list[Any], keys: MergeKeys, path: tu
     merge_key = keys[path]
     if any(isinstance(e, dict) and e.get(_DIRECTIVE) == "replace" for e in patch):
         return [_strip(e) for e in patch if not (isinstance(e, dict) and e.get(_DIRECTIVE) == "replace")]
-    if merge_key == "":  # a set of scalars: the union, in order of first appearance
+    if merge_key == "":  # a set of scalars: the union
         result = list(original)
         result.extend(v for v in patch if v not in result)
-        return result
+        return _in_server_order(result, list(original), list(patch), lambda v: v)
     result = copy.deepcopy(original)
     for element in patch:
         if not isinstance(element, dict) or merge_key not in element:
@@ -118,7 +125,35 @@ def _merge_list(original: list[Any], patch: list[Any], keys: MergeKeys, path: tu
                 del result[at]
             else:
                 result[at] = merged
-    return result
+    return _in_server_order(
+        result,
+        [e.get(merge_key) for e in original],
+        [e[merge_key] for e in patch if e.get(_DIRECTIVE) != "delete"],
+        lambda e: e.get(merge_key),
+    )
+
+
+def _in_server_order(merged: list[Any], server: list[Any], patched: list[Any], ident: Any) -> list[Any]:
+    """The merged list in the order the API server gives it (strategicpatch's normalizeElementOrder):
+    the elements the patch names in its order, those it does not in the stored order, interleaved
+    by the stored order; an element new to the list goes before the stored ones still to come (a
+    new condition comes first)."""
+    ours = sorted((e for e in merged if ident(e) in patched), key=lambda e: patched.index(ident(e)))
+    theirs = [e for e in merged if ident(e) not in patched]
+    out: list[Any] = []
+    while ours or theirs:
+        if not ours:
+            out += theirs
+            break
+        if not theirs:
+            out += ours
+            break
+        left, right = ident(theirs[0]), ident(ours[0])
+        if left in server and right in server and server.index(left) < server.index(right):
+            out.append(theirs.pop(0))
+        else:
+            out.append(ours.pop(0))
+    return out
 
 
 def _reorder(items: Any, order: Any, merge_key: str, name: str) -> Any:

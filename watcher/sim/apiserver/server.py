@@ -13,8 +13,9 @@ Nodes (and `nodes/status`), Pods, Namespaces, Leases, and Events in one store wi
 `deprecated*` fields are `source`, `count`, `firstTimestamp`, `lastTimestamp`; `series` is `series`).
 
 What it enforces:
-- bearer tokens (unknown or rotated out: 401); RBAC PolicyRules per user (403, the real message);
-  the built-in "admin" user is in system:masters and may do anything;
+- bearer tokens (unknown or rotated out: 401); RBAC PolicyRules per user (403, the real message),
+  checked before the URL is resolved (a resource it does not serve is a 403 to whoever may not
+  have it, then a 404); the built-in "admin" user is in system:masters and may do anything;
 - with a schema check plugged in (`schema`, a `SchemaCheck`: the tests pass testkit's, the official
   OpenAPI schemas through kubernetes_validate), the schema of each object it receives, strict.
   As on the real server, an unknown field or a wrong JSON type is a decoding error (400 BadRequest,
@@ -24,37 +25,45 @@ What it enforces:
   six fractional digits, else 400 as the real decoder), reportingController a qualified name,
   reportingInstance/action/reason required and at most 128, note at most 1024 bytes, type Normal or
   Warning, series.count >= 2 with a lastObservedTime, the deprecated fields unset, the namespace rule
-  (a namespaced `regarding` in its own namespace, a cluster-scoped one in default or kube-system),
-  and on update only `series` and metadata may change. Stricter than the real server: `regarding`
-  is required;
+  (a cluster-scoped `regarding` in default or kube-system; a namespaced one anywhere, but in its
+  own namespace for an Event without an eventTime), and on update only `series` and metadata may
+  change; a 422 names the kind `Event` without a group, as the real server (which validates the
+  core Event) does. Stricter than the real server: `regarding` is required;
 - Node conditions: type and status required, status True/False/Unknown, one per type;
 - writes: 404 NotFound, 409 AlreadyExists, 409 Conflict on a stale resourceVersion (PUT, or a patch
-  carrying one), the result of a patch validated before it is stored; `/status` writes change only
-  status, writes to the main resource never change status;
-- PATCH: strategic merge (status.conditions merged by type), JSON merge patch (RFC 7386), JSON patch
-  (RFC 6902); server-side apply is refused with 415;
+  carrying one), the result of a patch validated before it is stored; `/status` writes change
+  status and metadata but never the spec, writes to the main resource never change status; what
+  the real server defaults or always serializes is stored too (a Node's allocatable from its
+  capacity, a condition's unset times as null, an Event's deprecatedSource and timestamps);
+- answers worded as the real server's: a PATCH body that is not JSON ("invalid JSON patch"), one
+  that is not an object (Go's "cannot unmarshal"), a patch type not served ("415: Unsupported Media
+  Type"), a time the decoder cannot parse (Go's time.Parse words);
+- PATCH: strategic merge (status.conditions merged by type, in the real server's order: an element
+  new to the list first), JSON merge patch (RFC 7386), JSON patch (RFC 6902); server-side apply is
+  refused with 415;
 - an optional admission hook (a ValidatingAdmissionPolicy stand-in) after validation: a denial is
   422 Invalid, as the real server answers a policy without an explicit `reason`.
 
 Where it is stricter than the real server, on purpose (a client that passes here passes there):
 unknown fields refused whatever `fieldValidation` says; `regarding` required; a Node condition's
-status must be True/False/Unknown and its type unique; a `/status` write ignores metadata changes
-(the real Node status strategy keeps labels and annotations it is sent); a request without a token
-is refused (401) as with --anonymous-auth=false. Not served (405 or 415, saying so): watch,
+status must be True/False/Unknown and its type unique; a request without a token is refused (401)
+as with --anonymous-auth=false. Not served (405 or 415, saying so): watch,
 deletecollection, server-side apply, writes to core v1 Events, Pods and Namespaces, creating Nodes
 (tests set those up from Python), set-based label selectors; no managedFields, no dryRun.
 
 Public API (`FakeApiServer`):
 - `FakeApiServer(tmp_dir, *, users, rules, admission=None, schema=None)`: `users` maps a handle to
-  a user info (`{"username", "groups", "extra"}`; a service account's groups are filled in when
-  absent), `rules` maps a handle to its grants (PolicyRule dicts, cluster-wide, or `Grant`s from
-  `grants_for` or testkit's `rules_from_manifests`), `admission(request) -> str | None` gets an
+  a user info (`{"username", "uid", "groups", "extra"}`; a service account's groups are filled in
+  when absent; `pod_bound_user` makes the one a pod-bound token carries), `rules` maps a handle
+  to its grants (PolicyRule dicts, cluster-wide, or `Grant`s from `grants_for` or testkit's
+  `rules_from_manifests`), `admission(request) -> str | None` gets an
   AdmissionRequest-shaped dict (operation CREATE/UPDATE, resource, subResource, kind, name,
   namespace, userInfo, object, oldObject) and returns None to allow or the denial message;
   `schema` checks each object received (`schema_version`: which Kubernetes version's schemas, ""
   without one);
 - `await start() -> url`, `await stop()`, `url`, `ca_file`;
-- `add_node(name, *, conditions=None) -> dict` (and its Lease, as the kubelet keeps one),
+- `add_node(name, *, conditions=None, kubelet=True) -> dict` (and its Lease, as the kubelet keeps
+  one; `kubelet=False`: a bare Node, as an admin creates one), `add_user(handle, info, rules)`,
   `add_pod(namespace, name, node, *, phase="Running") -> dict`, `add_namespace(name)`,
   `node(name)`, `pod(namespace, name)`, `events()` (events.k8s.io form), deep copies;
 - `token(user)`, `rotate_token(user, *, grace=0.0) -> str`;
@@ -102,7 +111,15 @@ from watcher.sim.apiserver.kinds import VERSION, discovery
 from watcher.sim.apiserver.rbac import Attributes, Grant, allows, forbidden_message
 from watcher.sim.apiserver.users import ADMIN, PUBLIC_PATHS, Users
 from watcher.sim.apiserver.values import Json
-from watcher.sim.apiserver.wire import MAX_BODY, error_response, json_body, json_response, target, verb
+from watcher.sim.apiserver.wire import (
+    MAX_BODY,
+    error_response,
+    json_body,
+    json_response,
+    resource_path,
+    target,
+    verb,
+)
 from watcher.sim.apiserver.writes import Admission, Writes
 
 __all__ = ["ADMIN", "FakeApiServer", "RequestRecord"]
@@ -182,9 +199,18 @@ class FakeApiServer:
     def add_namespace(self, name: str) -> Json:
         return self._cluster.add_namespace(name)
 
-    def add_node(self, name: str, *, conditions: Sequence[Json] | None = None) -> Json:
-        """A Node as a kubelet registers one (Ready by default), and its Lease."""
-        return self._cluster.add_node(name, conditions=conditions)
+    def add_node(self, name: str, *, conditions: Sequence[Json] | None = None, kubelet: bool = True) -> Json:
+        """A Node as a kubelet registers one (Ready by default), and its Lease; without `kubelet`,
+        as an admin creates one by name and sets its conditions."""
+        return self._cluster.add_node(name, conditions=conditions, kubelet=kubelet)
+
+    def add_user(
+        self, handle: str, info: Mapping[str, Any], rules: Sequence[Grant | Mapping[str, Any]]
+    ) -> None:
+        """Another user after the start, with its grants: one whose user info names objects made
+        since (a pod-bound token's node and pod uids, `pod_bound_user`)."""
+        self._users.add(handle, info)
+        self._rules[handle] = list(rules)
 
     def add_pod(self, namespace: str, name: str, node: str, *, phase: str = "Running") -> Json:
         return self._cluster.add_pod(namespace, name, node, phase=phase)
@@ -305,17 +331,17 @@ class FakeApiServer:
         document = discovery(path, self.url)
         if document is not None:
             return json_response(document)
+        query = dict(parse_qsl(request.query_string, keep_blank_values=True))
+        asked = resource_path(path)
+        if asked is not None:
+            # Authorized before the URL is resolved: a resource not served is a 403 to whoever
+            # may not have it, as on the real server, and a 404 only to whoever may.
+            group, resource, namespace, name, sub = asked
+            action = verb(request.method, name, query)
+            self._authorize(handle, Attributes(action, group, resource, sub, namespace, name))
         where = target(path)
         kind, namespace, name, sub = where.kind, where.namespace, where.name, where.sub
-        query = dict(parse_qsl(request.query_string, keep_blank_values=True))
         action = verb(request.method, name, query)
-        attrs = Attributes(action, kind.group, kind.resource, sub, namespace, name)
-        if not self._authorized(handle, attrs):
-            username = self._users.info[handle]["username"]
-            details: Json = {"kind": kind.resource} | ({"name": name} if name else {})
-            if kind.group:
-                details["group"] = kind.group
-            raise ApiError(403, "Forbidden", forbidden_message(username, attrs), details)
         if action in ("get", "list"):
             return json_response(self._cluster.read(kind, namespace, name, query))
         if action == "delete":
@@ -331,7 +357,14 @@ class FakeApiServer:
             return json_response(self._writes.patch(kind, namespace, name, sub, ctype, body, user))
         raise ApiError(405, "MethodNotAllowed", f"{action} is not served by the fake API server")
 
-    def _authorized(self, handle: str, a: Attributes) -> bool:
+    def _authorize(self, handle: str, a: Attributes) -> None:
+        """403, worded as the real RBAC authorizer words it, unless the user may."""
         if "system:masters" in self._users.info[handle].get("groups", []):
-            return True
-        return allows(self._rules.get(handle, []), a)
+            return
+        if allows(self._rules.get(handle, []), a):
+            return
+        username = self._users.info[handle]["username"]
+        details: Json = {"kind": a.resource} | ({"name": a.name} if a.name else {})
+        if a.group:
+            details["group"] = a.group
+        raise ApiError(403, "Forbidden", forbidden_message(username, a), details)

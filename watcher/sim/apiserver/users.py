@@ -7,6 +7,7 @@ import copy
 import os
 import secrets
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from watcher.sim.apiserver.errors import ApiError
 from watcher.sim.apiserver.values import Json
 
-__all__ = ["ADMIN", "PUBLIC_PATHS", "Users"]
+__all__ = ["ADMIN", "PUBLIC_PATHS", "Users", "pod_bound_user"]
 
 ADMIN = "admin"
 # Served without a token, as to system:public-info-viewer.
@@ -26,14 +27,20 @@ class Users:
 
     def __init__(self, users: Mapping[str, Mapping[str, Any]]) -> None:
         self.info: dict[str, Json] = {ADMIN: {"username": "kubernetes-admin", "groups": ["system:masters"]}}
+        self._tokens: dict[str, tuple[str, float | None]] = {}
+        self._token_files: dict[str, list[Path]] = {}
         for handle, info in users.items():
-            self.info[handle] = _user_info(info)
+            self.add(handle, info)
         self.info[ADMIN]["groups"] = ["system:masters", "system:authenticated"]
         self.info[ADMIN].setdefault("extra", {})
-        self._tokens: dict[str, tuple[str, float | None]] = {}
-        for handle in self.info:
-            self._tokens[secrets.token_urlsafe(32)] = (handle, None)
-        self._token_files: dict[str, list[Path]] = {}
+        self._tokens[secrets.token_urlsafe(32)] = (ADMIN, None)
+
+    def add(self, handle: str, info: Mapping[str, Any]) -> None:
+        """A user and a token of it (a second add of the same handle is refused)."""
+        if handle in self.info:
+            raise ValueError(f"user {handle!r} exists")
+        self.info[handle] = _user_info(info)
+        self._tokens[secrets.token_urlsafe(32)] = (handle, None)
 
     def token(self, user: str) -> str:
         """A token of `user` that works now (the newest)."""
@@ -84,12 +91,31 @@ class Users:
         return parts[2] if username.startswith("system:serviceaccount:") and len(parts) == 4 else "default"
 
 
+def pod_bound_user(
+    username: str, *, node: str, pod: str, node_uid: str | None = None, pod_uid: str | None = None
+) -> Json:
+    """The user a pod-bound service-account token (TokenRequest, a projected token) authenticates
+    as: the service account, and as extra the token's id and the pod and node it is bound to, with
+    their uids (random ones when not given). The real server sets all five keys."""
+    prefix = "authentication.kubernetes.io/"
+    extra = {
+        f"{prefix}credential-id": [f"JTI={uuid.uuid4()}"],
+        f"{prefix}node-name": [node],
+        f"{prefix}node-uid": [node_uid or str(uuid.uuid4())],
+        f"{prefix}pod-name": [pod],
+        f"{prefix}pod-uid": [pod_uid or str(uuid.uuid4())],
+    }
+    return {"username": username, "uid": str(uuid.uuid4()), "extra": extra}
+
+
 def _user_info(info: Mapping[str, Any]) -> Json:
     out: Json = {
         "username": info["username"],
         "groups": list(info.get("groups") or []),
         "extra": copy.deepcopy(dict(info.get("extra") or {})),
     }
+    if info.get("uid"):
+        out["uid"] = info["uid"]
     parts = out["username"].split(":")
     if not out["groups"] and out["username"].startswith("system:serviceaccount:") and len(parts) == 4:
         out["groups"] = [

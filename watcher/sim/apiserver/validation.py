@@ -88,8 +88,11 @@ def _validate_event(event: Json, old: Json | None) -> list[FieldError]:
             required("regarding")
         )  # stricter than the real server: an event must be about something
     regarding_ns = (regarding or {}).get("namespace", "")
+    # With an eventTime (a new-style Event) only a cluster-scoped object's Event is held to a
+    # namespace; one about a namespaced object may be in any (legacyValidateEvent).
+    legacy = not event.get("eventTime")
     if (not regarding_ns and namespace not in ("default", "kube-system")) or (
-        regarding_ns and regarding_ns != namespace
+        legacy and regarding_ns and regarding_ns != namespace
     ):
         errors.append(invalid("involvedObject.namespace", regarding_ns, "does not match event.namespace"))
     controller = event.get("reportingController", "")

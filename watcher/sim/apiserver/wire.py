@@ -21,7 +21,9 @@ __all__ = [
     "error_response",
     "json_body",
     "json_response",
+    "resource_path",
     "target",
+    "unsupported_patch_type",
     "verb",
 ]
 
@@ -67,6 +69,24 @@ def target(path: str) -> Target:
     return Target(kind, namespace, name, sub)
 
 
+def resource_path(path: str) -> tuple[str, str, str, str, str] | None:
+    """(group, resource, namespace, name, subresource) of any resource URL, served or not, as
+    the authorizer sees it before the URL is resolved; None for a path that is not one."""
+    parts = path.strip("/").split("/")
+    if parts[:2] == ["api", "v1"] and len(parts) >= 3:
+        group, rest = "", parts[2:]
+    elif parts[0] == "apis" and len(parts) >= 4:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    namespace = ""
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        namespace, rest = rest[1], rest[2:]
+    if len(rest) > 3:
+        return None
+    return group, rest[0], namespace, rest[1] if len(rest) > 1 else "", rest[2] if len(rest) > 2 else ""
+
+
 def verb(method: str, name: str, query: Mapping[str, str]) -> str:
     if method == "GET":
         if query.get("watch") in ("1", "true"):
@@ -86,11 +106,20 @@ async def json_body(request: web.Request, action: str) -> Any:
         raise ApiError(415, "UnsupportedMediaType", f"{UNKNOWN_FORMAT}application/json")
     if ctype == "application/apply-patch+yaml":
         raise ApiError(415, "UnsupportedMediaType", "server-side apply is not served by the fake API server")
+    if action == "patch" and ctype not in PATCH_TYPES.split(", "):
+        raise unsupported_patch_type()  # before the body is read, as the real server checks
     raw = await request.read()
     try:
         return json.loads(raw)
     except ValueError as err:
+        if action == "patch":  # checked before any decoding, whatever the patch type
+            raise bad_request("invalid JSON patch") from err
         raise bad_request(f"error decoding patch or body: {err}") from err
+
+
+def unsupported_patch_type() -> ApiError:
+    """A PATCH of a type not served: the real server's words, which name none of the types."""
+    return ApiError(415, "UnsupportedMediaType", "415: Unsupported Media Type", {})
 
 
 def json_response(data: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:

@@ -17,7 +17,7 @@ from watcher.sim.apiserver.kinds import CORE_EVENTS, MERGE_KEYS, Kind
 from watcher.sim.apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge
 from watcher.sim.apiserver.validation import validate_meta, validate_rules
 from watcher.sim.apiserver.values import Json, dig, timestamp
-from watcher.sim.apiserver.wire import PATCH_TYPES, UNKNOWN_FORMAT
+from watcher.sim.apiserver.wire import unsupported_patch_type
 
 __all__ = ["Admission", "Writes"]
 
@@ -111,7 +111,7 @@ class Writes:
             elif ctype == "application/json-patch+json":
                 patched = json_patch(old, body)
             else:
-                raise ApiError(415, "UnsupportedMediaType", f"{UNKNOWN_FORMAT}{PATCH_TYPES}")
+                raise unsupported_patch_type()
         except PatchError as err:
             if err.code == 422:
                 raise invalid_error(kind, name, [FieldError("FieldValueInvalid", "", err.message)]) from err
@@ -139,8 +139,13 @@ class Writes:
         self, kind: Kind, namespace: str, name: str, sub: str, old: Json, new: Json, user: Json
     ) -> Json:
         if "status" in kind.subresources:
-            if sub == "status":  # only status changes; the rest of the object stays as it was
-                new = copy.deepcopy(old) | {"status": new.get("status", {})}
+            if sub == "status":
+                # Status and metadata change, the spec stays (the Node status strategy): labels
+                # and annotations sent here are kept, and the admission policy sees them.
+                new = copy.deepcopy(old) | {
+                    "metadata": new.get("metadata", {}),
+                    "status": new.get("status", {}),
+                }
             elif "status" in old:
                 new["status"] = copy.deepcopy(old["status"])
             else:
@@ -195,6 +200,7 @@ class Writes:
             "namespace": namespace,
             "userInfo": {
                 "username": user["username"],
+                "uid": user.get("uid", ""),
                 "groups": list(user.get("groups", [])),
                 "extra": copy.deepcopy(user.get("extra", {})),
             },
