@@ -186,7 +186,10 @@ class LiteDriver:
 
     async def set_healthy(self, device: str, healthy: bool) -> None:
         await self.plugin.set_healthy(device, healthy)
-        (self._unhealthy.discard if healthy else self._unhealthy.add)(device)
+        if healthy:
+            self._unhealthy.discard(device)
+        else:
+            self._unhealthy.add(device)
         await self._settled()
 
     async def hot_plug(self, device: str, numa: Sequence[int]) -> None:

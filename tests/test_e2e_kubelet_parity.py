@@ -45,7 +45,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from testkit.agent import agent_against, make_settings
+from testkit.agent import AgentRun, agent_against, make_settings
 from testkit.inotify_names import NameEvents
 from testkit.kubelet_driver import FakeDriver, KubeletDriver, LiteDriver
 from testkit.kubelet_lite import KubeletLite
@@ -192,6 +192,18 @@ class Seen:
     events: list[tuple[str, str, dict[str, object]]]
 
 
+async def _caught_up(run: AgentRun, socket_path: Path, step: str) -> Inventory:
+    """The kubelet's answers, once the agent holds the same. The test's own calls share the
+    kubelet's limiter with the agent, so the agent's look after a step can be refused; it looks
+    again later (its back-off), and a forced look now brings that about."""
+    for _ in range(20):
+        answers = await inventory(socket_path)
+        if run.agent.inventory == answers:
+            return answers
+        await run.quiet_cycle()
+    raise AssertionError(f"{step}: the agent holds {run.agent.inventory}, the kubelet answers {answers}")
+
+
 async def _play(driver: KubeletDriver, state: Path) -> list[Seen]:
     """SCENARIO on `driver` with the agent watching; what each step showed."""
     seen: list[Seen] = []
@@ -210,10 +222,14 @@ async def _play(driver: KubeletDriver, state: Path) -> list[Seen]:
             # A departed plugin's devices are held back for a minute (not reported missing): one
             # more look then, not the end of the hold.
             await (run.quiet_cycle() if play.held else run.released())
+            if play.held:  # the agent keeps the devices it holds back: its awaited event is the look
+                answers = await inventory(driver.socket_path)
+            else:
+                answers = await _caught_up(run, driver.socket_path, play.name)
             files = file_changes(before, file_marks(driver.root))
             files = {PLUGIN if name == plugin else name: what for name, what in files.items()}
             events = event_digest(run.recorder.events[mark:])
-            seen.append(Seen(await inventory(driver.socket_path), files, events))
+            seen.append(Seen(answers, files, events))
     return seen
 
 

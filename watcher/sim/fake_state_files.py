@@ -66,7 +66,8 @@ def write_state_files(
     body = json.dumps(data, sort_keys=True).encode()
     written = {"Data": data, "Checksum": zlib.crc32(body)}
     if checkpoint:
-        _write_atomically(checkpoint_path, json.dumps(written).encode())
+        # Compact, as Go's encoding/json writes it; the checksum is ours, not upstream's.
+        _write_atomically(checkpoint_path, json.dumps(written, separators=(",", ":")).encode())
     cpu_state = {
         "policyName": "static",
         "defaultCpuSet": cpuset_string(node.cpu_ids - allocated_cpus),
