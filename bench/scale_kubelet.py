@@ -117,7 +117,7 @@ class PrebuiltKubelet(FakeKubelet):
     def allocatable_response(self) -> Any:
         return _Raw(self._alloc)
 
-    def write_state_files(self) -> None:
+    def write_state_files(self, *, checkpoint: bool = True) -> None:
         """None: the scale section drives the agent's cycles itself, no file watch is measured."""
 
     def change_one_pod(self) -> tuple[str, str]:

@@ -11,8 +11,10 @@ nothing (they are those of the kubelet's own pod-resources server and device man
   allocations;
 - one global token bucket (100/s, burst 10) rejects with RESOURCE_EXHAUSTED;
 - methods can be disabled (UNKNOWN "... disabled") or absent (UNIMPLEMENTED);
-- `device-plugins/kubelet_internal_checkpoint`, `cpu_manager_state` and
-  `memory_manager_state` are rewritten (temp file + rename) on every change.
+- `device-plugins/kubelet_internal_checkpoint` is rewritten (temp file + rename) on every
+  device change and on an allocation of devices; `cpu_manager_state` and
+  `memory_manager_state` when their content changes. (Unlike the kubelet, `free()` rewrites the
+  checkpoint: the kubelet frees a pod's devices in memory and writes nothing.)
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ __all__ = ["FakeKubelet"]
 class FakeKubelet:
     """Serve `node` under `root` (a stand-in for /var/lib/kubelet), scriptable from Python.
 
-    Mutations take effect on the next call and rewrite the state files at once;
-    CPU and memory changes take effect across `restart()`, as on a real node.
+    Mutations take effect on the next call and rewrite at once the state files the kubelet
+    would rewrite for them; CPU and memory changes take effect across `restart()`, as on a
+    real node.
     """
 
     def __init__(
@@ -103,7 +106,7 @@ class FakeKubelet:
         self.socket_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)
-        tmp = self.socket_dir / f"kubelet.sock.{secrets.token_hex(3)}.tmp"
+        tmp = self._temporary_name()
         server = aio.server(options=[("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers((self._handler(),))
         if server.add_insecure_port(f"unix:{tmp}") == 0:
@@ -117,6 +120,18 @@ class FakeKubelet:
         self.starts += 1
         self.plugins.kubelet_started()
         self.write_state_files()
+
+    def _temporary_name(self) -> Path:
+        # As upstream's CreateListener: a name os.CreateTemp(dir, "") made (digits only, created
+        # exclusively so that it is nobody else's), removed again for the socket to take it.
+        while True:
+            tmp = self.socket_dir / str(secrets.randbelow(2**32))
+            try:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                continue
+            tmp.unlink()
+            return tmp
 
     async def stop(self, *, remove_socket: bool = False) -> None:
         """Stop serving. Like a killed kubelet, leave the stale socket unless told otherwise."""
@@ -153,9 +168,9 @@ class FakeKubelet:
 
     # -- scripting --
 
-    def _changed(self) -> None:
+    def _changed(self, *, checkpoint: bool = True) -> None:
         if self.running:
-            self.write_state_files()
+            self.write_state_files(checkpoint=checkpoint)
 
     def add_device(self, resource: str, device_id: str, numa: Iterable[int] = ()) -> None:
         """Hot-plug a device (or a device plugin registering one)."""
@@ -198,7 +213,9 @@ class FakeKubelet:
             held.extend(i for i in ids if i not in held)
         c.cpu_ids.update(cpu_ids)
         c.memory.extend(memory)
-        self._changed()
+        # The device manager writes its checkpoint for a container given devices, not for one
+        # that asks for none.
+        self._changed(checkpoint=any(devices.values()) if devices else False)
 
     def free(self, namespace: str, pod: str) -> None:
         """The pod ended: its allocations are released."""
@@ -207,7 +224,7 @@ class FakeKubelet:
 
     def add_pod(self, pod: FakePod) -> None:
         self.node.add_pod(pod)
-        self._changed()
+        self._changed(checkpoint=any(any(c.devices.values()) for c in pod.containers))
 
     # -- the wire --
 
@@ -274,8 +291,13 @@ class FakeKubelet:
 
     # -- state files --
 
-    def write_state_files(self) -> None:
-        """Rewrite the checkpoint and manager state files the way the kubelet does."""
+    def write_state_files(self, *, checkpoint: bool = True) -> None:
+        """Rewrite the checkpoint (unless not `checkpoint`) and each manager state file whose
+        content changed, the way the kubelet does."""
         fake_state_files.write_state_files(
-            self.node, self.checkpoint_path, self.cpu_state_path, self.memory_state_path
+            self.node,
+            self.checkpoint_path,
+            self.cpu_state_path,
+            self.memory_state_path,
+            checkpoint=checkpoint,
         )

@@ -112,6 +112,11 @@ class Plugins:
         if downtime is not None:
             self._later(stream_ends_after + downtime, functools.partial(self._register, resource))
 
+    def register(self, resource: str) -> None:
+        """The plugin of `resource` registers now (after `restart_plugin(resource, None)`, say):
+        its socket is back and its devices are allocatable again."""
+        self._register(resource)
+
     async def wait_settled(self) -> None:
         """Until every plugin that will come back has registered and List shows every pod."""
         await self._settled.wait()
@@ -152,10 +157,12 @@ class Plugins:
     def _sockets(self) -> Iterable[Path]:
         if not self.directory.is_dir():
             return []
+        # The kubelet deletes every socket there, by type whatever its name; the fake's own plugin
+        # sockets are plain files named *.sock, so those go by name.
         return [
             p
             for p in self.directory.iterdir()
-            if p.name.endswith(".sock") and p.name != KUBELET_REGISTRATION_SOCKET
+            if (p.name.endswith(".sock") or p.is_socket()) and p.name != KUBELET_REGISTRATION_SOCKET
         ]
 
     def _later(self, delay: float, action: Callable[[], None]) -> None:

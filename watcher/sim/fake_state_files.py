@@ -2,7 +2,7 @@
 
 `device-plugins/kubelet_internal_checkpoint`, `cpu_manager_state` and
 `memory_manager_state`, each rewritten whole (temp file + rename) as the
-kubelet does, so a directory watch sees a new file every time.
+kubelet does, so a directory watch sees a new file every time one is written.
 """
 
 from __future__ import annotations
@@ -21,9 +21,16 @@ __all__ = ["write_state_files"]
 
 
 def write_state_files(
-    node: FakeNode, checkpoint_path: Path, cpu_state_path: Path, memory_state_path: Path
+    node: FakeNode,
+    checkpoint_path: Path,
+    cpu_state_path: Path,
+    memory_state_path: Path,
+    *,
+    checkpoint: bool = True,
 ) -> None:
-    """Rewrite the checkpoint and manager state files the way the kubelet does."""
+    """Rewrite the files the way the kubelet does: the device manager's checkpoint whenever it
+    writes one (`checkpoint`), each manager's state file only when that manager's state changed
+    (the CPU and memory managers take no part in a device's health or a plugin's return)."""
     entries = []
     cpu_entries: dict[str, dict[str, str]] = {}
     memory_entries: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -57,19 +64,34 @@ def write_state_files(
             registered.setdefault(dev.resource, []).append(dev.id)
     data = {"PodDeviceEntries": entries, "RegisteredDevices": registered}
     body = json.dumps(data, sort_keys=True).encode()
-    checkpoint = {"Data": data, "Checksum": zlib.crc32(body)}
-    _write_atomically(checkpoint_path, json.dumps(checkpoint).encode())
+    written = {"Data": data, "Checksum": zlib.crc32(body)}
+    if checkpoint:
+        # Compact, as Go's encoding/json writes it; the checksum is ours, not upstream's.
+        _write_atomically(checkpoint_path, json.dumps(written, separators=(",", ":")).encode())
     cpu_state = {
         "policyName": "static",
         "defaultCpuSet": cpuset_string(node.cpu_ids - allocated_cpus),
         "entries": cpu_entries,
     }
-    _write_atomically(cpu_state_path, json.dumps(cpu_state).encode())
+    _write_if_changed(cpu_state_path, json.dumps(cpu_state).encode())
     memory_state = {"policyName": "Static", "entries": memory_entries}
-    _write_atomically(memory_state_path, json.dumps(memory_state).encode())
+    _write_if_changed(memory_state_path, json.dumps(memory_state).encode())
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    try:
+        if path.read_bytes() == data:
+            return
+    except FileNotFoundError:
+        pass
+    _write_atomically(path, data)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    tmp.write_bytes(data)
+    # The kubelet's file store writes a temporary "." + digits (os.CreateTemp(dir, "."), so mode
+    # 0600) beside the file and renames it over the file.
+    tmp = path.with_name(f".{secrets.randbelow(2**32)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     os.replace(tmp, path)
