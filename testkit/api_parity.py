@@ -183,7 +183,8 @@ class Row:
     says: str = ""
     before: tuple[Call, ...] = ()
     stored: tuple[str, ...] = ()
-    fake_skip: str = ""  # why the fake cannot answer as the real one does
+    # A kept difference: the fake refuses (422) what the real server takes, and why.
+    fake_stricter: str = ""
 
 
 def _resource_version(side: Side) -> str:
