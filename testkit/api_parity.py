@@ -18,9 +18,6 @@ import asyncio
 import json
 import re
 import secrets
-import ssl
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,6 +34,7 @@ from testkit.kube_reporting import (
     READY,
     Answer,
     Placement,
+    bearer_request,
     place_agent,
 )
 from testkit.kube_schemas import strict_schemas
@@ -89,16 +87,7 @@ class Side:
             if body is None
             else json.dumps(fill(body, self.values)).encode()
         )
-        headers = {"Authorization": f"Bearer {self.tokens[who]}", "Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = content_type or "application/json"
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        context = ssl.create_default_context(cafile=str(self.ca_file))
-        try:
-            with urllib.request.urlopen(request, context=context, timeout=30) as response:
-                return Answer(response.status, json.loads(response.read() or b"{}"))
-        except urllib.error.HTTPError as error:
-            return Answer(error.code, json.loads(error.read() or b"{}"))
+        return bearer_request(self.url, self.ca_file, self.tokens[who], method, path, data, content_type)
 
 
 def fill(template: Any, values: dict[str, str]) -> Any:

@@ -20,6 +20,7 @@ __all__ = [
     "AGENT_NAMESPACE",
     "AGENT_SERVICE_ACCOUNT",
     "Answer",
+    "bearer_request",
     "Placement",
     "READY",
     "api_request",
@@ -66,11 +67,18 @@ def api_request(
     config = _load(kubeconfig)
     token = config["users"][0]["user"]["token"]
     data = None if body is None else json.dumps(body).encode()
+    return bearer_request(cluster.server, cluster.ca_file, token, method, path, data, content_type)
+
+
+def bearer_request(
+    server: str, ca_file: Path, token: str, method: str, path: str, data: bytes | None, content_type: str = ""
+) -> Answer:
+    """One HTTPS request to `server` (trusting `ca_file`) with a bearer token; any status is an Answer."""
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
     if data is not None:
         headers["Content-Type"] = content_type or "application/json"
-    request = urllib.request.Request(cluster.server + path, data=data, method=method, headers=headers)
-    context = ssl.create_default_context(cafile=str(cluster.ca_file))
+    request = urllib.request.Request(server + path, data=data, method=method, headers=headers)
+    context = ssl.create_default_context(cafile=str(ca_file))
     try:
         with urllib.request.urlopen(request, context=context, timeout=30) as response:
             return Answer(response.status, json.loads(response.read() or b"{}"))
