@@ -81,6 +81,11 @@ class DevicePlugin:
         if self.process is not None:
             await self.process.stop()
 
+    async def leave(self, linger: float) -> None:
+        """The plugin removes its socket, keeps serving its streams `linger` seconds, then ends."""
+        await self._command(op="leave", linger_ms=round(linger * 1000))
+        await self.stop()  # it ends by itself; this waits for that (and reaps it)
+
     async def restart(self) -> None:
         """The plugin process ends (its socket goes) and a new one starts and registers."""
         await self.stop()

@@ -132,6 +132,16 @@ func run(socketDir, resource, name string, devices []*pluginapi.Device) error {
 			if !ok { // stdin closed: whoever controlled the plugin is gone
 				return shutdown(server, p, path)
 			}
+			if c.Op == "leave" {
+				// The socket goes first and the streams end LingerMS later (a plugin that unlinks
+				// before it stops serving): the kubelet drops the devices only when they end.
+				if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+					return err
+				}
+				say(map[string]any{"op": c.Op, "ok": true})
+				time.Sleep(time.Duration(c.LingerMS) * time.Millisecond)
+				return shutdown(server, p, path)
+			}
 			answer := map[string]any{"op": c.Op, "id": c.ID, "ok": true}
 			if err := c.apply(p.inv); err != nil {
 				answer["ok"], answer["error"] = false, err.Error()
@@ -157,12 +167,14 @@ func shutdown(server *grpc.Server, p *plugin, path string) error {
 //	{"op": "health", "id": "gpu0", "healthy": false}
 //	{"op": "add", "id": "gpu9", "numa": [1]}
 //	{"op": "remove", "id": "gpu0"}
+//	{"op": "leave", "linger_ms": 300}   (socket removed, the process ends 300 ms later)
 type command struct {
-	Op      string  `json:"op"`
-	ID      string  `json:"id"`
-	Healthy bool    `json:"healthy"`
-	NUMA    []int64 `json:"numa"`
-	bad     error
+	Op       string  `json:"op"`
+	ID       string  `json:"id"`
+	Healthy  bool    `json:"healthy"`
+	NUMA     []int64 `json:"numa"`
+	LingerMS int     `json:"linger_ms"`
+	bad      error
 }
 
 func (c command) apply(inv *inventory) error {
