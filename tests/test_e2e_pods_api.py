@@ -1,0 +1,115 @@
+"""The kubelet's Pods API (v1alpha1.Pods, beta and on by default in 1.37) as upstream serves it:
+`pkg/kubelet/apis/pods` NewPodsServer over the kubelet's pod manager, in kubelet-lite. What a
+client sees on the wire, recorded against the real server: the snapshot, the watch's order and
+its DELETED events, the not-found answer, the socket a restart replaces."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc import aio
+
+from testkit.kubelet_lite import KubeletLite
+from testkit.protowire import every, fields, first
+
+pytestmark = pytest.mark.e2e
+
+SERVICE = "/v1alpha1.Pods/"
+ADDED, MODIFIED, DELETED, INITIAL_SYNC_COMPLETE = 1, 2, 3, 4
+# k8s.io/api core/v1 generated.proto: Pod.metadata = 1, ObjectMeta.name = 1, .namespace = 3,
+# .uid = 5; Pod.spec = 2, Pod.status = 3, PodStatus.phase = 1.
+META, SPEC, STATUS = 1, 2, 3
+
+
+def _who(pod: bytes) -> tuple[str, str, str]:
+    meta = first(pod, META) or b""
+    name, namespace, uid = (first(meta, n) or b"" for n in (1, 3, 5))
+    return namespace.decode(), name.decode(), uid.decode()
+
+
+def _phase(pod: bytes) -> str:
+    return (first(pod, STATUS, 1) or b"").decode()
+
+
+async def _list(kubelet: KubeletLite) -> list[bytes]:
+    async with aio.insecure_channel(f"unix:{kubelet.pods_api_socket}") as channel:
+        answer = await channel.unary_unary(SERVICE + "ListPods")(b"", timeout=5)
+    return every(bytes(answer), 1)
+
+
+async def test_list_pods_gives_every_admitted_pod_in_uid_order(kubelet_lite: KubeletLite) -> None:
+    for uid, name in (("c-3", "third"), ("a-1", "first"), ("b-2", "second")):
+        await kubelet_lite.admit("team", name, {"main": {}}, uid=uid)
+    pods = await _list(kubelet_lite)
+    assert [_who(p) for p in pods] == [
+        ("team", "first", "a-1"),
+        ("team", "second", "b-2"),
+        ("team", "third", "c-3"),
+    ]
+    assert {_phase(p) for p in pods} == {"Running"}
+
+
+async def test_watch_gives_the_snapshot_then_sync_complete_then_changes_and_a_bare_deleted(
+    kubelet_lite: KubeletLite,
+) -> None:
+    for uid, name in (("b-2", "later"), ("a-1", "earlier")):
+        await kubelet_lite.admit("ml", name, {"main": {}}, uid=uid)
+    async with aio.insecure_channel(f"unix:{kubelet_lite.pods_api_socket}") as channel:
+        call = channel.unary_stream(SERVICE + "WatchPods")(b"")
+        stream = call.__aiter__()
+
+        async def event() -> tuple[int, bytes]:
+            raw = bytes(await asyncio.wait_for(stream.__anext__(), timeout=10))
+            kind = next((int(v) for n, v in fields(raw) if n == 1 and isinstance(v, int)), 0)
+            return kind, first(raw, 2) or b""
+
+        snapshot = [await event() for _ in range(3)]
+        assert [(k, _who(p)[2]) for k, p in snapshot] == [
+            (ADDED, "a-1"),
+            (ADDED, "b-2"),
+            (INITIAL_SYNC_COMPLETE, ""),
+        ]
+        await kubelet_lite.admit("ml", "new", {"main": {}}, uid="c-3")
+        kind, pod = await event()
+        assert (kind, _who(pod), _phase(pod)) == (ADDED, ("ml", "new", "c-3"), "Running")
+        await kubelet_lite.remove("ml", "earlier")
+        kind, pod = await event()
+        assert (kind, _who(pod)) == (DELETED, ("ml", "earlier", "a-1"))
+        # A DELETED event carries the pod's name, namespace and uid, and nothing else (Go's
+        # generated code still writes every field, empty): no labels (ObjectMeta 11), no
+        # containers (PodSpec 2), no node (PodSpec 10), no phase (PodStatus 1).
+        meta, spec = first(pod, META) or b"", first(pod, SPEC) or b""
+        assert every(meta, 11) == [] and every(spec, 2) == []
+        assert (first(spec, 10), first(pod, STATUS, 1)) in (
+            (b"", b""),
+            (None, None),
+            (None, b""),
+            (b"", None),
+        )
+        call.cancel()
+
+
+async def test_get_pod_of_an_unknown_uid_is_not_found_in_upstreams_words(kubelet_lite: KubeletLite) -> None:
+    request = bytes([0x0A, 5]) + b"ghost"  # GetPodRequest.podUID = 1
+    async with aio.insecure_channel(f"unix:{kubelet_lite.pods_api_socket}") as channel:
+        with pytest.raises(aio.AioRpcError) as caught:
+            await channel.unary_unary(SERVICE + "GetPod")(request, timeout=5)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.details() == "pod with UID ghost not found"
+
+
+async def test_a_restart_replaces_the_pods_api_socket_and_the_pods_come_back(
+    kubelet_lite: KubeletLite,
+) -> None:
+    await kubelet_lite.admit("ml", "kept", {"main": {}}, uid="k-1")
+
+    def identity() -> tuple[int, int]:  # the inode number alone can be reused at once
+        st = kubelet_lite.pods_api_socket.stat()
+        return st.st_ino, st.st_mtime_ns
+
+    before = identity()
+    await kubelet_lite.restart()
+    assert identity() != before
+    assert [_who(p) for p in await _list(kubelet_lite)] == [("ml", "kept", "k-1")]
