@@ -23,7 +23,7 @@ from structlog.testing import capture_logs
 
 from testkit.agent import Running, make_settings, running_agent
 from testkit.processes import fake_kubelet_process
-from watcher.kubelet.identity import FileIdentity, is_replacement
+from watcher.kubelet.identity import FileIdentity, is_replacement, probe_socket, replaced_since
 from watcher.sim.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"
@@ -439,6 +439,23 @@ def test_restart_decision(
     old: tuple[int, int, int, int], new: tuple[int, int, int, int], name_events: bool, replaced: bool
 ) -> None:
     assert is_replacement(FileIdentity(*old), FileIdentity(*new), name_events=name_events) is replaced
+
+
+async def test_an_answer_is_dropped_only_when_another_socket_took_the_path_meanwhile(short_tmp: Path) -> None:
+    """The check after each query (a kubelet replaced while we asked): another socket at the path
+    counts; none, something that is not a socket, or the same socket chmod-ed does not."""
+    path = short_tmp / "kubelet.sock"
+    assert not replaced_since(None, path)  # nothing there
+    path.write_text("")
+    assert not replaced_since(None, path)  # not a socket: the socket watch says so, not this
+    path.unlink()
+    async with FakeKubelet(short_tmp, seed=1) as first:
+        assert replaced_since(None, first.socket_path)  # the first socket, unseen before
+        seen = probe_socket(first.socket_path).identity
+        first.socket_path.chmod(0o700)
+        assert not replaced_since(seen, first.socket_path)
+        await first.restart()
+        assert replaced_since(seen, first.socket_path)
 
 
 async def test_reconnects_at_once_even_after_failing_queries_during_the_downtime(

@@ -18,7 +18,7 @@ from testkit.agent import make_settings, running_agent
 from watcher.model.build import build
 from watcher.model.changes import Kind
 from watcher.model.inventory import Inventory
-from watcher.model.settling import PODS_STABLE_S, Settling
+from watcher.model.settling import DEPARTURE_S, PODS_STABLE_S, Settling
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
 from watcher.sim.fake_plugins import Warmup, plugin_socket_name
@@ -68,6 +68,46 @@ def test_a_plugin_that_never_returns_is_released_after_the_grace() -> None:
     s, changes = s.observe(40.0, settled, without_gpus, gone, grace=30)
     assert changes == [] and not s.holding  # released as it is: the diff reports the loss
     assert s.present(settled, without_gpus) is without_gpus
+
+
+def _without(settled: Inventory, resource: str) -> Inventory:
+    kept = tuple(d for d in settled.devices if d.resource != resource)
+    return Inventory(kept, settled.cpu_ids, settled.memory, settled.pods)
+
+
+def test_devices_leaving_a_moment_after_their_plugins_socket_are_its_departure() -> None:
+    """The kubelet drops a departed plugin's devices when its stream ends: a look in between sees
+    the socket gone and every device there; the drop at the next look is still the plugin going."""
+    settled, _, sockets = _node_inventories()
+    gone = sockets - {plugin_socket_name(GPU)}
+    s, changes = Settling(sockets=sockets).observe(10.0, settled, settled, gone, grace=60)
+    assert changes == [] and not s.holding
+    s, changes = s.observe(10.0 + DEPARTURE_S - 0.1, settled, _without(settled, GPU), gone, grace=60)
+    assert [c.kind for c in changes] == [Kind.PLUGIN_UNREGISTERED] and s.held_resources() == {GPU}
+
+
+def test_devices_leaving_after_the_departure_window_are_a_loss_even_without_a_look_between() -> None:
+    """The window is timed from the socket's going, not ended by a look: a drop first seen after
+    DEPARTURE_S (the next look being the timer) is not explained by that plugin any more."""
+    settled, _, sockets = _node_inventories()
+    gone = sockets - {plugin_socket_name(GPU)}
+    s, _ = Settling(sockets=sockets).observe(10.0, settled, settled, gone, grace=60)
+    s, changes = s.observe(10.0 + DEPARTURE_S + 20, settled, _without(settled, GPU), gone, grace=60)
+    assert changes == [] and not s.holding  # reported by the diff as it is: devices removed
+
+
+def test_each_departed_socket_has_its_own_window() -> None:
+    """A second plugin leaving later gets its full window: the first one's neither ends it nor
+    lets it run on."""
+    settled, _, sockets = _node_inventories()
+    nic_gone = sockets - {plugin_socket_name(NIC)}
+    both_gone = nic_gone - {plugin_socket_name(GPU)}
+    s, _ = Settling(sockets=sockets).observe(10.0, settled, settled, nic_gone, grace=60)
+    later = 10.0 + DEPARTURE_S + 1  # the NIC plugin's window is over, nothing looked since
+    s, changes = s.observe(later, settled, settled, both_gone, grace=60)
+    assert changes == []
+    s, changes = s.observe(later + 0.5, settled, _without(settled, GPU), both_gone, grace=60)
+    assert [(c.kind, c.details["resource"]) for c in changes] == [(Kind.PLUGIN_UNREGISTERED, GPU)]
 
 
 def test_a_device_that_vanishes_while_its_plugin_stays_is_not_held() -> None:
@@ -150,7 +190,9 @@ async def test_a_plugin_whose_stream_ends_after_its_socket_is_gone_is_seen_witho
         await run.recorder.kinds_after(0, 1)
         await run.quiet_cycle()
         mark = len(run.recorder.events)
-        kubelet.plugins.restart_plugin(GPU, downtime=5.0, stream_ends_after=0.3)
+        # The drop comes 1 s after the socket goes: the look the removal triggers, and the 0.5 s
+        # follow-up, both see every device still there.
+        kubelet.plugins.restart_plugin(GPU, downtime=5.0, stream_ends_after=1.0)
         await run.recorder.until(lambda: bool(run.recorder.kinds(mark)), timeout=4)
         assert run.recorder.kinds(mark) == ["plugin.unregistered"]  # not its devices "removed"
 

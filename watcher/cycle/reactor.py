@@ -27,7 +27,7 @@ from watcher.cycle.state import CycleState
 from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import ALLOCATABLE
-from watcher.kubelet.identity import is_replacement, probe_socket
+from watcher.kubelet.identity import is_replacement, probe_socket, replaced_since
 from watcher.kubelet.plugins import plugin_sockets
 from watcher.model import lifecycle
 from watcher.model.changes import Change
@@ -138,7 +138,7 @@ class Reactor:
             deadlines.append(look)
         if (quiet := state.flaps.next_look(self._flap_rule)) is not None:
             deadlines.append(quiet)
-        if self.notifier.follow_ups:
+        if self.notifier.follow_ups and not state.health.failing:  # a down kubelet: its backoff
             deadlines.append(self.notifier.follow_ups[0])
         return deadlines
 
@@ -169,9 +169,10 @@ class Reactor:
             finally:
                 self.metrics.requery_duration.observe(time.perf_counter() - started)
                 self.metrics.requeries.labels(result).inc()
-                self.metrics.kubelet_up.set(1 if result in ("changed", "unchanged") else 0)
-                for observer in self.observers:
-                    observer(reasons)
+                if result != "superseded":  # a dropped answer says nothing of the kubelet
+                    self.metrics.kubelet_up.set(1 if result in ("changed", "unchanged") else 0)
+                    for observer in self.observers:
+                        observer(reasons)
 
     async def swap_client(self, settings: Settings) -> None:
         """A reload changed the kubelet or watch settings: dial afresh (under the cycle lock)."""
@@ -222,11 +223,11 @@ class Reactor:
         commit = functools.partial(self._commit, changes, cycle, took_name_events=took_name_events)
         try:
             alloc_raw, list_raw = await self._query()
-            if not restarted and probe_socket(self.socket_path).identity not in (None, draft.socket):
+            if not restarted and replaced_since(draft.socket, self.socket_path):
                 # Replaced while we asked (probed absent or old): the answer may be the new kubelet's
                 # warm-up with its restart unseen. Drop it; the next cycle sees the restart first.
-                self.notifier.trigger.fire("socket", urgent=True)
-                return "unchanged", functools.partial(commit, draft)
+                self.notifier.trigger.fire("replaced-while-asking", urgent=True)
+                return "superseded", functools.partial(commit, draft)
         except errors.RateLimitedError:
             now = time.monotonic()
             delay = self.rate_backoff.delay(draft.health.attempt)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FileIdentity", "SocketState", "probe_socket", "is_replacement"]
+__all__ = ["FileIdentity", "SocketState", "is_replacement", "probe_socket", "replaced_since"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +67,12 @@ def is_replacement(old: FileIdentity, new: FileIdentity, *, name_events: bool) -
     if (old.dev, old.ino) != (new.dev, new.ino) or old.mtime_ns != new.mtime_ns:
         return True
     return old.ctime_ns != new.ctime_ns and name_events
+
+
+def replaced_since(seen: FileIdentity | None, path: Path) -> bool:
+    """Is another socket at `path` now than `seen` (None: none was seen)? Only a socket counts:
+    something else at the path, or the same socket's metadata touched (chmod), does not."""
+    now = probe_socket(path)
+    if not now.present or now.identity is None:
+        return False
+    return seen is None or is_replacement(seen, now.identity, name_events=False)

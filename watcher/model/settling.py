@@ -49,7 +49,8 @@ class Settling:
     pod_keys: frozenset[tuple[str, str]] = frozenset()  # the pods of the last answer
     pods_changed_at: float = 0.0  # when the pod list last changed
     sockets: frozenset[str] | None = None  # the plugin sockets of the last settled look
-    departed_at: float | None = None  # a socket went away, its devices not yet (see DEPARTURE_S)
+    # Each plugin socket seen gone and since when, while it stays away (see DEPARTURE_S), sorted.
+    departed: tuple[tuple[str, float], ...] = ()
     last_look: float = 0.0
 
     @property
@@ -96,10 +97,11 @@ class Settling:
                 state = dataclasses.replace(state, pod_keys=keys, pods_changed_at=now)
         held = dict(state.held)
         present = _resources(answer) if answer.allocatable_known else None
+        departed = state._departures(now, sockets)
         # A plugin's departure: its resource's devices all gone while a plugin socket went away.
         if present is not None and sockets is not None and not state.kubelet_restart:
             gone = sorted(_resources(settled) - present - held.keys())
-            if gone and state._socket_went_away(sockets, settled):
+            if gone and state._socket_went_away(sockets, settled, departed, now):
                 for resource in gone:
                     held[resource] = now
                     changes.append(_plugin_change(Kind.PLUGIN_UNREGISTERED, resource, settled, grace))
@@ -117,30 +119,41 @@ class Settling:
         ):
             pods_since = None
         kubelet_restart = state.kubelet_restart and bool(held or pods_since is not None)
-        settled_sockets, departed_at = state.sockets, state.departed_at
+        settled_sockets = state.sockets
         if not held and pods_since is None and sockets is not None:
-            lost = state.sockets - sockets if state.sockets is not None else frozenset()
-            if lost and (departed_at is None or now - departed_at < DEPARTURE_S):
-                # Keep the departed socket in the settled set for a while: its devices may
-                # still leave (DEPARTURE_S), and that is the plugin going, not a failure.
-                departed_at = now if departed_at is None else departed_at
-                settled_sockets = state.sockets | sockets if state.sockets is not None else sockets
-            else:
-                settled_sockets, departed_at = sockets, None
+            settled_sockets = sockets
+        # A departure is forgotten once its window has passed and the settled set no longer has
+        # the socket (kept while held, so the next look does not time it afresh).
+        kept = {n: t for n, t in departed.items() if now - t < DEPARTURE_S or n in (settled_sockets or ())}
         after = dataclasses.replace(
             state,
             held=tuple(sorted(held.items())),
             kubelet_restart=kubelet_restart,
             pods_since=pods_since,
             sockets=settled_sockets,
-            departed_at=departed_at,
+            departed=tuple(sorted(kept.items())),
             last_look=now,
         )
         return after, changes
 
-    def _socket_went_away(self, sockets: frozenset[str], settled: Inventory) -> bool:
+    def _departures(self, now: float, sockets: frozenset[str] | None) -> dict[str, float]:
+        """Each plugin socket seen gone, timed from its own departure (another plugin's going
+        neither resets nor ends it); a socket back is no longer departed."""
+        departed = dict(self.departed)
+        if sockets is None:
+            return departed
+        departed = {n: t for n, t in departed.items() if n not in sockets}
+        for name in (self.sockets or frozenset()) - sockets:
+            departed.setdefault(name, now)
+        return departed
+
+    def _socket_went_away(
+        self, sockets: frozenset[str], settled: Inventory, departed: dict[str, float], now: float
+    ) -> bool:
         if self.sockets is not None:
-            return bool(self.sockets - sockets)
+            # Within DEPARTURE_S of a socket going: the kubelet drops the devices only when the
+            # plugin's stream ends, which can be a look or two after the socket is gone.
+            return any(now - since < DEPARTURE_S for since in departed.values())
         # First look since the agent started: fewer plugin sockets than resources means some
         # plugin is not registered (one socket per resource is the common layout).
         return len(sockets) < len(_resources(settled))
