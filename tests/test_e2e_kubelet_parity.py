@@ -26,8 +26,8 @@ content changes, as the CPU and memory managers take no part in a device step.)
 Kept: `free()` rewrites the checkpoint (the real device manager frees a pod's devices in memory
 and writes nothing; tests and the demo rely on the trigger); the fake serves no registration
 socket `device-plugins/kubelet.sock`, its plugin sockets are plain files, and on start it
-deletes `*.sock` by name where the kubelet deletes every socket by type (tests of the fake list
-that directory exactly). The real temporary names (the pod-resources socket's and the state
+deletes every socket and also every `*.sock` by name (its own plugin sockets are plain files),
+where the kubelet deletes sockets only, by type (tests of the fake list that directory exactly). The real temporary names (the pod-resources socket's and the state
 files') are upstream's and the fake now makes the same; see the tests below.
 """
 
@@ -380,7 +380,7 @@ async def test_a_kubelet_start_deletes_the_sockets_in_the_plugin_directory(
     real_driver: LiteDriver, fake_driver: FakeDriver
 ) -> None:
     """Every socket goes, whatever its name (a plugin's, a stray one); a plain file stays with
-    the real kubelet. Kept difference: the fake deletes by name, so a plain `*.sock` goes too."""
+    the real kubelet. Kept difference: the fake also deletes by name, so a plain `*.sock` goes too."""
     survivors = []
     for driver in (real_driver, fake_driver):
         directory = driver.root / "device-plugins"

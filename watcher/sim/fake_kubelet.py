@@ -12,7 +12,8 @@ nothing (they are those of the kubelet's own pod-resources server and device man
 - one global token bucket (100/s, burst 10) rejects with RESOURCE_EXHAUSTED;
 - methods can be disabled (UNKNOWN "... disabled") or absent (UNIMPLEMENTED);
 - `device-plugins/kubelet_internal_checkpoint` is rewritten (temp file + rename) on every
-  device change and on an allocation of devices; `cpu_manager_state` and
+  device change a plugin reports (health, hot-plug, unplug, registration) and on an allocation of
+  devices, but not when a plugin leaves (the kubelet writes nothing then either); `cpu_manager_state` and
   `memory_manager_state` when their content changes. (Unlike the kubelet, `free()` rewrites the
   checkpoint: the kubelet frees a pod's devices in memory and writes nothing.)
 """
