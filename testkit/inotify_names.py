@@ -7,9 +7,11 @@ so nothing here races the process under test. Linux only, through the C library.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -72,6 +74,27 @@ class NameEvents:
                 kind = next((k for bit, k in _KINDS.items() if mask & bit), None)
                 if kind is not None:
                     self._seen.append((kind, name))
+
+    async def until(
+        self, predicate: Callable[[list[tuple[str, str]]], bool], timeout: float = 10.0
+    ) -> list[tuple[str, str]]:
+        """The events once `predicate` holds for them, woken by the inotify descriptor itself
+        (a process may finish what it writes after the call that made it write has returned)."""
+        loop = asyncio.get_running_loop()
+        readable = asyncio.Event()
+        loop.add_reader(self._fd, readable.set)
+        try:
+            async with asyncio.timeout(timeout):
+                while not predicate(seen := self.events()):
+                    readable.clear()
+                    if predicate(seen := self.events()):
+                        break
+                    await readable.wait()
+        except TimeoutError:
+            raise AssertionError(f"not seen in {self.directory} within {timeout:g} s: {self._seen}") from None
+        finally:
+            loop.remove_reader(self._fd)
+        return seen
 
     def names(self) -> set[str]:
         """Every name that came or went."""

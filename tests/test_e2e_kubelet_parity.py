@@ -27,8 +27,9 @@ Kept: `free()` rewrites the checkpoint (the real device manager frees a pod's de
 and writes nothing; tests and the demo rely on the trigger); the fake serves no registration
 socket `device-plugins/kubelet.sock`, its plugin sockets are plain files, and on start it
 deletes every socket and also every `*.sock` by name (its own plugin sockets are plain files),
-where the kubelet deletes sockets only, by type (tests of the fake list that directory exactly). The real temporary names (the pod-resources socket's and the state
-files') are upstream's and the fake now makes the same; see the tests below.
+where the kubelet deletes sockets only, by type (tests of the fake list that directory
+exactly). The real temporary names (the pod-resources socket's and the state files') are
+upstream's and the fake now makes the same; see the tests below.
 """
 
 from __future__ import annotations
@@ -363,7 +364,9 @@ async def test_the_checkpoint_is_rewritten_alike_through_a_temporary_name(
         directory = driver.root / "device-plugins"
         with NameEvents(directory) as watch:
             await driver.set_healthy("gpu3", False)
-            events = [(k, n) for k, n in watch.events() if not n.endswith(".sock")]
+            # The real kubelet answers with the new health before its checkpoint's rename is done.
+            renamed = await watch.until(lambda seen: ("moved-to", "kubelet_internal_checkpoint") in seen)
+            events = [(k, n) for k, n in renamed if not n.endswith(".sock")]
         temporary = {name for _, name in events if name != "kubelet_internal_checkpoint"}
         assert temporary and all(n.startswith(".") and n[1:].isdigit() for n in temporary), temporary
         shape = [(k, "<tmp>" if n in temporary else n) for k, n in events]
