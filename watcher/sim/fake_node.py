@@ -6,6 +6,7 @@ Plain mutable data, scripted by tests, the demo and the benchmarks through
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ __all__ = [
     "FakeClaimDevice",
     "FakeClaim",
     "FakeContainer",
+    "FakeOwner",
     "FakePod",
     "FakeNode",
     "GIB",
@@ -66,6 +68,20 @@ class FakeContainer:
     claims: list[FakeClaim] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class FakeOwner:
+    """One of a pod's ownerReferences (the controller, usually)."""
+
+    kind: str
+    name: str
+    api_version: str = "apps/v1"
+    controller: bool = True
+
+    @property
+    def uid(self) -> str:
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"owner/{self.api_version}/{self.kind}/{self.name}"))
+
+
 @dataclass
 class FakePod:
     namespace: str
@@ -74,10 +90,17 @@ class FakePod:
     # Pod-level exclusive allocations; newest kubelets only.
     cpu_ids: set[int] = field(default_factory=set)
     memory: list[FakeMemory] = field(default_factory=list)
+    # What the Pods API shows of the pod besides its resources. An empty uid is derived from the
+    # namespace and name, so the same pod keeps its uid across runs.
+    uid: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    owners: list[FakeOwner] = field(default_factory=list)
+    phase: str = "Running"
+    created: float = field(default_factory=time.time)
 
-    @property
-    def uid(self) -> str:
-        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"pod/{self.namespace}/{self.name}"))
+    def __post_init__(self) -> None:
+        if not self.uid:
+            self.uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"pod/{self.namespace}/{self.name}"))
 
     def container(self, name: str) -> FakeContainer:
         for c in self.containers:
@@ -151,6 +174,8 @@ def default_node() -> FakeNode:
             [FakeContainer("log-shipper"), trainer],
             cpu_ids=set(range(2, 18)),
             memory=[FakeMemory("memory", 64 * GIB, (0,)), FakeMemory("hugepages-1Gi", 8 * GIB, (0,))],
+            labels={"app.kubernetes.io/name": "llm-pretrain", "team": "research"},
+            owners=[FakeOwner("Job", "llm-pretrain", api_version="batch/v1")],
         )
     )
     node.add_pod(
@@ -167,6 +192,8 @@ def default_node() -> FakeNode:
                     cpu_ids={50, 51, 52, 53},
                 )
             ],
+            labels={"app.kubernetes.io/name": "inference", "pod-template-hash": "7f9c"},
+            owners=[FakeOwner("ReplicaSet", "inference-7f9c")],
         )
     )
     node.add_pod(
@@ -182,6 +209,8 @@ def default_node() -> FakeNode:
                 ),
                 FakeContainer("envoy"),
             ],
+            labels={"app.kubernetes.io/name": "dpdk-router"},
+            owners=[FakeOwner("DaemonSet", "dpdk-router")],
         )
     )
     node.add_pod(
@@ -210,7 +239,15 @@ def default_node() -> FakeNode:
             ],
         )
     )
-    node.add_pod(FakePod("kube-system", "node-exporter-x2x9q", [FakeContainer("node-exporter")]))
+    node.add_pod(
+        FakePod(
+            "kube-system",
+            "node-exporter-x2x9q",
+            [FakeContainer("node-exporter")],
+            labels={"app.kubernetes.io/name": "node-exporter"},
+            owners=[FakeOwner("DaemonSet", "node-exporter")],
+        )
+    )
     return node
 
 
