@@ -27,8 +27,9 @@ Kept: `free()` rewrites the checkpoint (the real device manager frees a pod's de
 and writes nothing; tests and the demo rely on the trigger); the fake serves no registration
 socket `device-plugins/kubelet.sock`, its plugin sockets are plain files, and on start it
 deletes every socket and also every `*.sock` by name (its own plugin sockets are plain files),
-where the kubelet deletes sockets only, by type (tests of the fake list that directory exactly). The real temporary names (the pod-resources socket's and the state
-files') are upstream's and the fake now makes the same; see the tests below.
+where the kubelet deletes sockets only, by type (tests of the fake list that directory exactly).
+The real temporary names (the pod-resources socket's and the state files') are upstream's and
+the fake now makes the same; see the tests below.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from testkit.kubelet_observations import (
     inventory,
     pod_digest,
 )
+from testkit.waiting import wait_until
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.inventory import Inventory
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -363,6 +365,13 @@ async def test_the_checkpoint_is_rewritten_alike_through_a_temporary_name(
         directory = driver.root / "device-plugins"
         with NameEvents(directory) as watch:
             await driver.set_healthy("gpu3", False)
+            # The device manager updates its healthy set before it writes the checkpoint: the
+            # answer can show the change while the rename is still to come.
+            await wait_until(
+                lambda: ("moved-to", "kubelet_internal_checkpoint") in watch.events(),
+                timeout=5,
+                what="checkpoint renamed",
+            )
             events = [(k, n) for k, n in watch.events() if not n.endswith(".sock")]
         temporary = {name for _, name in events if name != "kubelet_internal_checkpoint"}
         assert temporary and all(n.startswith(".") and n[1:].isdigit() for n in temporary), temporary
