@@ -158,7 +158,7 @@ async def test_watch_gives_the_snapshot_in_uid_order_then_each_change_and_a_bare
     kind, pod = await watch.next()
     assert (kind, pod.metadata.uid, pod.metadata.ownerReferences[0].name) == (ADDED, "e-1", "eval")
 
-    kubelet.set_phase("ml", "eval-1", "Succeeded")  # a status change
+    kubelet.update_pod("ml", "eval-1", phase="Succeeded")  # a status change
     kind, pod = await watch.next()
     assert (kind, pod.metadata.uid, pod.status.phase) == (MODIFIED, "e-1", "Succeeded")
 
@@ -168,7 +168,7 @@ async def test_watch_gives_the_snapshot_in_uid_order_then_each_change_and_a_bare
     assert (kind, pod.metadata.name) == (MODIFIED, "inference-7f9c")
     assert _statuses(pod)["server"][device] == "Unhealthy"
 
-    kubelet.set_labels("ml", "eval-1", {"team": "eval"})  # a spec (metadata) change
+    kubelet.update_pod("ml", "eval-1", labels={"team": "eval"})  # a spec (metadata) change
     kind, pod = await watch.next()
     assert (kind, dict(pod.metadata.labels)) == (MODIFIED, {"team": "eval"})
 
@@ -179,7 +179,7 @@ async def test_watch_gives_the_snapshot_in_uid_order_then_each_change_and_a_bare
     assert pod == core_v1_pb2.Pod(metadata=pod.metadata) and len(pod.metadata.ListFields()) == 3
 
     kubelet.add_device(GPU, "GPU-new", (0,))  # no pod holds it: no event; the next is the next change
-    kubelet.set_phase("ml", "trainer-0", "Failed")
+    kubelet.update_pod("ml", "trainer-0", phase="Failed")
     kind, pod = await watch.next()
     assert (kind, pod.metadata.name) == (MODIFIED, "trainer-0")
 
@@ -189,7 +189,7 @@ async def test_a_change_just_before_the_watch_can_come_twice_as_upstreams_broadc
 ) -> None:
     assert kubelet.pods_api is not None
     kubelet.pods_api.delay_broadcasts(0.5)
-    kubelet.set_labels("net", "dpdk-router", {"version": "2"})
+    kubelet.update_pod("net", "dpdk-router", labels={"version": "2"})
     async with aio.insecure_channel(f"unix:{_api(kubelet)}") as channel:
         watch = Watch(channel)
         snapshot = await watch.snapshot()
@@ -215,7 +215,7 @@ async def test_a_watcher_that_lags_100_events_is_dropped_after_its_buffer_and_ot
         await reading.snapshot()
         changes = 0
         for changes in range(1, 20_000):  # the laggard reads nothing meanwhile
-            kubelet.set_labels("ml", "trainer-0", {"change": str(changes)})
+            kubelet.update_pod("ml", "trainer-0", labels={"change": str(changes)})
             kind, pod = await reading.next()
             assert (kind, pod.metadata.labels["change"]) == (MODIFIED, str(changes))
             if kubelet.pods_api.dropped:
@@ -229,7 +229,7 @@ async def test_a_watcher_that_lags_100_events_is_dropped_after_its_buffer_and_ot
             "watch client channel closed",
         )
         assert seen == list(range(1, len(seen) + 1)) and len(seen) >= WATCH_BUFFER
-        kubelet.set_phase("ml", "trainer-0", "Failed")  # the reader goes on
+        kubelet.update_pod("ml", "trainer-0", phase="Failed")  # the reader goes on
         assert (await reading.next())[0] == MODIFIED
         reading.call.cancel()
 

@@ -16,6 +16,9 @@ nothing (they are those of the kubelet's own pod-resources server and device man
   devices, but not when a plugin leaves (the kubelet writes nothing then either); `cpu_manager_state` and
   `memory_manager_state` when their content changes. (Unlike the kubelet, `free()` rewrites the
   checkpoint: the kubelet frees a pod's devices in memory and writes nothing.)
+
+Beside it, unless `pods_api=False`, it serves the kubelet's Pods API at
+`pods-api/pods-api.sock` (watcher.sim.fake_pods_api), the pods as core/v1 Pod messages.
 """
 
 from __future__ import annotations
@@ -32,14 +35,13 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from watcher.kubeletapi.k8s import core_v1_pb2
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.ratelimit import TokenBucket
 from watcher.sim import fake_answers, fake_state_files
 from watcher.sim.fake_faults import SERVICE, MethodFaults
 from watcher.sim.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
 from watcher.sim.fake_plugins import Plugins, Warmup
-from watcher.sim.fake_pod_objects import pod_object
+from watcher.sim.fake_pod_objects import pod_objects
 from watcher.sim.fake_pods_api import FakePodsApi
 from watcher.sim.fake_sockets import serve_at
 
@@ -99,13 +101,18 @@ class FakeKubelet:
             on_change=self._changed,
         )
         # The Pods API (on by default since 1.37): False is a kubelet without it (no socket).
+        self.node_name = node_name
         self.pods_api = (
-            FakePodsApi(self.root, self._pod_objects, ready=lambda: not self.plugins.hidden_pods)
+            FakePodsApi(
+                self.root,
+                lambda: pod_objects(self.node, self.plugins.hidden_pods, self.node_name),
+                ready=lambda: not self.plugins.hidden_pods,
+            )
             if pods_api
             else None
         )
-        self.plugins.on_shown = self._pods_changed
-        self.node_name = node_name
+        # A pod the warm-up shows is an ADDED on the Pods API; it rewrites no state file.
+        self.plugins.on_shown = lambda: self._changed(checkpoint=False)
 
     # -- lifecycle --
 
@@ -171,29 +178,25 @@ class FakeKubelet:
     def _changed(self, *, checkpoint: bool = True) -> None:
         if self.running:
             self.write_state_files(checkpoint=checkpoint)
-        self._pods_changed()
+            if self.pods_api is not None:
+                self.pods_api.changed()
 
-    def _pods_changed(self) -> None:
-        if self.pods_api is not None and self.running:
-            self.pods_api.changed()
-
-    def _pod_objects(self) -> list[core_v1_pb2.Pod]:
-        hidden = self.plugins.hidden_pods
-        return [
-            pod_object(self.node, pod, self.node_name)
-            for key, pod in self.node.pods.items()
-            if key not in hidden
-        ]
-
-    def set_phase(self, namespace: str, pod: str, phase: str) -> None:
-        """The pod's phase changes (Pending, Running, Succeeded, Failed): a status change only."""
-        self.node.pods[(namespace, pod)].phase = phase
-        self._pods_changed()
-
-    def set_labels(self, namespace: str, pod: str, labels: dict[str, str]) -> None:
-        """The pod's labels become `labels` (the kubelet takes them from the API server)."""
-        self.node.pods[(namespace, pod)].labels = dict(labels)
-        self._pods_changed()
+    def update_pod(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        phase: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        """The pod's phase (Pending, Running, Succeeded, Failed) or its labels (the kubelet takes
+        those from the API server) change: nothing the pod-resources API shows."""
+        fake_pod = self.node.pods[(namespace, pod)]
+        if phase is not None:
+            fake_pod.phase = phase
+        if labels is not None:
+            fake_pod.labels = dict(labels)
+        self._changed(checkpoint=False)
 
     def add_device(self, resource: str, device_id: str, numa: Iterable[int] = ()) -> None:
         """Hot-plug a device (or a device plugin registering one)."""

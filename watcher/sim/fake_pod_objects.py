@@ -17,7 +17,7 @@ from __future__ import annotations
 from watcher.kubeletapi.k8s import core_v1_pb2, meta_v1_pb2
 from watcher.sim.fake_node import FakeContainer, FakeNode, FakePod
 
-__all__ = ["HEALTHY", "UNHEALTHY", "deleted_pod", "pod_object"]
+__all__ = ["HEALTHY", "UNHEALTHY", "deleted_pod", "pod_object", "pod_objects"]
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 
@@ -79,6 +79,11 @@ def pod_object(node: FakeNode, pod: FakePod, node_name: str) -> core_v1_pb2.Pod:
     for name in claims:
         status.resourceClaimStatuses.add(name=name, resourceClaimName=name)
     return core_v1_pb2.Pod(metadata=meta, spec=spec, status=status)
+
+
+def pod_objects(node: FakeNode, hidden: set[tuple[str, str]], node_name: str) -> list[core_v1_pb2.Pod]:
+    """Every pod of `node` but the `hidden` ones (those the warm-up does not show yet)."""
+    return [pod_object(node, pod, node_name) for key, pod in node.pods.items() if key not in hidden]
 
 
 def deleted_pod(namespace: str, name: str, uid: str) -> core_v1_pb2.Pod:
