@@ -16,9 +16,10 @@ from watcher.kubelet.client import PodResourcesClient
 from watcher.kubeletapi.k8s import core_v1_pb2
 from watcher.kubeletapi.v1alpha1 import pods_pb2
 from watcher.sim.fake_kubelet import FakeKubelet
-from watcher.sim.fake_node import FakeContainer, FakeOwner, FakePod
+from watcher.sim.fake_node import FakeClaimDevice, FakeContainer, FakeOwner, FakePod, dra_backed_gpu_pod
 from watcher.sim.fake_plugins import Warmup
 from watcher.sim.fake_pods_api import WATCH_BUFFER
+from watcher.sim.fake_script import ScriptError, parse_script, play
 
 GPU = "nvidia.com/gpu"
 METHOD = "/v1alpha1.Pods/"
@@ -304,3 +305,86 @@ async def test_a_kubelet_without_the_pods_api_has_no_socket(short_tmp: Path) -> 
     async with FakeKubelet(short_tmp, pods_api=False) as fake:
         assert fake.pods_api is None
         assert not (short_tmp / "pods-api").exists()
+
+
+async def test_a_dra_devices_health_and_its_drivers_words_show_in_the_holders_status(
+    kubelet: FakeKubelet, watch: Watch
+) -> None:
+    await watch.snapshot()
+    (claimed,) = [p for p in await _list(kubelet) if p.metadata.name == "claimed-gpu"]
+    assert _statuses(claimed) == {"app": {"gpu.example.com/gpu=gpu-8": "Healthy"}}
+    kubelet.dra.set_health(
+        "gpu.example.com", "node-a", "gpu-8", "Unhealthy", "critical XID 79 reported by NVML"
+    )
+    kind, pod = await watch.next()
+    assert (kind, pod.metadata.name) == (MODIFIED, "claimed-gpu")
+    (status,) = pod.status.containerStatuses[0].allocatedResourcesStatus
+    (health,) = status.resources
+    assert status.name == "claim:gpu-claim"  # no request named: the whole claim
+    assert (health.resourceID, health.health, health.message) == (
+        "gpu.example.com/gpu=gpu-8",  # the device's first CDI id
+        "Unhealthy",
+        "critical XID 79 reported by NVML",
+    )
+    kubelet.dra.set_health("gpu.example.com", "node-a", "gpu-8", "Unknown")
+    kind, pod = await watch.next()
+    (health,) = pod.status.containerStatuses[0].allocatedResourcesStatus[0].resources
+    assert (health.health, health.HasField("message")) == ("Unknown", False)
+    with pytest.raises(KeyError):
+        kubelet.dra.set_health("gpu.example.com", "node-a", "gpu-404", "Unhealthy")
+
+
+async def test_a_dra_backed_gpu_request_names_its_claim_and_has_no_health_as_upstream(
+    kubelet: FakeKubelet,
+) -> None:
+    device = FakeClaimDevice("gpu.nvidia.com", "node-a", "gpu-9")  # no CDI id: driver/pool/device
+    kubelet.add_pod(dra_backed_gpu_pod("ml", "notebook-0", [device], container="lab"))
+    (pod,) = [p for p in await _list(kubelet) if p.metadata.name == "notebook-0"]
+    (lab,) = pod.spec.containers
+    assert lab.resources.limits[GPU].string == "1" and not lab.resources.claims
+    assert not pod.spec.resourceClaims
+    extended = pod.status.extendedResourceClaimStatus
+    (mapping,) = extended.requestMappings
+    assert extended.resourceClaimName.startswith("notebook-0-extended-resources-")
+    assert (mapping.containerName, mapping.resourceName, mapping.requestName) == (
+        "lab",
+        GPU,
+        "container-0-request-0",
+    )
+    # Upstream's DRA manager reports health only for the claims a container lists; this one is not.
+    kubelet.dra.set_health("gpu.nvidia.com", "node-a", "gpu-9", "Unhealthy", "XID 79")
+    (pod,) = [p for p in await _list(kubelet) if p.metadata.name == "notebook-0"]
+    assert _statuses(pod) == {"lab": {}}
+    # pod-resources shows its device under dynamic_resources, not as a device-plugin device.
+    async with PodResourcesClient(str(kubelet.socket_path)) as client:
+        listed = await client.list()
+    (mine,) = [p for p in listed.pod_resources if p.name == "notebook-0"]
+    (container,) = mine.containers
+    assert not container.devices
+    assert [r.device_name for d in container.dynamic_resources for r in d.claim_resources] == ["gpu-9"]
+
+
+async def test_the_script_plays_dra_health_and_phase_steps(kubelet: FakeKubelet, watch: Watch) -> None:
+    await watch.snapshot()
+    steps = parse_script(
+        "0 dra-health gpu.example.com/node-a/gpu-8 Unhealthy critical XID 79 reported by NVML\n"
+        "0 phase ml/trainer-0 Failed\n"
+    )
+    await play(kubelet, steps)
+    events = {pod.metadata.name: pod for _, pod in [await watch.next(), await watch.next()]}
+    health = events["claimed-gpu"].status.containerStatuses[0].allocatedResourcesStatus[0].resources[0]
+    assert (health.health, health.message) == ("Unhealthy", "critical XID 79 reported by NVML")
+    assert events["trainer-0"].status.phase == "Failed"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1 dra-health gpu.example.com/gpu-8 Unhealthy", r"usage: AT dra-health DRIVER/POOL/DEVICE"),
+        ("1 dra-health d/p/x Broken", r"usage: AT dra-health DRIVER/POOL/DEVICE Healthy\|Unhealthy\|Unknown"),
+        ("1 phase ml/job", r"usage: AT phase NAMESPACE/POD PHASE"),
+    ],
+)
+def test_a_bad_dra_health_or_phase_step_is_refused(text: str, message: str) -> None:
+    with pytest.raises(ScriptError, match=message):
+        parse_script(text)

@@ -38,6 +38,7 @@ from grpc import aio
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.ratelimit import TokenBucket
 from watcher.sim import fake_answers, fake_state_files
+from watcher.sim.fake_dra import DraDevices
 from watcher.sim.fake_faults import SERVICE, MethodFaults
 from watcher.sim.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
 from watcher.sim.fake_plugins import Plugins, Warmup
@@ -111,6 +112,8 @@ class FakeKubelet:
             if pods_api
             else None
         )
+        # DRA drivers' verdicts on their devices (fake.dra.set_health): the Pods API shows them.
+        self.dra = DraDevices(self.node, lambda: self._changed(checkpoint=False))
         # A pod the warm-up shows is an ADDED on the Pods API; it rewrites no state file.
         self.plugins.on_shown = lambda: self._changed(checkpoint=False)
 

@@ -21,6 +21,7 @@ __all__ = [
     "FakeNode",
     "GIB",
     "default_node",
+    "dra_backed_gpu_pod",
     "large_node",
 ]
 
@@ -49,6 +50,9 @@ class FakeClaimDevice:
     device: str
     cdi_devices: list[str] = field(default_factory=list)
     share_id: str | None = None
+    # What the DRA driver last said of the device (Healthy, Unhealthy, Unknown) and its words.
+    health: str = "Healthy"
+    message: str = ""
 
 
 @dataclass
@@ -56,6 +60,10 @@ class FakeClaim:
     namespace: str
     name: str
     devices: list[FakeClaimDevice] = field(default_factory=list)
+    request: str = ""  # the claim's request this container uses ("": the whole claim)
+    # Set for the claim the scheduler made for a DRA-backed extended resource (e.g. a plain
+    # nvidia.com/gpu request): the resource the container asked for, by the request name above.
+    extended_resource: str | None = None
 
 
 @dataclass
@@ -249,6 +257,28 @@ def default_node() -> FakeNode:
         )
     )
     return node
+
+
+def dra_backed_gpu_pod(
+    namespace: str,
+    name: str,
+    devices: list[FakeClaimDevice],
+    *,
+    container: str = "main",
+    resource: str = "nvidia.com/gpu",
+    owners: list[FakeOwner] | None = None,
+) -> FakePod:
+    """A pod whose plain `resource` request (nvidia.com/gpu, say) a DRA driver serves: DRA-backed
+    extended resources, on by default since 1.36. Its devices are those of the claim the scheduler
+    made for it, under dynamic_resources in pod-resources, never in allocatable."""
+    claim = FakeClaim(
+        namespace,
+        f"{name}-extended-resources-{uuid.uuid5(uuid.NAMESPACE_URL, name).hex[:5]}",
+        devices,
+        request="container-0-request-0",
+        extended_resource=resource,
+    )
+    return FakePod(namespace, name, [FakeContainer(container, claims=[claim])], owners=list(owners or []))
 
 
 def large_node(

@@ -243,6 +243,7 @@ class PodStatus(_message.Message):
     INITCONTAINERSTATUSES_FIELD_NUMBER: _builtins.int
     CONTAINERSTATUSES_FIELD_NUMBER: _builtins.int
     RESOURCECLAIMSTATUSES_FIELD_NUMBER: _builtins.int
+    EXTENDEDRESOURCECLAIMSTATUS_FIELD_NUMBER: _builtins.int
     phase: _builtins.str
     message: _builtins.str
     reason: _builtins.str
@@ -252,6 +253,8 @@ class PodStatus(_message.Message):
     def containerStatuses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerStatus]: ...
     @_builtins.property
     def resourceClaimStatuses(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodResourceClaimStatus]: ...
+    @_builtins.property
+    def extendedResourceClaimStatus(self) -> Global___PodExtendedResourceClaimStatus: ...
     def __init__(
         self,
         *,
@@ -261,10 +264,11 @@ class PodStatus(_message.Message):
         initContainerStatuses: _abc.Iterable[Global___ContainerStatus] | None = ...,
         containerStatuses: _abc.Iterable[Global___ContainerStatus] | None = ...,
         resourceClaimStatuses: _abc.Iterable[Global___PodResourceClaimStatus] | None = ...,
+        extendedResourceClaimStatus: Global___PodExtendedResourceClaimStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "phase", b"phase", "reason", b"reason"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["extendedResourceClaimStatus", b"extendedResourceClaimStatus", "message", b"message", "phase", b"phase", "reason", b"reason"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["containerStatuses", b"containerStatuses", "initContainerStatuses", b"initContainerStatuses", "message", b"message", "phase", b"phase", "reason", b"reason", "resourceClaimStatuses", b"resourceClaimStatuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["containerStatuses", b"containerStatuses", "extendedResourceClaimStatus", b"extendedResourceClaimStatus", "initContainerStatuses", b"initContainerStatuses", "message", b"message", "phase", b"phase", "reason", b"reason", "resourceClaimStatuses", b"resourceClaimStatuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -371,3 +375,55 @@ class PodResourceClaimStatus(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PodResourceClaimStatus: _TypeAlias = PodResourceClaimStatus  # noqa: Y015
+
+@_typing.final
+class PodExtendedResourceClaimStatus(_message.Message):
+    """DRA-backed extended resources (a plain nvidia.com/gpu request a DRA driver serves): the claim
+    the scheduler made for the pod and which container's request is which of its requests.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTMAPPINGS_FIELD_NUMBER: _builtins.int
+    RESOURCECLAIMNAME_FIELD_NUMBER: _builtins.int
+    resourceClaimName: _builtins.str
+    @_builtins.property
+    def requestMappings(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerExtendedResourceRequest]: ...
+    def __init__(
+        self,
+        *,
+        requestMappings: _abc.Iterable[Global___ContainerExtendedResourceRequest] | None = ...,
+        resourceClaimName: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resourceClaimName", b"resourceClaimName"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requestMappings", b"requestMappings", "resourceClaimName", b"resourceClaimName"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PodExtendedResourceClaimStatus: _TypeAlias = PodExtendedResourceClaimStatus  # noqa: Y015
+
+@_typing.final
+class ContainerExtendedResourceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTAINERNAME_FIELD_NUMBER: _builtins.int
+    RESOURCENAME_FIELD_NUMBER: _builtins.int
+    REQUESTNAME_FIELD_NUMBER: _builtins.int
+    containerName: _builtins.str
+    resourceName: _builtins.str
+    requestName: _builtins.str
+    def __init__(
+        self,
+        *,
+        containerName: _builtins.str | None = ...,
+        resourceName: _builtins.str | None = ...,
+        requestName: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["containerName", b"containerName", "requestName", b"requestName", "resourceName", b"resourceName"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["containerName", b"containerName", "requestName", b"requestName", "resourceName", b"resourceName"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContainerExtendedResourceRequest: _TypeAlias = ContainerExtendedResourceRequest  # noqa: Y015
