@@ -15,7 +15,7 @@ from typing import Protocol
 
 from testkit.kubelet_lite import DevicePlugin, KubeletLite
 from watcher.sim.fake_kubelet import FakeKubelet
-from watcher.sim.fake_node import FakeDevice, FakeNode, FakePod
+from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod
 from watcher.sim.fake_plugins import plugin_socket_name
 
 __all__ = ["FakeDriver", "KubeletDriver", "LiteDriver", "preferred_devices"]
@@ -124,10 +124,14 @@ class FakeDriver:
         self, namespace: str, pod: str, containers: Containers, *, uid: str | None = None
     ) -> Held:
         if uid is not None:
-            self.fake.add_pod(FakePod(namespace, pod, uid=uid))
+            # The pod and its containers in one change; only those given devices are allocated.
+            self.fake.add_pod(FakePod(namespace, pod, [FakeContainer(c) for c in containers], uid=uid))
         out: Held = {}
         for container, resources in containers.items():
             count = resources.get(self.resource, 0)
+            if uid is not None and not count:
+                out[container] = {}
+                continue
             ids = preferred_devices(self._free(), count)
             if len(ids) < count:
                 raise AssertionError(f"the fake has {len(ids)} free {self.resource}, not {count}")

@@ -151,3 +151,34 @@ async def test_a_restart_replaces_the_pods_api_socket_and_the_pods_come_back(
     await pods_kubelet.restart()
     assert identity() != before
     assert [_who(p) for p in await _list(pods_kubelet)] == [("ml", "kept", "k-1")]
+
+
+async def test_a_watcher_that_stops_reading_is_dropped_with_resource_exhausted(
+    pods_kubelet: PodsKubelet,
+) -> None:
+    """Upstream's broadcaster drops a client whose 100-event channel is full; the client still
+    reads what was sent and buffered, then the stream ends in upstream's words."""
+    options = [("grpc.http2.bdp_probe", 0)]  # no window growth: what the transport holds is bounded
+    # Large pods (about 8 KiB each), so that few fill what the transport holds before the channel.
+    containers = {f"container-{i:03d}-" + "x" * 50: {} for i in range(100)}
+    async with aio.insecure_channel(f"unix:{pods_kubelet.pods_api_socket}", options=options) as channel:
+        call = channel.unary_stream(SERVICE + "WatchPods")(b"")
+        stream = call.__aiter__()
+        assert kind_of(bytes(await asyncio.wait_for(stream.__anext__(), 10))) == INITIAL_SYNC_COMPLETE
+        admitted = 0
+        for admitted in range(1, 401):  # never read meanwhile; bounded
+            await pods_kubelet.admit("flood", f"pod-{admitted:04d}", containers, uid=f"u-{admitted:04d}")
+            if admitted % 25 == 0 and call.done():
+                break
+        read = 0
+        with pytest.raises(aio.AioRpcError) as caught:
+            for _ in range(admitted + 1):
+                await asyncio.wait_for(stream.__anext__(), 10)
+                read += 1
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert caught.value.details() == "watch client channel closed"
+    assert 100 <= read < admitted
+
+
+def kind_of(raw: bytes) -> int:
+    return next((int(v) for n, v in fields(raw) if n == 1 and isinstance(v, int)), 0)
