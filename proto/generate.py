@@ -1,6 +1,7 @@
-"""Regenerate the Python modules and typed stubs for proto/v1/*.proto (the API and our views of it).
+"""Regenerate the Python modules and typed stubs for proto/: the pod-resources v1 API and our views
+of it (v1/), the Pods API (v1alpha1/) and the subset of Kubernetes' own messages its pods are (k8s/).
 
-Run through `make proto`. The output is committed under watcher/kubeletapi/v1;
+Run through `make proto`. The output is committed under watcher/kubeletapi/;
 tests/test_proto.py calls `generate()` into a temporary directory and fails
 when the committed files differ, so a .proto edit cannot ship without them.
 """
@@ -17,17 +18,36 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 # The import path the generated code uses; protoc maps it onto proto/.
 VIRTUAL_PREFIX = "watcher/kubeletapi"
-PROTO_FILES = ["v1/api.proto", "v1/views.proto", "v1/lenient.proto"]
-OUTPUT_DIR = ROOT / VIRTUAL_PREFIX / "v1"
+PROTO_FILES = [
+    "v1/api.proto",
+    "v1/views.proto",
+    "v1/lenient.proto",
+    "v1alpha1/pods.proto",
+    "k8s/resource.proto",
+    "k8s/meta_v1.proto",
+    "k8s/core_v1.proto",
+]
+OUTPUT_DIR = ROOT / VIRTUAL_PREFIX
+# Paths under OUTPUT_DIR; gRPC stubs only for the files that have a service.
 GENERATED = [
-    "api_pb2.py",
-    "api_pb2.pyi",
-    "api_pb2_grpc.py",
-    "api_pb2_grpc.pyi",
-    "views_pb2.py",
-    "views_pb2.pyi",
-    "lenient_pb2.py",
-    "lenient_pb2.pyi",
+    "v1/api_pb2.py",
+    "v1/api_pb2.pyi",
+    "v1/api_pb2_grpc.py",
+    "v1/api_pb2_grpc.pyi",
+    "v1/views_pb2.py",
+    "v1/views_pb2.pyi",
+    "v1/lenient_pb2.py",
+    "v1/lenient_pb2.pyi",
+    "v1alpha1/pods_pb2.py",
+    "v1alpha1/pods_pb2.pyi",
+    "v1alpha1/pods_pb2_grpc.py",
+    "v1alpha1/pods_pb2_grpc.pyi",
+    "k8s/resource_pb2.py",
+    "k8s/resource_pb2.pyi",
+    "k8s/meta_v1_pb2.py",
+    "k8s/meta_v1_pb2.pyi",
+    "k8s/core_v1_pb2.py",
+    "k8s/core_v1_pb2.pyi",
 ]
 
 
@@ -43,7 +63,7 @@ def _plugin(name: str) -> str:
 
 
 def generate(out_dir: Path) -> list[Path]:
-    """Run protoc into out_dir and return the generated files."""
+    """Run protoc into out_dir and return the generated files (each path ends in a GENERATED name)."""
     from grpc_tools import protoc  # dev-only dependency
 
     args = [
@@ -59,15 +79,22 @@ def generate(out_dir: Path) -> list[Path]:
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    base = out_dir / VIRTUAL_PREFIX / "v1"
+    base = out_dir / VIRTUAL_PREFIX
     return [base / name for name in GENERATED]
+
+
+def relative(path: Path) -> str:
+    """A generated file's name under OUTPUT_DIR, e.g. "v1/api_pb2.py"."""
+    return "/".join(path.parts[-2:])
 
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for path in generate(Path(tmp)):
-            shutil.copyfile(path, OUTPUT_DIR / path.name)
-            print(f"wrote {(OUTPUT_DIR / path.name).relative_to(ROOT)}")
+            target = OUTPUT_DIR / relative(path)
+            target.parent.mkdir(exist_ok=True)
+            shutil.copyfile(path, target)
+            print(f"wrote {target.relative_to(ROOT)}")
     return 0
 
 

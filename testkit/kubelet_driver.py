@@ -15,7 +15,7 @@ from typing import Protocol
 
 from testkit.kubelet_lite import DevicePlugin, KubeletLite
 from watcher.sim.fake_kubelet import FakeKubelet
-from watcher.sim.fake_node import FakeDevice, FakeNode
+from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod
 from watcher.sim.fake_plugins import plugin_socket_name
 
 __all__ = ["FakeDriver", "KubeletDriver", "LiteDriver", "preferred_devices"]
@@ -43,7 +43,12 @@ class KubeletDriver(Protocol):
         """The socket the plugin serves in `device-plugins/` (the plugin's choice of name)."""
         ...
 
-    async def admit(self, namespace: str, pod: str, containers: Containers) -> Held: ...
+    @property
+    def pods_api_socket(self) -> Path: ...
+
+    async def admit(
+        self, namespace: str, pod: str, containers: Containers, *, uid: str | None = None
+    ) -> Held: ...
 
     async def remove(self, namespace: str, pod: str) -> None: ...
 
@@ -99,6 +104,11 @@ class FakeDriver:
     def plugin_socket(self) -> str:
         return plugin_socket_name(self.resource)
 
+    @property
+    def pods_api_socket(self) -> Path:
+        assert self.fake.pods_api is not None, "this fake kubelet serves no Pods API"
+        return self.fake.pods_api.socket_path
+
     def _free(self) -> dict[str, int]:
         node = self.fake.node
         if self.resource in self.fake.plugins.down:
@@ -110,10 +120,18 @@ class FakeDriver:
             if r == self.resource and d.healthy and d.id not in held
         }
 
-    async def admit(self, namespace: str, pod: str, containers: Containers) -> Held:
+    async def admit(
+        self, namespace: str, pod: str, containers: Containers, *, uid: str | None = None
+    ) -> Held:
+        if uid is not None:
+            # The pod and its containers in one change; only those given devices are allocated.
+            self.fake.add_pod(FakePod(namespace, pod, [FakeContainer(c) for c in containers], uid=uid))
         out: Held = {}
         for container, resources in containers.items():
             count = resources.get(self.resource, 0)
+            if uid is not None and not count:
+                out[container] = {}
+                continue
             ids = preferred_devices(self._free(), count)
             if len(ids) < count:
                 raise AssertionError(f"the fake has {len(ids)} free {self.resource}, not {count}")
@@ -177,8 +195,14 @@ class LiteDriver:
     async def _settled(self) -> None:
         await self.lite.wait_allocatable(self.resource, set(self.plugin.devices) - self._unhealthy)
 
-    async def admit(self, namespace: str, pod: str, containers: Containers) -> Held:
-        held = await self.lite.admit(namespace, pod, containers)
+    @property
+    def pods_api_socket(self) -> Path:
+        return self.lite.pods_api_socket
+
+    async def admit(
+        self, namespace: str, pod: str, containers: Containers, *, uid: str | None = None
+    ) -> Held:
+        held = await self.lite.admit(namespace, pod, containers, uid=uid)
         return {c: {r: sorted(ids) for r, ids in by.items()} for c, by in held.items()}
 
     async def remove(self, namespace: str, pod: str) -> None:

@@ -25,9 +25,9 @@ def test_committed_generated_code_is_fresh(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools", reason="grpcio-tools is a dev dependency")
     gen = _generator()
     stale = [
-        path.name
+        gen.relative(path)
         for path in gen.generate(tmp_path)
-        if path.read_bytes() != (gen.OUTPUT_DIR / path.name).read_bytes()
+        if path.read_bytes() != (gen.OUTPUT_DIR / gen.relative(path)).read_bytes()
     ]
     assert not stale, f"run `make proto`: committed output differs for {stale}"
 
@@ -159,3 +159,51 @@ def test_the_lenient_messages_are_the_api_with_every_string_as_bytes() -> None:
         lenient_pb2.DESCRIPTOR.message_types_by_name
     )
     assert checked >= 25
+
+
+# The Pods API (k8s.io/kubelet pkg/apis/pods/v1alpha1 api.proto): (message, field) -> wire shape.
+PODS_CONTRACT = {
+    ("WatchPodsEvent", "type"): (1, T.TYPE_ENUM, ONE),
+    ("WatchPodsEvent", "pod"): (2, T.TYPE_BYTES, ONE),
+    ("ListPodsResponse", "pods"): (1, T.TYPE_BYTES, REP),
+    ("GetPodResponse", "pod"): (1, T.TYPE_BYTES, ONE),
+    ("GetPodRequest", "podUID"): (1, T.TYPE_STRING, ONE),
+}
+
+
+def test_the_pods_api_matches_its_wire_contract() -> None:
+    from watcher.kubeletapi.v1alpha1 import pods_pb2
+
+    file = pods_pb2.DESCRIPTOR
+    assert file.package == "v1alpha1"
+    found = {
+        (name, f.name): (f.number, f.type, f.is_repeated)
+        for name, message in file.message_types_by_name.items()
+        for f in message.fields
+    }
+    assert found == PODS_CONTRACT
+    assert set(file.message_types_by_name) == {name for name, _ in PODS_CONTRACT} | {
+        "WatchPodsRequest",
+        "ListPodsRequest",
+    }
+    kinds = {v.name: v.number for v in file.enum_types_by_name["EventType"].values}
+    assert kinds == {"UNSPECIFIED": 0, "ADDED": 1, "MODIFIED": 2, "DELETED": 3, "INITIAL_SYNC_COMPLETE": 4}
+    service = file.services_by_name["Pods"]
+    assert service.full_name == "v1alpha1.Pods"
+    methods = {m.name: (m.input_type.name, m.output_type.name, m.server_streaming) for m in service.methods}
+    assert methods == {
+        "WatchPods": ("WatchPodsRequest", "WatchPodsEvent", True),
+        "ListPods": ("ListPodsRequest", "ListPodsResponse", False),
+        "GetPod": ("GetPodRequest", "GetPodResponse", False),
+    }
+
+
+def test_the_vendored_kubernetes_messages_keep_upstreams_packages() -> None:
+    from watcher.kubeletapi.k8s import core_v1_pb2, meta_v1_pb2, resource_pb2
+
+    assert core_v1_pb2.Pod.DESCRIPTOR.full_name == "k8s.io.api.core.v1.Pod"
+    assert meta_v1_pb2.ObjectMeta.DESCRIPTOR.full_name == "k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+    assert resource_pb2.Quantity.DESCRIPTOR.full_name == "k8s.io.apimachinery.pkg.api.resource.Quantity"
+    # proto2 as upstream: presence on every singular field.
+    assert core_v1_pb2.PodStatus.DESCRIPTOR.fields_by_name["phase"].has_presence
+    assert core_v1_pb2.ResourceHealth.DESCRIPTOR.fields_by_name["message"].number == 6

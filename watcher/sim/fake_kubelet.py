@@ -16,6 +16,9 @@ nothing (they are those of the kubelet's own pod-resources server and device man
   devices, but not when a plugin leaves (the kubelet writes nothing then either); `cpu_manager_state` and
   `memory_manager_state` when their content changes. (Unlike the kubelet, `free()` rewrites the
   checkpoint: the kubelet frees a pod's devices in memory and writes nothing.)
+
+Beside it, unless `pods_api=False`, it serves the kubelet's Pods API at
+`pods-api/pods-api.sock` (watcher.sim.fake_pods_api), the pods as core/v1 Pod messages.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import secrets
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -36,9 +38,13 @@ from grpc import aio
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.ratelimit import TokenBucket
 from watcher.sim import fake_answers, fake_state_files
+from watcher.sim.fake_dra import DraDevices
 from watcher.sim.fake_faults import SERVICE, MethodFaults
 from watcher.sim.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
 from watcher.sim.fake_plugins import Plugins, Warmup
+from watcher.sim.fake_pod_objects import pod_objects
+from watcher.sim.fake_pods_api import FakePodsApi
+from watcher.sim.fake_sockets import serve_at
 
 __all__ = ["FakeKubelet"]
 
@@ -61,6 +67,8 @@ class FakeKubelet:
         seed: int | None = None,
         shuffle: bool = True,
         warmup: Warmup | None = None,
+        pods_api: bool = True,
+        node_name: str = "fake-node",
     ) -> None:
         self.root = Path(root)
         self.node = node if node is not None else default_node()
@@ -93,6 +101,21 @@ class FakeKubelet:
             rng=random.Random(None if seed is None else seed + 1),
             on_change=self._changed,
         )
+        # The Pods API (on by default since 1.37): False is a kubelet without it (no socket).
+        self.node_name = node_name
+        self.pods_api = (
+            FakePodsApi(
+                self.root,
+                lambda: pod_objects(self.node, self.plugins.hidden_pods, self.node_name),
+                ready=lambda: not self.plugins.hidden_pods,
+            )
+            if pods_api
+            else None
+        )
+        # DRA drivers' verdicts on their devices (fake.dra.set_health): the Pods API shows them.
+        self.dra = DraDevices(self.node, lambda: self._changed(checkpoint=False))
+        # A pod the warm-up shows is an ADDED on the Pods API; it rewrites no state file.
+        self.plugins.on_shown = lambda: self._changed(checkpoint=False)
 
     # -- lifecycle --
 
@@ -104,16 +127,12 @@ class FakeKubelet:
         """Unlink the old socket, listen on a temporary name, rename it into place."""
         if self._server is not None:
             raise RuntimeError("fake kubelet already running")
-        self.socket_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        self.socket_path.unlink(missing_ok=True)
-        tmp = self._temporary_name()
         server = aio.server(options=[("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers((self._handler(),))
-        if server.add_insecure_port(f"unix:{tmp}") == 0:
-            raise RuntimeError(f"fake kubelet could not listen on {tmp}")
-        await server.start()
-        os.rename(tmp, self.socket_path)
+        await serve_at(server, self.socket_path)
+        if self.pods_api is not None:
+            await self.pods_api.start()
         self.started_at = time.monotonic()
         self.first_call_at = None
         self._server = server
@@ -122,22 +141,12 @@ class FakeKubelet:
         self.plugins.kubelet_started()
         self.write_state_files()
 
-    def _temporary_name(self) -> Path:
-        # As upstream's CreateListener: a name os.CreateTemp(dir, "") made (digits only, created
-        # exclusively so that it is nobody else's), removed again for the socket to take it.
-        while True:
-            tmp = self.socket_dir / str(secrets.randbelow(2**32))
-            try:
-                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-            except FileExistsError:
-                continue
-            tmp.unlink()
-            return tmp
-
     async def stop(self, *, remove_socket: bool = False) -> None:
         """Stop serving. Like a killed kubelet, leave the stale socket unless told otherwise."""
         server, self._server = self._server, None
         await self.plugins.stop()
+        if self.pods_api is not None:
+            await self.pods_api.stop(remove_socket=remove_socket)
         if server is not None:
             await server.stop(grace=None)
         if remove_socket:
@@ -172,6 +181,25 @@ class FakeKubelet:
     def _changed(self, *, checkpoint: bool = True) -> None:
         if self.running:
             self.write_state_files(checkpoint=checkpoint)
+            if self.pods_api is not None:
+                self.pods_api.changed()
+
+    def update_pod(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        phase: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        """The pod's phase (Pending, Running, Succeeded, Failed) or its labels (the kubelet takes
+        those from the API server) change: nothing the pod-resources API shows."""
+        fake_pod = self.node.pods[(namespace, pod)]
+        if phase is not None:
+            fake_pod.phase = phase
+        if labels is not None:
+            fake_pod.labels = dict(labels)
+        self._changed(checkpoint=False)
 
     def add_device(self, resource: str, device_id: str, numa: Iterable[int] = ()) -> None:
         """Hot-plug a device (or a device plugin registering one)."""

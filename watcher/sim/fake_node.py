@@ -6,6 +6,7 @@ Plain mutable data, scripted by tests, the demo and the benchmarks through
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -15,10 +16,12 @@ __all__ = [
     "FakeClaimDevice",
     "FakeClaim",
     "FakeContainer",
+    "FakeOwner",
     "FakePod",
     "FakeNode",
     "GIB",
     "default_node",
+    "dra_backed_gpu_pod",
     "large_node",
 ]
 
@@ -47,6 +50,9 @@ class FakeClaimDevice:
     device: str
     cdi_devices: list[str] = field(default_factory=list)
     share_id: str | None = None
+    # What the DRA driver last said of the device (Healthy, Unhealthy, Unknown) and its words.
+    health: str = "Healthy"
+    message: str = ""
 
 
 @dataclass
@@ -54,6 +60,10 @@ class FakeClaim:
     namespace: str
     name: str
     devices: list[FakeClaimDevice] = field(default_factory=list)
+    request: str = ""  # the claim's request this container uses ("": the whole claim)
+    # Set for the claim the scheduler made for a DRA-backed extended resource (e.g. a plain
+    # nvidia.com/gpu request): the resource the container asked for, by the request name above.
+    extended_resource: str | None = None
 
 
 @dataclass
@@ -66,6 +76,20 @@ class FakeContainer:
     claims: list[FakeClaim] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class FakeOwner:
+    """One of a pod's ownerReferences (the controller, usually)."""
+
+    kind: str
+    name: str
+    api_version: str = "apps/v1"
+    controller: bool = True
+
+    @property
+    def uid(self) -> str:
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"owner/{self.api_version}/{self.kind}/{self.name}"))
+
+
 @dataclass
 class FakePod:
     namespace: str
@@ -74,10 +98,17 @@ class FakePod:
     # Pod-level exclusive allocations; newest kubelets only.
     cpu_ids: set[int] = field(default_factory=set)
     memory: list[FakeMemory] = field(default_factory=list)
+    # What the Pods API shows of the pod besides its resources. An empty uid is derived from the
+    # namespace and name, so the same pod keeps its uid across runs.
+    uid: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    owners: list[FakeOwner] = field(default_factory=list)
+    phase: str = "Running"
+    created: float = field(default_factory=time.time)
 
-    @property
-    def uid(self) -> str:
-        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"pod/{self.namespace}/{self.name}"))
+    def __post_init__(self) -> None:
+        if not self.uid:
+            self.uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"pod/{self.namespace}/{self.name}"))
 
     def container(self, name: str) -> FakeContainer:
         for c in self.containers:
@@ -151,6 +182,8 @@ def default_node() -> FakeNode:
             [FakeContainer("log-shipper"), trainer],
             cpu_ids=set(range(2, 18)),
             memory=[FakeMemory("memory", 64 * GIB, (0,)), FakeMemory("hugepages-1Gi", 8 * GIB, (0,))],
+            labels={"app.kubernetes.io/name": "llm-pretrain", "team": "research"},
+            owners=[FakeOwner("Job", "llm-pretrain", api_version="batch/v1")],
         )
     )
     node.add_pod(
@@ -167,6 +200,8 @@ def default_node() -> FakeNode:
                     cpu_ids={50, 51, 52, 53},
                 )
             ],
+            labels={"app.kubernetes.io/name": "inference", "pod-template-hash": "7f9c"},
+            owners=[FakeOwner("ReplicaSet", "inference-7f9c")],
         )
     )
     node.add_pod(
@@ -182,6 +217,8 @@ def default_node() -> FakeNode:
                 ),
                 FakeContainer("envoy"),
             ],
+            labels={"app.kubernetes.io/name": "dpdk-router"},
+            owners=[FakeOwner("DaemonSet", "dpdk-router")],
         )
     )
     node.add_pod(
@@ -210,8 +247,38 @@ def default_node() -> FakeNode:
             ],
         )
     )
-    node.add_pod(FakePod("kube-system", "node-exporter-x2x9q", [FakeContainer("node-exporter")]))
+    node.add_pod(
+        FakePod(
+            "kube-system",
+            "node-exporter-x2x9q",
+            [FakeContainer("node-exporter")],
+            labels={"app.kubernetes.io/name": "node-exporter"},
+            owners=[FakeOwner("DaemonSet", "node-exporter")],
+        )
+    )
     return node
+
+
+def dra_backed_gpu_pod(
+    namespace: str,
+    name: str,
+    devices: list[FakeClaimDevice],
+    *,
+    container: str = "main",
+    resource: str = "nvidia.com/gpu",
+    owners: list[FakeOwner] | None = None,
+) -> FakePod:
+    """A pod whose plain `resource` request (nvidia.com/gpu, say) a DRA driver serves: DRA-backed
+    extended resources, on by default since 1.36. Its devices are those of the claim the scheduler
+    made for it, under dynamic_resources in pod-resources, never in allocatable."""
+    claim = FakeClaim(
+        namespace,
+        f"{name}-extended-resources-{uuid.uuid5(uuid.NAMESPACE_URL, name).hex[:5]}",
+        devices,
+        request="container-0-request-0",
+        extended_resource=resource,
+    )
+    return FakePod(namespace, name, [FakeContainer(container, claims=[claim])], owners=list(owners or []))
 
 
 def large_node(

@@ -61,6 +61,7 @@ class Plugins:
         self.hidden_pods: set[tuple[str, str]] = set()  # pods List does not show yet
         self.registrations = 0  # plugin registrations after a warm-up or a plugin restart
         self.on_register: Callable[[str], None] | None = None  # told of each, e.g. by the demo
+        self.on_shown: Callable[[], None] | None = None  # told when List shows one more pod
         self._tasks: set[asyncio.Task[None]] = set()
         self._settled = asyncio.Event()
         self._settled.set()
@@ -138,6 +139,8 @@ class Plugins:
 
     def _reveal(self, key: tuple[str, str]) -> None:
         self.hidden_pods.discard(key)
+        if self.on_shown is not None:
+            self.on_shown()
         self._check_settled()
 
     def _check_settled(self) -> None:

@@ -9,6 +9,8 @@ of time; `#` starts a comment:
     6s   remove    nvidia.com/gpu GPU-new        # unplug
     7s   allocate  ml/job-1/main nvidia.com/gpu=GPU-4,GPU-5
     8s   free      ml/job-1
+    8s   dra-health gpu.example.com/node-a/gpu-8 Unhealthy critical XID 79 reported by NVML
+    8s   phase     ml/job-1 Failed                # a Pods API status change (no device moves)
     9s   restart   downtime=0.5 warmup           # socket replaced; plugins re-register one by one
     12s  end                                     # stop serving (else it serves until Ctrl-C)
 
@@ -25,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from watcher.sim.fake_dra import HEALTH_STATES
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_plugins import Warmup
 
@@ -47,6 +50,8 @@ ACTIONS = {
     "remove": "RESOURCE DEVICE",
     "allocate": "NAMESPACE/POD/CONTAINER RESOURCE=ID[,ID...]",
     "free": "NAMESPACE/POD",
+    "dra-health": "DRIVER/POOL/DEVICE Healthy|Unhealthy|Unknown [MESSAGE...]",
+    "phase": "NAMESPACE/POD PHASE",
     "restart": "[downtime=SECONDS] [warmup]",
     "end": "",
 }
@@ -115,6 +120,12 @@ def _check(step: Step, where: str) -> None:
     if step.action == "allocate" and (n != 2 or step.args[0].count("/") != 2 or "=" not in step.args[1]):
         raise ScriptError(usage)
     if step.action == "free" and (n != 1 or step.args[0].count("/") != 1):
+        raise ScriptError(usage)
+    if step.action == "dra-health" and (
+        n < 2 or step.args[0].count("/") != 2 or step.args[1] not in HEALTH_STATES
+    ):
+        raise ScriptError(usage)
+    if step.action == "phase" and (n != 2 or step.args[0].count("/") != 1):
         raise ScriptError(usage)
     if step.action == "restart":
         for arg in step.args:
@@ -197,6 +208,14 @@ async def _do(kubelet: FakeKubelet, step: Step) -> None:
         if (namespace, pod) not in kubelet.node.pods:
             raise KeyError(f"pod {a[0]}")
         kubelet.free(namespace, pod)
+    elif step.action == "dra-health":
+        driver, pool, device = a[0].split("/")
+        kubelet.dra.set_health(driver, pool, device, a[1], " ".join(a[2:]))
+    elif step.action == "phase":
+        namespace, pod = a[0].split("/")
+        if (namespace, pod) not in kubelet.node.pods:
+            raise KeyError(f"pod {a[0]}")
+        kubelet.update_pod(namespace, pod, phase=a[1])
     elif step.action == "restart":
         downtime = 0.0
         for arg in a:

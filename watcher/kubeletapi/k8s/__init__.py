@@ -1,0 +1,1 @@
+"""Generated code for the subset of Kubernetes' own messages a Pod of the Pods API is (`make proto`)."""

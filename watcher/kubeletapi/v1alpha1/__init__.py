@@ -1,0 +1,1 @@
+"""Generated code for the kubelet's Pods API v1alpha1 (`make proto`)."""

@@ -1,0 +1,238 @@
+"""The fake kubelet's Pods API (v1alpha1.Pods, KEP-4188) at `<root>/pods-api/pods-api.sock`.
+
+It behaves as upstream's server (pkg/kubelet/apis/pods, served by ListenAndServePodsServer):
+
+- ListPods and GetPod share one token bucket (100/s, burst 10: the pods package's DefaultQPS and
+  DefaultBurstTokens), checked before anything else: RESOURCE_EXHAUSTED "rejected by rate limit".
+  WatchPods has no limiter.
+- Every call is FAILED_PRECONDITION "Kubelet is initializing" until the kubelet's pod sources are
+  ready: here, until the fake's warm-up shows every pod.
+- ListPods gives every pod in uid order; GetPod of a uid it does not have is NOT_FOUND "pod with UID
+  <uid> not found".
+- WatchPods registers the watcher first, then sends an ADDED per pod in uid order, then
+  INITIAL_SYNC_COMPLETE, then ADDED, MODIFIED (spec or status changed) and DELETED (only name,
+  namespace and uid) as they happen. Changes reach watchers through a broadcaster, a moment after
+  they happen (upstream's incoming channel): a change made just before a watch starts can show both
+  in its snapshot and again after INITIAL_SYNC_COMPLETE. `delay_broadcasts()` widens that moment so
+  a test can make such a duplicate.
+- Each watcher has a buffer of 100 events. One that falls further behind (its buffer full when the
+  next event comes) is dropped: it still gets the buffered events, then RESOURCE_EXHAUSTED "watch
+  client channel closed".
+
+The fake finds changes by comparing each pod's encoding with the last one it broadcast, and only
+while someone watches (or broadcasts are delayed): with no watcher a change costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc import aio
+
+from watcher.kubeletapi.k8s import core_v1_pb2
+from watcher.kubeletapi.v1alpha1 import pods_pb2
+from watcher.ratelimit import TokenBucket
+from watcher.sim.fake_pod_objects import deleted_pod
+from watcher.sim.fake_sockets import serve_at
+
+__all__ = ["FakePodsApi", "WATCH_BUFFER"]
+
+SERVICE = "v1alpha1.Pods"
+WATCH_BUFFER = 100  # events a watcher may have unread before it is dropped
+NOT_READY = "Kubelet is initializing"
+DROPPED = "watch client channel closed"
+RATE_LIMITED = "rejected by rate limit"
+
+ADDED, MODIFIED, DELETED = pods_pb2.ADDED, pods_pb2.MODIFIED, pods_pb2.DELETED
+
+
+@dataclass
+class _Watcher:
+    events: deque[bytes] = field(default_factory=deque)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    dropped: bool = False
+
+    def offer(self, event: bytes) -> bool:
+        """Buffer `event`; False when the buffer is full (the watcher is to be dropped)."""
+        if len(self.events) >= WATCH_BUFFER:
+            return False
+        self.events.append(event)
+        self.wakeup.set()
+        return True
+
+
+@dataclass(frozen=True)
+class _Seen:
+    namespace: str
+    name: str
+    encoded: bytes
+
+
+class FakePodsApi:
+    """Serve the pods `pods()` gives (core/v1 Pod messages) while `ready()`, under `root`."""
+
+    def __init__(
+        self,
+        root: Path,
+        pods: Callable[[], list[core_v1_pb2.Pod]],
+        *,
+        ready: Callable[[], bool],
+        rate: float = 100.0,
+        burst: int = 10,
+    ) -> None:
+        self.socket_path = root / "pods-api" / "pods-api.sock"
+        self.pods = pods
+        self.ready = ready
+        self.rate = rate
+        self.burst = burst
+        self.bucket = TokenBucket(rate, burst)
+        self.calls: Counter[str] = Counter()
+        self.rejected = 0
+        self.dropped = 0  # watchers dropped for lagging
+        self.broadcast_delay = 0.0
+        self._server: aio.Server | None = None
+        self._watchers: list[_Watcher] = []
+        self._seen: dict[str, _Seen] | None = None  # uid -> last broadcast; None: not tracking
+        self._refresh_pending = False
+
+    # -- lifecycle --
+
+    async def start(self) -> None:
+        server = aio.server(options=[("grpc.so_reuseport", 0)])
+        server.add_generic_rpc_handlers((self._handler(),))
+        await serve_at(server, self.socket_path)
+        self._server = server
+        self.bucket = TokenBucket(self.rate, self.burst)
+        self._seen = self._current() if self.broadcast_delay > 0 else None
+
+    async def stop(self, *, remove_socket: bool = False) -> None:
+        """Stop serving (every watch ends); the stale socket stays unless `remove_socket`."""
+        server, self._server = self._server, None
+        self._watchers.clear()
+        self._seen = None
+        if server is not None:
+            await server.stop(grace=None)
+        if remove_socket:
+            self.socket_path.unlink(missing_ok=True)
+
+    @property
+    def watchers(self) -> int:
+        """How many watch streams are registered now."""
+        return len(self._watchers)
+
+    def delay_broadcasts(self, seconds: float) -> None:
+        """Changes reach watchers `seconds` after they happen (0: on the next loop turn)."""
+        self.broadcast_delay = seconds
+        if seconds > 0 and self._seen is None and self._server is not None:
+            self._seen = self._current()
+
+    # -- changes --
+
+    def changed(self) -> None:
+        """Something on the node changed: its pods' events go out on the next loop turn."""
+        if self._seen is None or self._refresh_pending:
+            return
+        self._refresh_pending = True
+        asyncio.get_running_loop().call_soon(self._refresh)
+
+    def _current(self) -> dict[str, _Seen]:
+        return {
+            p.metadata.uid: _Seen(p.metadata.namespace, p.metadata.name, p.SerializeToString())
+            for p in self.pods()
+        }
+
+    def _refresh(self) -> None:
+        self._refresh_pending = False
+        if self._seen is None:
+            return
+        before, now = self._seen, self._current()
+        self._seen = now
+        events: list[bytes] = []
+        for uid in sorted(now):
+            old = before.get(uid)
+            if old is None or old.encoded != now[uid].encoded:
+                kind = ADDED if old is None else MODIFIED
+                events.append(pods_pb2.WatchPodsEvent(type=kind, pod=now[uid].encoded).SerializeToString())
+        for uid in sorted(set(before) - set(now)):
+            gone = deleted_pod(before[uid].namespace, before[uid].name, uid).SerializeToString()
+            events.append(pods_pb2.WatchPodsEvent(type=DELETED, pod=gone).SerializeToString())
+        if not events:
+            return
+        if self.broadcast_delay > 0:
+            asyncio.get_running_loop().call_later(self.broadcast_delay, self._broadcast, events)
+        else:
+            self._broadcast(events)
+
+    def _broadcast(self, events: list[bytes]) -> None:
+        for event in events:
+            for watcher in list(self._watchers):
+                if not watcher.offer(event):
+                    watcher.dropped = True
+                    watcher.wakeup.set()
+                    self._watchers.remove(watcher)
+                    self.dropped += 1
+
+    # -- the wire --
+
+    def _handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "ListPods": grpc.unary_unary_rpc_method_handler(self._list_pods),
+                "GetPod": grpc.unary_unary_rpc_method_handler(self._get_pod),
+                "WatchPods": grpc.unary_stream_rpc_method_handler(self._watch_pods),
+            },
+        )
+
+    async def _admit(self, method: str, context: aio.ServicerContext[bytes, bytes], *, limited: bool) -> None:
+        if limited and not self.bucket.take():
+            self.rejected += 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, RATE_LIMITED)
+        if not self.ready():
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, NOT_READY)
+        self.calls[method] += 1
+
+    def _sorted(self) -> list[core_v1_pb2.Pod]:
+        return sorted(self.pods(), key=lambda p: p.metadata.uid)
+
+    async def _list_pods(self, _request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
+        await self._admit("ListPods", context, limited=True)
+        pods = [p.SerializeToString() for p in self._sorted()]
+        return pods_pb2.ListPodsResponse(pods=pods).SerializeToString()
+
+    async def _get_pod(self, request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
+        await self._admit("GetPod", context, limited=True)
+        uid = pods_pb2.GetPodRequest.FromString(request).podUID
+        for pod in self.pods():
+            if pod.metadata.uid == uid:
+                return pods_pb2.GetPodResponse(pod=pod.SerializeToString()).SerializeToString()
+        await context.abort(grpc.StatusCode.NOT_FOUND, f"pod with UID {uid} not found")
+        raise AssertionError("unreachable")  # abort raises
+
+    async def _watch_pods(
+        self, _request: bytes, context: aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        await self._admit("WatchPods", context, limited=False)
+        watcher = _Watcher()
+        if self._seen is None:
+            self._seen = self._current()
+        self._watchers.append(watcher)
+        try:
+            for pod in self._sorted():
+                yield pods_pb2.WatchPodsEvent(type=ADDED, pod=pod.SerializeToString()).SerializeToString()
+            yield pods_pb2.WatchPodsEvent(type=pods_pb2.INITIAL_SYNC_COMPLETE).SerializeToString()
+            while True:
+                while not watcher.events:
+                    if watcher.dropped:
+                        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, DROPPED)
+                    watcher.wakeup.clear()
+                    await watcher.wakeup.wait()
+                yield watcher.events.popleft()
+        finally:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
