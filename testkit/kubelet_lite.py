@@ -188,6 +188,18 @@ class KubeletLite:
         finally:
             await self.stop()
 
+    async def __aenter__(self) -> KubeletLite:
+        """Started; on leaving, every process it or its plugins started is stopped (`close`)."""
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     # -- the control socket --
 
     async def admit(

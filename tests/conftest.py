@@ -50,12 +50,8 @@ async def kubelet_lite(short_tmp: Path) -> AsyncIterator[KubeletLite]:
     """kubelet-lite (the Go test peer on upstream's device manager and pod-resources server)
     serving short_tmp/kubelet, where `make_settings(short_tmp)` looks; no plugins yet. Every
     process it or its plugins started is stopped afterwards, whatever the test did."""
-    lite = KubeletLite(peer("kubelet-lite"), peer("device-plugin"), short_tmp / "kubelet")
-    try:
-        await lite.start()
+    async with KubeletLite(peer("kubelet-lite"), peer("device-plugin"), short_tmp / "kubelet") as lite:
         yield lite
-    finally:
-        await lite.close()
 
 
 @pytest.fixture(autouse=True)

@@ -49,12 +49,8 @@ class PodsKubelet(Protocol):
 async def pods_kubelet(request: pytest.FixtureRequest, short_tmp: Path) -> AsyncIterator[PodsKubelet]:
     """kubelet-lite ([real]), or the fake kubelet with an empty node ([fake])."""
     if request.param == "real":
-        lite = KubeletLite(peer("kubelet-lite"), peer("device-plugin"), short_tmp / "kubelet")
-        try:
-            await lite.start()
+        async with KubeletLite(peer("kubelet-lite"), peer("device-plugin"), short_tmp / "kubelet") as lite:
             yield lite
-        finally:
-            await lite.close()
         return
     async with FakeKubelet(short_tmp / "fake", FakeDriver.node("example.com/dev", {}, 4), seed=7) as fake:
         yield FakeDriver(fake, "example.com/dev")
