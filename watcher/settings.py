@@ -23,6 +23,8 @@ from watcher.sinks.stdout import StdoutSinkSettings
 __all__ = [
     "KubeletSettings",
     "WatchSettings",
+    "PodsSettings",
+    "DEFAULT_POD_LABELS",
     "LogSettings",
     "HttpSettings",
     "Settings",
@@ -66,6 +68,53 @@ class KubeletSettings:
             "again and List to fill in before what is still missing is reported.",
             min=0,
             max=3600,
+        ),
+    )
+
+
+# Label keys events carry by default: the recommended app labels, and two that teams commonly set.
+DEFAULT_POD_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app",
+    "team",
+)
+
+
+@dataclass(frozen=True)
+class PodsSettings:
+    api: bool = field(
+        default=True,
+        metadata=field_meta(
+            "Watch the kubelet's Pods API when its socket is there (Kubernetes 1.37, gate PodsAPI): "
+            "pod changes are seen at once, re-read with pod-resources Get, and events name the pod's "
+            "uid, owner and labels; DRA device health comes from the Pod status. Without the socket "
+            "the agent works from pod-resources alone, as on older kubelets."
+        ),
+    )
+    api_socket: Path | None = field(
+        default=None,
+        metadata=field_meta(
+            "The Pods API's socket; default `pods-api/pods-api.sock` under `kubelet.root_dir`. Its "
+            "directory is watched and must be mounted."
+        ),
+    )
+    labels: tuple[str, ...] = field(
+        default=DEFAULT_POD_LABELS,
+        metadata=field_meta(
+            "Pod label keys events carry (values cut to 63 characters, control characters removed); "
+            "[] for none."
+        ),
+    )
+    health_unknown_grace: float = field(
+        default=120.0,
+        metadata=field_meta(
+            "Seconds a DRA device's health may stay Unknown (its driver stopped reporting) before "
+            "one `device.health_unknown` warning; never a page.",
+            min=0,
+            max=86400,
         ),
     )
 
@@ -272,6 +321,7 @@ class Settings:
     )
     kubelet: KubeletSettings = field(default_factory=KubeletSettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
+    pods: PodsSettings = field(default_factory=PodsSettings)
     log: LogSettings = field(default_factory=LogSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     sinks: tuple[BaseSinkSettings, ...] = field(

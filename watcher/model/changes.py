@@ -39,6 +39,10 @@ class Kind(enum.StrEnum):
     DEVICE_FLAP_ENDED = "device.flap_ended"
     DEVICE_INCIDENT = "device.incident"
     DEVICE_INCIDENT_RESOLVED = "device.incident_resolved"
+    # The kubelet's verdict on a DRA device in its holder's Pod status (the Pods API).
+    DEVICE_UNHEALTHY = "device.unhealthy"
+    DEVICE_HEALTHY = "device.healthy"
+    DEVICE_HEALTH_UNKNOWN = "device.health_unknown"
 
 
 LIFECYCLE_KINDS = frozenset(

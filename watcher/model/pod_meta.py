@@ -1,0 +1,167 @@
+"""What the kubelet's Pods API says of a pod beyond its holdings: who it is, what owns it, and the
+kubelet's verdict on each device allocated to it. Pure.
+
+pod-resources names a pod by namespace and name only; the Pods API (a watch of the kubelet's pods)
+carries the whole Pod object. The agent keeps this small part of it (`watcher.kubelet.pod_decoding`
+makes it, within bounds) and nothing else, so 10,000 pods cost a few megabytes, not the objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "HEALTHY",
+    "UNHEALTHY",
+    "UNKNOWN",
+    "CLAIM_PREFIX",
+    "Owner",
+    "DeviceVerdict",
+    "ExtendedRequest",
+    "PodMeta",
+    "PodIndex",
+]
+
+HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
+# allocatedResourcesStatus names a DRA allocation "claim:<pod claim>" or "claim:<pod claim>/<request>".
+CLAIM_PREFIX = "claim:"
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The pod's controller as its own ownerReferences name it (ReplicaSet, Job, StatefulSet, ...).
+    Only one level: what owns the ReplicaSet is not in the pod, and the agent asks no API server."""
+
+    kind: str
+    name: str
+    uid: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "name": self.name, "uid": self.uid}
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceVerdict:
+    """The kubelet's verdict on one device allocated to a container
+    (`status.containerStatuses[].allocatedResourcesStatus[].resources[]`).
+
+    `resource` is the status entry's name: a device plugin's resource (`nvidia.com/gpu`), or
+    `claim:<pod claim name>[/<request>]` for DRA. `resource_id` is the device id as pod-resources
+    shows it (device plugin), or the device's first CDI id, else `driver/pool/device` (DRA).
+    `health` is Healthy, Unhealthy or Unknown (DRA only); `message` the driver's words (DRA only).
+    """
+
+    container: str
+    resource: str
+    resource_id: str
+    health: str
+    message: str
+
+    @property
+    def is_claim(self) -> bool:
+        return self.resource.startswith(CLAIM_PREFIX)
+
+    @property
+    def claim(self) -> tuple[str, str | None]:
+        """(pod claim name, request or None) of a DRA verdict."""
+        ref = self.resource[len(CLAIM_PREFIX) :]
+        name, _, request = ref.partition("/")
+        return name, request or None
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendedRequest:
+    """A classic extended resource (`nvidia.com/gpu`) a DRA driver serves for one container
+    (`status.extendedResourceClaimStatus.requestMappings[]`): its devices are under the container's
+    DRA claims in pod-resources, never in allocatable."""
+
+    container: str
+    resource: str
+    request: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    """One pod as the Pods API shows it, cut to what events use. `labels` holds only the
+    configured keys, values printable and capped; `claims` maps the pod's claim names to the
+    ResourceClaim objects' names (`status.resourceClaimStatuses`)."""
+
+    uid: str
+    namespace: str
+    name: str
+    phase: str = ""
+    generation: int = 0
+    owner: Owner | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    verdicts: tuple[DeviceVerdict, ...] = ()
+    claims: tuple[tuple[str, str], ...] = ()
+    extended_claim: str | None = None  # the ResourceClaim serving its extended resources
+    extended: tuple[ExtendedRequest, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def claim_object(self, pod_claim: str) -> str | None:
+        """The ResourceClaim object's name for the pod's claim `pod_claim` (None: not known)."""
+        for name, obj in self.claims:
+            if name == pod_claim:
+                return obj
+        return None
+
+    def who(self) -> dict[str, Any]:
+        """What events about this pod carry of it: uid, controller, allowlisted labels."""
+        return {
+            "uid": self.uid,
+            "owner": self.owner.to_json() if self.owner is not None else None,
+            "labels": dict(self.labels),
+        }
+
+
+class PodIndex:
+    """The pods the Pods API last showed, by uid and by namespace/name.
+
+    Mutable, and written by its one owner (the Pods API watch) only: a stream that floods changes
+    for one pod costs a dict write per change, not a copy of 10,000 entries. Readers get it as a
+    read-only view through `get` and iteration.
+    """
+
+    def __init__(self, pods: Iterable[PodMeta] = ()) -> None:
+        self._by_uid: dict[str, PodMeta] = {}
+        self._by_key: dict[str, str] = {}  # "namespace/name" -> uid
+        for pod in pods:
+            self.put(pod)
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+    def __iter__(self) -> Iterator[PodMeta]:
+        return iter(self._by_uid.values())
+
+    def uids(self) -> frozenset[str]:
+        return frozenset(self._by_uid)
+
+    def by_uid(self, uid: str) -> PodMeta | None:
+        return self._by_uid.get(uid)
+
+    def get(self, namespace: str, name: str) -> PodMeta | None:
+        uid = self._by_key.get(f"{namespace}/{name}")
+        return None if uid is None else self._by_uid.get(uid)
+
+    def put(self, pod: PodMeta) -> PodMeta | None:
+        """Store `pod` (an upsert by uid); the entry it replaced, if any."""
+        old = self._by_uid.get(pod.uid)
+        if old is not None and self._by_key.get(old.key) == pod.uid:
+            del self._by_key[old.key]
+        self._by_uid[pod.uid] = pod
+        self._by_key[pod.key] = pod.uid
+        return old
+
+    def drop(self, uid: str) -> PodMeta | None:
+        """Forget the pod `uid`; the entry dropped, if any."""
+        old = self._by_uid.pop(uid, None)
+        if old is not None and self._by_key.get(old.key) == uid:
+            del self._by_key[old.key]
+        return old
