@@ -11,7 +11,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from watcher.model.records import Memory, NumaNodes, Pod
+from watcher.model.records import Memory, NumaNodes
+from watcher.model.tally import Holders
 
 __all__ = [
     "NUMA_FIGURES_MAX",
@@ -36,8 +37,6 @@ NUMA_FIGURES_MAX = 4096
 
 # resource -> device id -> NUMA nodes, as allocatable lists them.
 DevicesByResource = Mapping[str, Mapping[str, NumaNodes]]
-# (resource, device id) -> ("ns/pod/container", ...) and the NUMA nodes pods saw.
-Holders = Mapping[tuple[str, str], tuple[tuple[str, ...], NumaNodes]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,39 +158,19 @@ def count_devices(by_res: DevicesByResource, holders: Holders, known: bool) -> t
     return tuple(out)
 
 
-def count_cpus(cpu_ids: tuple[int, ...], pods: Iterable[Pod], known: bool) -> CpuCapacity:
-    """Allocatable, allocated (pod- or container-level) and free CPUs."""
-    allocated: set[int] = set()
-    for pod in pods:
-        allocated.update(pod.cpu_ids)
-        for c in pod.containers:
-            allocated.update(c.cpu_ids)
+def count_cpus(cpu_ids: tuple[int, ...], held: Mapping[int, int], known: bool) -> CpuCapacity:
+    """Allocatable, allocated (pod- or container-level; `held`: CPU id -> holders) and free CPUs."""
+    allocated = tuple(sorted(held))
     if not known:
-        return CpuCapacity(None, len(allocated), None, tuple(sorted(allocated)))
-    free = len(set(cpu_ids) - allocated)
-    return CpuCapacity(len(cpu_ids), len(allocated), free, tuple(sorted(allocated)))
+        return CpuCapacity(None, len(allocated), None, allocated)
+    free = len(set(cpu_ids) - set(held))
+    return CpuCapacity(len(cpu_ids), len(allocated), free, allocated)
 
 
-def count_memory(memory: Iterable[Memory], pods: Iterable[Pod], known: bool) -> tuple[MemoryCapacity, ...]:
-    """Bytes per memory type and set of NUMA nodes."""
-    allocated: dict[tuple[str, NumaNodes], int] = defaultdict(int)
-    for pod in pods:
-        if not pod.memory:
-            # Most pods: no pod-level values, so nothing to reconcile; no dict of their own.
-            for c in pod.containers:
-                for m in c.memory:
-                    allocated[(m.type, m.numa)] += m.size
-            continue
-        # Pod-level values overlap the containers': count the larger of the two.
-        per_pod: dict[tuple[str, NumaNodes], int] = defaultdict(int)
-        for c in pod.containers:
-            for m in c.memory:
-                per_pod[(m.type, m.numa)] += m.size
-        for m in pod.memory:
-            key = (m.type, m.numa)
-            per_pod[key] = max(per_pod[key], m.size)
-        for key, size in per_pod.items():
-            allocated[key] += size
+def count_memory(
+    memory: Iterable[Memory], allocated: Mapping[tuple[str, NumaNodes], int], known: bool
+) -> tuple[MemoryCapacity, ...]:
+    """Bytes per memory type and set of NUMA nodes (`allocated`: what the pods hold of each)."""
     alloc = {(m.type, m.numa): m.size for m in memory}
     return tuple(
         MemoryCapacity(

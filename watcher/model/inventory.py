@@ -15,7 +15,6 @@ from typing import Any
 from watcher.model.capacity import (
     CpuCapacity,
     DevicesByResource,
-    Holders,
     MemoryCapacity,
     MissingDevice,
     ResourceCapacity,
@@ -34,6 +33,7 @@ from watcher.model.records import (
     memory_json,
     pod_json,
 )
+from watcher.model.tally import Holders, Tally
 
 __all__ = ["FORMAT", "Inventory", "changed_pods"]
 
@@ -110,17 +110,25 @@ class Inventory:
         return out
 
     @cached_property
+    def tally(self) -> Tally:
+        """What the pods hold, summed (see watcher.model.tally); carried over by `carry_tally`."""
+        return Tally.of(self.pods)
+
+    @property
     def holders(self) -> Holders:
         """(resource, device id) -> ("ns/pod/container", ...) and the NUMA nodes pods saw."""
-        held: dict[tuple[str, str], tuple[list[str], set[int]]] = {}
-        for pod in self.pods:
-            for c in pod.containers:
-                who = f"{pod.namespace}/{pod.name}/{c.name}"
-                for d in c.devices:
-                    names, numa = held.setdefault((d.resource, d.id), ([], set()))
-                    names.append(who)
-                    numa.update(d.numa)
-        return {k: (tuple(sorted(v[0])), tuple(sorted(v[1]))) for k, v in held.items()}
+        return self.tally.holders
+
+    def carry_tally(self, before: Inventory) -> None:
+        """Take `before`'s tally with only the pods that differ moved, when `before` has one made
+        and this inventory has none yet: one pod's change then costs that pod, not every pod.
+        Cached values only; the inventory itself stays as it is."""
+        if "tally" in self.__dict__ or "tally" not in before.__dict__ or before is self:
+            return
+        gone, came = changed_pods(before, self)
+        if len(gone) + len(came) > max(16, len(self.pods) // 4):
+            return  # most of the node changed: a recount costs no more
+        self.__dict__["tally"] = before.tally.moved(gone, came)
 
     @cached_property
     def missing_devices(self) -> tuple[MissingDevice, ...]:
@@ -132,11 +140,11 @@ class Inventory:
 
     @cached_property
     def cpus(self) -> CpuCapacity:
-        return count_cpus(self.cpu_ids, self.pods, self.allocatable_known)
+        return count_cpus(self.cpu_ids, self.tally.cpus, self.allocatable_known)
 
     @cached_property
     def memory_capacity(self) -> tuple[MemoryCapacity, ...]:
-        return count_memory(self.memory, self.pods, self.allocatable_known)
+        return count_memory(self.memory, self.tally.memory, self.allocatable_known)
 
     def pod(self, namespace: str, name: str) -> Pod | None:
         for p in self.pods:
