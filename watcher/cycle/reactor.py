@@ -22,20 +22,18 @@ from watcher import errors
 from watcher.backoff import Backoff
 from watcher.cycle.answers import gc_paused, inventory_from_answers
 from watcher.cycle.committer import Committer
+from watcher.cycle.findings import conclude, flap_rule, settle
 from watcher.cycle.notifier import Notifier
+from watcher.cycle.pod_reads import PodReads
 from watcher.cycle.state import CycleState
 from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import ALLOCATABLE
 from watcher.kubelet.identity import is_replacement, probe_socket, replaced_since
-from watcher.kubelet.plugins import plugin_sockets
 from watcher.model import lifecycle
 from watcher.model.changes import Change
-from watcher.model.diff import diff
 from watcher.model.events import new_cycle_id
-from watcher.model.flapping import FlapRule
 from watcher.model.inventory import Inventory
-from watcher.model.settling import Settling
 from watcher.ops.metrics import Metrics
 from watcher.ratelimit import RateLimiter
 from watcher.settings import Settings
@@ -77,6 +75,7 @@ class Reactor:
         self.client = _client(settings)
         self.limiter = RateLimiter(settings.watch.max_rpc_rate)
         self.decoder = Decoder()
+        self.pod_reads = PodReads(notifier.trigger)  # what the Pods API watch named, if it runs
         self.list_only: str | None = None  # why GetAllocatableResources is unavailable
         self.last_success: float | None = None  # monotonic
         self.last_reconnect_latency: float | None = None  # socket change seen -> first answer
@@ -117,11 +116,6 @@ class Reactor:
         return state.settling.next_look(self.settings.kubelet.warmup_grace)
 
     @property
-    def _flap_rule(self) -> FlapRule:
-        w = self.settings.watch
-        return FlapRule(limit=w.flap_limit, window=w.flap_window, quiet=w.flap_quiet)
-
-    @property
     def _grace(self) -> float:
         return self.settings.kubelet.unreachable_grace
 
@@ -136,7 +130,7 @@ class Reactor:
             deadlines.append(state.last_snapshot + self.settings.watch.snapshot_interval)
         if (look := self._settle_look(state)) is not None:
             deadlines.append(look)
-        if (quiet := state.flaps.next_look(self._flap_rule)) is not None:
+        if (quiet := state.flaps.next_look(flap_rule(self.settings))) is not None:
             deadlines.append(quiet)
         if self.notifier.follow_ups and not state.health.failing:  # a down kubelet: its backoff
             deadlines.append(self.notifier.follow_ups[0])
@@ -221,8 +215,15 @@ class Reactor:
         changes: list[Change] = []
         draft, took_name_events, restarted = await self._check_socket_identity(reasons, state, changes)
         commit = functools.partial(self._commit, changes, cycle, took_name_events=took_name_events)
+        before = state.inventory
+        usable = before is not None and not restarted and not draft.health.failing
+        reads = self.pod_reads.serve(reasons, usable=usable and not draft.settling.holding)
+        read = alloc_raw = list_raw = None
         try:
-            alloc_raw, list_raw = await self._query()
+            if reads is not None:  # the pods the Pods API named, alone (None: List after all)
+                read = await self.pod_reads.read(self.client, self.limiter, reads)
+            if read is None:
+                alloc_raw, list_raw = await self._query()
             if not restarted and replaced_since(draft.socket, self.socket_path):
                 # Replaced while we asked (probed absent or old): the answer may be the new kubelet's
                 # warm-up with its restart unseen. Drop it; the next cycle sees the restart first.
@@ -243,67 +244,36 @@ class Reactor:
             failed = await self._failed(err, type(err).__name__, draft, changes)
             return "failed", functools.partial(self._commit_failure, commit, failed, cycle)
 
-        before = state.inventory
-        list_only = alloc_raw is None
-        try:
-            with gc_paused():
-                answer, repaired = inventory_from_answers(self.decoder, before, alloc_raw, list_raw)
+        repaired: list[str] = []
+        with gc_paused():
+            if read is not None:
+                assert before is not None
+                answer, list_only = before.with_pods(read), self.list_only is not None
+            else:
+                assert list_raw is not None
+                list_only = alloc_raw is None
+                try:
+                    answer, repaired = inventory_from_answers(self.decoder, before, alloc_raw, list_raw)
+                except DecodeError as err:
+                    failed = await self._failed(err, "DecodeError", draft, changes)
+                    return "failed", functools.partial(self._commit_failure, commit, failed, cycle)
                 # The answers are decoded: their bytes (the largest thing a cycle holds) go now,
                 # not when the cycle ends, so they are not alive with the diff and the commit.
                 del alloc_raw, list_raw
-                settling, held_changes, after = self._settle(
-                    draft.settling, before, answer, restarted=restarted
+            settling, held, after = settle(self.settings, draft.settling, before, answer, restarted=restarted)
+            draft = self._answered(draft, changes, list_only=list_only)  # lifecycle changes first
+            if set(repaired) - draft.invalid_text:  # once, until an answer comes without any
+                changes.append(lifecycle.invalid_text(repaired))
+            if read is None:  # a List says whether any text still needs repair; a Get, not of all
+                draft = dataclasses.replace(
+                    draft, invalid_text=draft.invalid_text | set(repaired) if repaired else frozenset()
                 )
-                diffs = diff(before, after) if before is not None and after is not before else ()
-        except DecodeError as err:
-            failed = await self._failed(err, "DecodeError", draft, changes)
-            return "failed", functools.partial(self._commit_failure, commit, failed, cycle)
-        draft = self._answered(draft, changes, list_only=list_only)  # lifecycle changes first
-        if set(repaired) - draft.invalid_text:  # once, until an answer comes without any
-            changes.append(lifecycle.invalid_text(repaired))
-        draft = dataclasses.replace(
-            draft, invalid_text=draft.invalid_text | set(repaired) if repaired else frozenset()
-        )
-        changes.extend(held_changes)
-        flaps, damped = draft.flaps.damp(time.monotonic(), diffs, self._flap_rule)
-        incidents, grouped = draft.incidents.group(cycle, damped, self.settings.watch.incident_threshold)
-        changes.extend(grouped)
-        draft = dataclasses.replace(draft, flaps=flaps, incidents=incidents)
-        draft = dataclasses.replace(draft, settling=settling)
-        every = self.settings.watch.snapshot_interval
-        now = time.monotonic()
-        if every > 0 and now - draft.last_snapshot >= every:
-            draft = dataclasses.replace(draft, last_snapshot=now)
-            changes.append(lifecycle.snapshot(after))
-        result = "changed" if after is not before else "unchanged"
-        draft = dataclasses.replace(draft, inventory=after)
-        return result, functools.partial(commit, draft, before=before, baseline=before is None)
-
-    def _settle(
-        self, settling: Settling, before: Inventory | None, answer: Inventory, *, restarted: bool
-    ) -> tuple[Settling, list[Change], Inventory]:
-        """Hold what the kubelet's warm-up explains (see watcher.model.settling): the next
-        settling state, the plugin lifecycle changes, and the inventory to report."""
-        if before is None:
-            return settling, [], answer
-        now = time.monotonic()
-        grace = self.settings.kubelet.warmup_grace
-        if restarted:
-            settling = settling.kubelet_restarted(now, before)
-        sockets = plugin_sockets(self.settings.kubelet.root_dir / "device-plugins")
-        after, changes = settling.observe(now, before, answer, sockets, grace)
-        if after.holding and not settling.holding:
-            self.log.info(
-                "holding what the warm-up explains until the node settles",
-                resources=sorted(after.held_resources()),
-                pods=after.pods_since is not None,
-                grace_s=grace,
+            changes.extend(held)
+            draft = conclude(
+                self.settings, dataclasses.replace(draft, settling=settling), changes, cycle, before, after
             )
-        elif settling.holding and not after.holding:
-            began = settling.began()
-            held_for = None if began is None else round(now - began, 3)
-            self.log.info("node settled: reporting the net change", held_s=held_for)
-        return after, changes, after.present(before, answer)
+        result = "changed" if after is not before else "unchanged"
+        return result, functools.partial(commit, draft, before=before, baseline=before is None)
 
     async def _check_socket_identity(
         self, reasons: frozenset[str], draft: CycleState, changes: list[Change]

@@ -160,6 +160,11 @@ class PodResourcesClient:
         """`GetAllocatableResources` as serialized AllocatableResourcesResponse bytes."""
         return await self._call(ALLOCATABLE, b"")
 
+    async def get_raw(self, namespace: str, name: str) -> bytes:
+        """`Get` for one pod as serialized GetPodResourcesResponse bytes."""
+        request = api_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace)
+        return await self._call(GET, request.SerializeToString())
+
     async def list(self) -> api_pb2.ListPodResourcesResponse:
         return api_pb2.ListPodResourcesResponse.FromString(await self.list_raw())
 
@@ -167,9 +172,7 @@ class PodResourcesClient:
         return api_pb2.AllocatableResourcesResponse.FromString(await self.allocatable_raw())
 
     async def get(self, namespace: str, name: str) -> api_pb2.GetPodResourcesResponse:
-        request = api_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace)
-        raw = await self._call(GET, request.SerializeToString())
-        return api_pb2.GetPodResourcesResponse.FromString(raw)
+        return api_pb2.GetPodResourcesResponse.FromString(await self.get_raw(namespace, name))
 
     def _translate(self, method: str, err: aio.AioRpcError) -> errors.KubeletError:
         code = err.code()

@@ -7,7 +7,10 @@ entries are split give equal inventories and the same `content_hash`.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -146,6 +149,28 @@ class Inventory:
     def memory_capacity(self) -> tuple[MemoryCapacity, ...]:
         return count_memory(self.memory, self.tally.memory, self.allocatable_known)
 
+    def with_pods(self, replaced: Mapping[tuple[str, str], Pod | None]) -> Inventory:
+        """This inventory with the pods named (namespace, name) replaced, added, or (None) taken
+        out; its tally carried over when it has one. `self` when nothing differs."""
+        if not replaced:
+            return self
+        pods: list[Pod] = []
+        olds: dict[tuple[str, str], Pod] = {}
+        for p in self.pods:
+            if (key := (p.namespace, p.name)) in replaced:
+                olds[key] = p
+            else:
+                pods.append(p)
+        if all(olds.get(key) == pod for key, pod in replaced.items()):
+            return self
+        for (namespace, name), pod in replaced.items():
+            if pod is not None:
+                assert (pod.namespace, pod.name) == (namespace, name), "a pod filed under another name"
+                pods.insert(bisect.bisect(pods, (namespace, name), key=_pod_name), pod)
+        after = dataclasses.replace(self, pods=tuple(pods))
+        after.carry_tally(self)
+        return after
+
     def pod(self, namespace: str, name: str) -> Pod | None:
         for p in self.pods:
             if p.namespace == namespace and p.name == name:
@@ -194,6 +219,10 @@ class Inventory:
                 for m in self.missing_devices
             ],
         }
+
+
+def _pod_name(pod: Pod) -> tuple[str, str]:
+    return pod.namespace, pod.name
 
 
 def changed_pods(before: Inventory, after: Inventory) -> tuple[list[Pod], list[Pod]]:

@@ -1,0 +1,85 @@
+"""What an answered cycle found: the answer held against the warm-up, diffed, damped and grouped.
+
+Every way a cycle reads the node (the whole List, or Get for the pods the Pods API named) ends
+here, so both report a change the same way: what the kubelet's warm-up explains is held
+(watcher.model.settling), the rest diffed, flapping devices damped, mass failures grouped, and an
+inventory.snapshot added when one is due.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import structlog
+
+from watcher.cycle.state import CycleState
+from watcher.kubelet.plugins import plugin_sockets
+from watcher.model import lifecycle
+from watcher.model.changes import Change
+from watcher.model.diff import diff
+from watcher.model.flapping import FlapRule
+from watcher.model.inventory import Inventory
+from watcher.model.settling import Settling
+from watcher.settings import Settings
+
+__all__ = ["settle", "conclude"]
+
+log = structlog.get_logger("watcher.cycle.findings")
+
+
+def settle(
+    settings: Settings, settling: Settling, before: Inventory | None, answer: Inventory, *, restarted: bool
+) -> tuple[Settling, list[Change], Inventory]:
+    """Hold what the kubelet's warm-up explains (see watcher.model.settling): the next settling
+    state, the plugin lifecycle changes, and the inventory to report."""
+    if before is None:
+        return settling, [], answer
+    now = time.monotonic()
+    grace = settings.kubelet.warmup_grace
+    if restarted:
+        settling = settling.kubelet_restarted(now, before)
+    sockets = plugin_sockets(settings.kubelet.root_dir / "device-plugins")
+    after, changes = settling.observe(now, before, answer, sockets, grace)
+    if after.holding and not settling.holding:
+        log.info(
+            "holding what the warm-up explains until the node settles",
+            resources=sorted(after.held_resources()),
+            pods=after.pods_since is not None,
+            grace_s=grace,
+        )
+    elif settling.holding and not after.holding:
+        began = settling.began()
+        held_for = None if began is None else round(now - began, 3)
+        log.info("node settled: reporting the net change", held_s=held_for)
+    return after, changes, after.present(before, answer)
+
+
+def flap_rule(settings: Settings) -> FlapRule:
+    w = settings.watch
+    return FlapRule(limit=w.flap_limit, window=w.flap_window, quiet=w.flap_quiet)
+
+
+def conclude(
+    settings: Settings,
+    draft: CycleState,
+    changes: list[Change],
+    cycle: str,
+    before: Inventory | None,
+    after: Inventory,
+) -> CycleState:
+    """Diff `before` against the inventory to report, add the changes to `changes` (after the
+    lifecycle ones already there) and return the draft that holds `after`."""
+    if before is not None and after is not before:
+        after.carry_tally(before)  # one pod's change costs that pod, not a recount of the node
+    diffs = diff(before, after) if before is not None and after is not before else ()
+    now = time.monotonic()
+    flaps, damped = draft.flaps.damp(now, diffs, flap_rule(settings))
+    incidents, grouped = draft.incidents.group(cycle, damped, settings.watch.incident_threshold)
+    changes.extend(grouped)
+    draft = dataclasses.replace(draft, flaps=flaps, incidents=incidents, inventory=after)
+    every = settings.watch.snapshot_interval
+    if every > 0 and now - draft.last_snapshot >= every:
+        draft = dataclasses.replace(draft, last_snapshot=now)
+        changes.append(lifecycle.snapshot(after))
+    return draft
