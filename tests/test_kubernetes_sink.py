@@ -28,6 +28,7 @@ from testkit.inventories import inventory_of
 from testkit.kube_rbac import rules_from_manifests
 from testkit.kube_schemas import strict_schemas
 from watcher.config import ConfigError
+from watcher.model.changes import Change, Kind, Severity
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
@@ -890,3 +891,20 @@ def test_a_pod_without_an_owner_gets_its_uid_and_the_same_notes() -> None:
     uids = {e.reason: e.regarding.uid for e in known.events}
     assert uids == {"DeviceRemoved": "", "DeviceFailed": "uid-t0"}
     assert {e.regarding.uid for e in plain.events} == {""}
+
+
+def test_a_flapping_device_names_its_owner_first_on_the_pod_and_the_node() -> None:
+    owner = Owner("StatefulSet", "trainer", "uid-sts")
+    pods = PodIndex([PodMeta("uid-t0", "ml", "trainer-0", owner=owner, labels=(("team", "research"),))])
+    summary = "nvidia.com/gpu GPU-0 is flapping: 5 changes in 600 s"
+    details = {"resource": GPU, "device": "GPU-0", "count": 5, "allocated_to": ["ml/trainer-0/main"]}
+    (change,) = annotate([Change(Kind.DEVICE_FLAPPING, Severity.CRITICAL, summary, details)], pods)
+    event = envelope(change, seq=1, node=NODE, cycle="c1", before=None, after=None)
+    notes = {(e.regarding.kind, e.reason): e for e in plan([event], {}).events}
+    node_event = notes[("Node", "DeviceFlapping")]
+    assert node_event.note == f"StatefulSet ml/trainer (team research): {summary}"
+    pod_event = notes[("Pod", "DeviceFlapping")]
+    assert pod_event.note.startswith(
+        "StatefulSet ml/trainer (team research): device(s) allocated to this pod"
+    )
+    assert pod_event.regarding.uid == "uid-t0"
