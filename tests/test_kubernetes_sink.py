@@ -28,9 +28,12 @@ from testkit.inventories import inventory_of
 from testkit.kube_rbac import rules_from_manifests
 from testkit.kube_schemas import strict_schemas
 from watcher.config import ConfigError
+from watcher.model.changes import Change, Kind, Severity
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
+from watcher.model.pod_meta import Owner, PodIndex, PodMeta
+from watcher.model.who import annotate
 from watcher.settings_file import parse_settings
 from watcher.sim.apiserver import FakeApiServer, kubectl, pod_bound_user
 from watcher.sim.demo_kubernetes import run_kubernetes_demo
@@ -39,6 +42,7 @@ from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod, 
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
 from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX, OWNER_MARK
+from watcher.sinks.kubernetes.planner import plan
 
 ROOT = Path(__file__).resolve().parent.parent
 RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
@@ -321,10 +325,12 @@ PODS = {"ml/trainer-0": ["GPU-0"], "ml/trainer-1": ["GPU-1"]}
 _seq = 0
 
 
-def _batch(before: Inventory, after: Inventory) -> list[Event]:
+def _batch(before: Inventory, after: Inventory, pods: PodIndex | None = None) -> list[Event]:
+    """The events of one re-query; with `pods`, annotated as the Pods API knows them."""
     global _seq
     out = []
-    for change in diff(before, after):
+    changes = diff(before, after)
+    for change in annotate(changes, pods) if pods is not None else changes:
         _seq += 1
         out.append(envelope(change, seq=_seq, node=NODE, cycle=f"c{_seq}", before=None, after=None))
     return out
@@ -830,3 +836,75 @@ async def test_the_kubernetes_demo_shows_the_pod_event_and_the_condition() -> No
 def test_check_config_refuses_what_would_break_the_conditions(table: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_settings({"sinks": {"k": {"type": "kubernetes", **table}}})
+
+
+# --- who is hit: the uid from the Pods API, the owner first ---
+
+
+def _pod_reads(api: FakeApiServer) -> int:
+    return api.count(method="GET", path_prefix="/api/v1/namespaces/ml/pods")
+
+
+async def test_a_pods_api_uid_saves_the_read_and_the_owner_comes_first(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    sink = await _sink(api, tmp_path)
+    uid = api.pod("ml", "trainer-0")["metadata"]["uid"]
+    owner = Owner("Job", "trainer", "uid-job")
+    pods = PodIndex([PodMeta(uid, "ml", "trainer-0", owner=owner, labels=(("team", "research"),))])
+    try:
+        assert (await sink.deliver(_batch(HEALTHY, FAILED, pods))).delivered
+        assert _pod_reads(api) == 0
+        (failed,) = [e for e in api.events() if e["reason"] == "DeviceFailed"]
+        assert failed["regarding"]["uid"] == uid
+        assert failed["note"].startswith("Job ml/trainer (team research): 1 device(s) allocated to this pod")
+        (removed,) = [e for e in api.events() if e["reason"] == "DeviceRemoved"]
+        assert removed["note"].startswith("Job ml/trainer (team research): 1 nvidia.com/gpu device(s) left")
+        described = await _describe(api, tmp_path, "pod", "-n", "ml", "trainer-0")
+        assert "DeviceFailed" in described and "Job ml/trainer" in described  # matched by that uid
+    finally:
+        await sink.close()
+
+
+async def test_without_a_uid_the_pod_is_read_and_the_notes_are_as_they_were(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    sink = await _sink(api, tmp_path)
+    try:
+        assert (await sink.deliver(_batch(HEALTHY, FAILED))).delivered
+        assert _pod_reads(api) == 1  # as ever: the uid read from the pod
+        (failed,) = [e for e in api.events() if e["reason"] == "DeviceFailed"]
+        assert failed["regarding"]["uid"] == api.pod("ml", "trainer-0")["metadata"]["uid"]
+        assert failed["note"].startswith("1 device(s) allocated to this pod left")
+        (removed,) = [e for e in api.events() if e["reason"] == "DeviceRemoved"]
+        assert removed["note"].startswith("1 nvidia.com/gpu device(s) left")
+    finally:
+        await sink.close()
+
+
+def test_a_pod_without_an_owner_gets_its_uid_and_the_same_notes() -> None:
+    bare = PodIndex([PodMeta("uid-t0", "ml", "trainer-0")])
+    plain, known = plan(_batch(HEALTHY, FAILED), {}), plan(_batch(HEALTHY, FAILED, bare), {})
+    assert [(e.reason, e.note, e.key) for e in known.events] == [
+        (e.reason, e.note, e.key) for e in plain.events
+    ]
+    uids = {e.reason: e.regarding.uid for e in known.events}
+    assert uids == {"DeviceRemoved": "", "DeviceFailed": "uid-t0"}
+    assert {e.regarding.uid for e in plain.events} == {""}
+
+
+def test_a_flapping_device_names_its_owner_first_on_the_pod_and_the_node() -> None:
+    owner = Owner("StatefulSet", "trainer", "uid-sts")
+    pods = PodIndex([PodMeta("uid-t0", "ml", "trainer-0", owner=owner, labels=(("team", "research"),))])
+    summary = "nvidia.com/gpu GPU-0 is flapping: 5 changes in 600 s"
+    details = {"resource": GPU, "device": "GPU-0", "count": 5, "allocated_to": ["ml/trainer-0/main"]}
+    (change,) = annotate([Change(Kind.DEVICE_FLAPPING, Severity.CRITICAL, summary, details)], pods)
+    event = envelope(change, seq=1, node=NODE, cycle="c1", before=None, after=None)
+    notes = {(e.regarding.kind, e.reason): e for e in plan([event], {}).events}
+    node_event = notes[("Node", "DeviceFlapping")]
+    assert node_event.note == f"StatefulSet ml/trainer (team research): {summary}"
+    pod_event = notes[("Pod", "DeviceFlapping")]
+    assert pod_event.note.startswith(
+        "StatefulSet ml/trainer (team research): device(s) allocated to this pod"
+    )
+    assert pod_event.regarding.uid == "uid-t0"

@@ -36,11 +36,14 @@ from watcher.config import ConfigError
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope, event_schema
 from watcher.model.lifecycle import reachable, unreachable
+from watcher.model.pod_meta import Owner, PodIndex, PodMeta
+from watcher.model.who import annotate
 from watcher.secrets import redact
 from watcher.settings_file import parse_settings
 from watcher.sinks.base import BaseSinkSettings as SinkSettings
 from watcher.sinks.base import Outcome, Sink
 from watcher.sinks.http import outcome_of, parse_retry_after
+from watcher.sinks.pagerduty import pagerduty_event
 from watcher.sinks.registry import build_sink
 from watcher.sinks.slack import slack_message
 from watcher.store.store import Store
@@ -1248,3 +1251,76 @@ async def test_hostile_names_cannot_forge_lines_or_oversize_headers(
     assert (await sink.deliver([event])).delivered
     (req,) = ce_hook.requests
     assert len(req.headers["ce-subject"]) <= 3 * 600
+
+
+# --- who is hit: the owner first ---
+
+OWNED = PodMeta(
+    "uid-t0", "default", "trainer-0", owner=Owner("Job", "trainer", "uid-job"), labels=(("team", "research"),)
+)
+BARE_POD = PodMeta("uid-t0", "default", "trainer-0")  # known to the Pods API, owned by nothing
+OWNER_TEXT = "Job default/trainer (team research)"
+
+
+def annotated(event: Event, pod: PodMeta) -> Event:
+    """`event` as the agent sends it when the Pods API knows its pod."""
+    (change,) = annotate([Change(event.kind, event.severity, event.summary, event.details)], PodIndex([pod]))
+    return dataclasses.replace(event, details=change.details)
+
+
+async def test_slack_names_the_owner_first(slack: SlackReceiver, make_sink: Any) -> None:
+    event = annotated(removed(1), OWNED)
+    assert (await make_sink(slack_config(slack)).deliver([event])).delivered
+    assert not slack.violations, slack.violations
+    (msg,) = slack.messages
+    (section,) = texts_of(msg, "section")
+    assert section.splitlines()[1] == f"• {OWNER_TEXT}: {slack_escaped(event.summary)}"
+    (header,) = texts_of(msg, "header")
+    assert header.startswith(f"{NODE}: 1 change — {OWNER_TEXT}: ")
+    assert msg["text"] == slack_escaped(f"{NODE}: 1 change(s); {OWNER_TEXT}: {event.summary}")
+
+
+def test_slack_without_an_owner_is_byte_identical() -> None:
+    plain = [removed(1), added(2), *mixed_cycle(30, start=3)]
+    bare = [annotated(plain[0], BARE_POD), *plain[1:]]
+    assert "pods" in bare[0].details  # annotated, but nothing owns the pod
+    assert json.dumps(slack_message(bare, NODE)) == json.dumps(slack_message(plain, NODE))
+
+
+async def test_pagerduty_names_the_owner_first(
+    pagerduty: PagerDutyReceiver, make_sink: Any, pd_env: None
+) -> None:
+    event = annotated(removed(1), OWNED)
+    assert (await make_sink(pd_config(pagerduty)).deliver([event])).delivered
+    assert not pagerduty.violations, pagerduty.violations
+    (trigger,) = pagerduty.events
+    assert trigger["payload"]["summary"] == f"{OWNER_TEXT}: {event.summary}"
+    custom = trigger["payload"]["custom_details"]
+    assert custom["owner"] == OWNER_TEXT
+    assert custom["details"]["pods"][0]["uid"] == "uid-t0"
+
+
+async def test_pagerduty_owner_first_keeps_the_1024_character_cap(
+    pagerduty: PagerDutyReceiver, make_sink: Any, pd_env: None
+) -> None:
+    long = "x" * 5000
+    plain = make_event(
+        Kind.DEVICE_REMOVED, Severity.CRITICAL, long, 1, resource=GPU, device="GPU-0", allocated_to=[POD]
+    )
+    assert (await make_sink(pd_config(pagerduty)).deliver([annotated(plain, OWNED)])).delivered
+    assert not pagerduty.violations, pagerduty.violations
+    summary = pagerduty.events[0]["payload"]["summary"]
+    assert len(summary) == 1024 and summary == f"{OWNER_TEXT}: {long}"[:1024]
+
+
+def test_pagerduty_without_an_owner_says_what_it_said() -> None:
+    plain = removed(1)
+    bare = annotated(plain, BARE_POD)
+    before = pagerduty_event(plain, PD_KEY, active_keys=set())
+    after = pagerduty_event(bare, PD_KEY, active_keys=set())
+    assert before is not None and after is not None
+    assert before["payload"]["summary"] == after["payload"]["summary"] == plain.summary
+    assert "owner" not in before["payload"]["custom_details"]
+    # Only the structured details grew (the pod's uid); every text is as it was.
+    after["payload"]["custom_details"]["details"].pop("pods")
+    assert json.dumps(after) == json.dumps(before)

@@ -19,6 +19,7 @@ import structlog
 from watcher.config import field_meta
 from watcher.model.conditions import condition_of
 from watcher.model.events import Event
+from watcher.model.who import owner_text
 from watcher.secrets import Secret
 from watcher.sinks.base import (
     BaseSinkSettings,
@@ -89,13 +90,19 @@ def pagerduty_event(event: Event, routing_key: str, *, active_keys: set[str]) ->
         "event_id": event.id,
         "details": dict(event.details),
     }
+    summary = event.summary
+    owner = owner_text(event.details)
+    if owner is not None:
+        # Who is hit, first: the owner is what the responder pages its team about.
+        details["owner"] = owner
+        summary = f"{owner}: {summary}"
     body: dict[str, Any] = {
         "routing_key": routing_key,
         "event_action": "trigger",
         "dedup_key": key,
         "client": "pod-resources-watcher",
         "payload": {
-            "summary": event.summary[:MAX_SUMMARY],
+            "summary": summary[:MAX_SUMMARY],
             "source": event.node,
             "severity": SEVERITY[str(event.severity)],
             "timestamp": event.time,

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from watcher.config import field_meta
 from watcher.model.events import Event
+from watcher.model.who import owner_text
 from watcher.secrets import Secret
 from watcher.sinks.base import BaseSinkSettings, Capabilities, HttpSinkSettings, Outcome, SinkContext
 from watcher.sinks.http import HttpClient, HttpSink
@@ -84,11 +85,17 @@ def _section(title: str, lines: list[str], budget: int) -> str:
     return text
 
 
+def _line(event: Event) -> str:
+    """The event's line: its owner first when the Pods API named one, else the summary alone."""
+    owner = owner_text(event.details)
+    return event.summary if owner is None else f"{owner}: {event.summary}"
+
+
 def slack_message(events: Sequence[Event], node: str) -> dict[str, Any]:
     worst = max((e.severity for e in events), key=lambda s: s.rank)
     n = len(events)
     title = _cut(
-        f"{node}: {n} change{'s' if n != 1 else ''}" + (f" — {events[0].summary}" if n == 1 else ""),
+        f"{node}: {n} change{'s' if n != 1 else ''}" + (f" — {_line(events[0])}" if n == 1 else ""),
         MAX_HEADER,
     )
     by_kind: dict[str, list[Event]] = {}
@@ -105,7 +112,7 @@ def slack_message(events: Sequence[Event], node: str) -> dict[str, Any]:
             omitted += len(group)
             continue
         icon = ICONS[str(max((e.severity for e in group), key=lambda s: s.rank))]
-        lines = [_escape(_cut(e.summary, 500)) for e in group]
+        lines = [_escape(_cut(_line(e), 500)) for e in group]
         text = _section(f"{icon} *{kind}* ({len(group)})", lines, min(MAX_SECTION, budget))
         budget -= len(text)
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
@@ -118,7 +125,7 @@ def slack_message(events: Sequence[Event], node: str) -> dict[str, Any]:
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
     # The fallback is mrkdwn in notifications too: escape it like the blocks, after cutting (a cut
     # after escaping can end in half an entity, "&am").
-    plain = f"{node}: {n} change(s); " + "; ".join(e.summary for e in events[:3])
+    plain = f"{node}: {n} change(s); " + "; ".join(_line(e) for e in events[:3])
     fallback = _escaped_within(plain, 3000)
     return {"text": fallback, "blocks": blocks}
 

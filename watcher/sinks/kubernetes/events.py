@@ -122,9 +122,10 @@ class EventWriter:
         records[kube_event.key] = {"name": name, "namespace": namespace, "count": 1, "last": now}
 
     async def _regarding(self, kube_event: KubeEvent) -> dict[str, Any] | None:
-        """The Event's `regarding`, with the object's uid (kubectl describe matches Events by it);
-        None when the pod it is about is not there any more: gone, or replaced by another pod of
-        the same name (elsewhere, or created after what happened), which must not be blamed."""
+        """The Event's `regarding`, with the object's uid (kubectl describe matches Events by it):
+        the one the agent's events carried (then no read), else read from the pod; None when the
+        pod it is about is not there any more: gone, or replaced by another pod of the same name
+        (elsewhere, or created after what happened), which must not be blamed."""
         from lightkube.resources.core_v1 import Node, Pod
 
         r = kube_event.regarding
@@ -134,6 +135,10 @@ class EventWriter:
                 self.node_uid = node.metadata.uid
             return {"apiVersion": "v1", "kind": "Node", "name": r.name, "uid": self.node_uid}
         ref = {"apiVersion": "v1", "kind": "Pod", "namespace": r.namespace, "name": r.name}
+        if r.uid:
+            # The uid the kubelet's Pods API gave when it happened names that very pod: no read,
+            # and no other pod of the same name (recreated since, elsewhere) can be blamed.
+            return {**ref, "uid": r.uid}
         where = f"{r.namespace}/{r.name}"
         try:
             pod = await call(self.limiter, self._api().get(Pod, r.name, namespace=r.namespace))

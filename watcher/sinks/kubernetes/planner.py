@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from watcher.model.changes import Kind
 from watcher.model.events import Event
+from watcher.model.who import hit_pods, owner_text
 from watcher.model.wording import printable
 from watcher.sinks.kubernetes.notes import fit, listed, pods_of
 
@@ -99,11 +100,13 @@ Missing = dict[str, dict[str, list[str]]]
 
 @dataclass(frozen=True)
 class Regarding:
-    """The object an Event is about: a Pod (namespaced) or the Node (cluster-scoped)."""
+    """The object an Event is about: a Pod (namespaced) or the Node (cluster-scoped). A Pod's `uid`,
+    when the agent's events carried it (the Pods API), saves reading the pod to learn it."""
 
     kind: Literal["Pod", "Node"]
     name: str
     namespace: str = ""
+    uid: str = ""
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,8 @@ def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[st
     state: Missing = {res: {dev: list(pods) for dev, pods in devs.items()} for res, devs in missing.items()}
     report = Report(missing=state)
     pods: dict[tuple[str, str], _PodNotes] = {}
+    # What the batch's events say of the pods they name (the Pods API's uid, owner and labels).
+    who: dict[tuple[str, str], Mapping[str, Any]] = {}
     removed: dict[str, list[str]] = {}
     added: dict[str, list[str]] = {}
 
@@ -174,6 +179,8 @@ def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[st
         d = event.details
         resource, device = str(d.get("resource", "")), str(d.get("device", ""))
         holders = _strings(d.get("allocated_to"))
+        for entry in hit_pods(d):
+            who[(entry["namespace"], entry["name"])] = entry
         if d.get("test") is True:
             # `send-test`: a Normal Event on the Node that says so; no condition, no pod touched.
             report.events.append(_node_event(event.node, "Normal", "SendTest", event.summary))
@@ -221,7 +228,7 @@ def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[st
             report.resources.add(resource)
         if event.kind in _NODE_EVENTS:
             reason, kind = _NODE_EVENTS[event.kind]
-            report.events.append(_node_event(event.node, kind, reason, event.summary))
+            report.events.append(_node_event(event.node, kind, reason, _owner_first(event.summary, d)))
     node = events[0].node if events else ""
     for resource, devices in sorted(removed.items()):
         hit = pods_of(h for dev in devices for h in state.get(resource, {}).get(dev, []))
@@ -229,26 +236,31 @@ def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[st
         note += listed(devices)
         if hit:
             note += f"; allocated to {listed(hit)}"
+            known = [who[key] for p in hit if (key := _split(p)) in who]
+            note = _owner_first(note, {"pods": known})
         report.events.append(_node_event(node, "Warning", "DeviceRemoved", note))
     for resource, devices in sorted(added.items()):
         note = f"{len(devices)} {resource} device(s) joined or came back to allocatable: {listed(devices)}"
         report.events.append(_node_event(node, "Normal", "DeviceAdded", note))
     for (namespace, name), n in sorted(pods.items()):
-        regarding = Regarding("Pod", name, namespace)
+        its = who.get((namespace, name))
+        regarding = Regarding("Pod", name, namespace, str(its["uid"]) if its else "")
+        first = owner_text({"pods": [its]}) if its else None
+        head = f"{first}: " if first else ""
         if n.failed:
-            note = (
+            note = head + (
                 f"{len(n.failed)} device(s) allocated to this pod left the node's allocatable devices "
                 f"(failed or vanished) on node {node}: {listed(n.failed)}"
             )
             report.events.append(KubeEvent(regarding, "Warning", "DeviceFailed", fit(note, MAX_NOTE_BYTES)))
         if n.flapping:
-            note = (
+            note = head + (
                 f"device(s) allocated to this pod keep failing and coming back on node {node}: "
                 f"{listed(n.flapping)}"
             )
             report.events.append(KubeEvent(regarding, "Warning", "DeviceFlapping", fit(note, MAX_NOTE_BYTES)))
         if n.recovered:
-            note = f"device(s) allocated to this pod are back on node {node}: {listed(n.recovered)}"
+            note = head + f"device(s) allocated to this pod are back on node {node}: {listed(n.recovered)}"
             report.events.append(KubeEvent(regarding, "Normal", "DeviceRecovered", fit(note, MAX_NOTE_BYTES)))
     if events:
         # One re-query's events: they were seen together, at the last one's time.
@@ -262,6 +274,17 @@ def _time_of(event: Event) -> datetime:
         return datetime.fromisoformat(event.time.replace("Z", "+00:00")).astimezone(UTC)
     except ValueError:
         return datetime.now(UTC)  # never: the agent writes its own times
+
+
+def _owner_first(text: str, details: Mapping[str, Any]) -> str:
+    """`text` after the owner of the pods `details` names (`watcher.model.who`), if it has one."""
+    owner = owner_text(details)
+    return text if owner is None else f"{owner}: {text}"
+
+
+def _split(pod: str) -> tuple[str, str]:
+    namespace, _, name = pod.partition("/")
+    return namespace, name
 
 
 def _held(resource: str, device: str, container: str) -> str:
