@@ -4,12 +4,12 @@ heals, an Unknown only warned of once it lasts, nothing guessed."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testkit.inventories import DRIVER, claim_inventory, verdict_pod
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.conditions import condition_of
 from watcher.model.device_health import DeviceHealth, corroborate
@@ -17,68 +17,14 @@ from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
 from watcher.model.pod_meta import HEALTHY, UNHEALTHY, UNKNOWN, DeviceVerdict, ExtendedRequest, PodMeta
-from watcher.model.restore import from_canonical
 from watcher.model.routing import Route
 
-DRIVER = "gpu.nvidia.com"
 CDI = "k8s.gpu.nvidia.com/gpu=gpu-3"
 XID = "critical XID 79 reported by NVML"
 GRACE = 300.0
 PAGING = Route(min_severity=Severity.WARNING, resolutions=True, skip_incident_devices=True)
 
-# "ns/pod" -> (container, claim object name, [(pool, device, cdi id or None)])
-Holdings = Mapping[str, tuple[str, str, Sequence[tuple[str, str, str | None]]]]
-
-
-def inventory(pods: Holdings, *, gpus: Sequence[str] = ()) -> Inventory:
-    """A node whose pods hold DRA claims (and, if asked, device-plugin GPUs in allocatable)."""
-    return from_canonical(
-        {
-            "format": 3,
-            "allocatable": {
-                "known": True,
-                "devices": {"nvidia.com/gpu": {g: [0] for g in gpus}} if gpus else {},
-                "cpu_ids": [0, 1],
-                "memory": [],
-            },
-            "pods": [
-                {
-                    "namespace": key.split("/")[0],
-                    "name": key.split("/")[1],
-                    "cpu_ids": [],
-                    "memory": [],
-                    "containers": [
-                        {
-                            "name": container,
-                            "devices": {},
-                            "cpu_ids": [],
-                            "memory": [],
-                            "dynamic_resources": [
-                                {
-                                    "namespace": key.split("/")[0],
-                                    "name": claim,
-                                    "devices": [
-                                        {
-                                            "driver": DRIVER,
-                                            "pool": pool,
-                                            "device": device,
-                                            "cdi_devices": [cdi] if cdi else [],
-                                            "share_id": None,
-                                        }
-                                        for pool, device, cdi in devices
-                                    ],
-                                }
-                            ],
-                        }
-                    ],
-                }
-                for key, (container, claim, devices) in sorted(pods.items())
-            ],
-        }
-    )
-
-
-NODE = inventory({"ml/llm-pretrain-0": ("trainer", "gpu-claim", [("node-1", "gpu-3", CDI)])})
+NODE = claim_inventory({"ml/llm-pretrain-0": ("trainer", "gpu-claim", [("node-1", "gpu-3", CDI)])})
 
 
 def pod(
@@ -90,9 +36,7 @@ def pod(
     rid: str = CDI,
     claims: tuple[tuple[str, str], ...] = (("gpu", "gpu-claim"),),
 ) -> PodMeta:
-    namespace, name = key.split("/")
-    verdict = DeviceVerdict(container, "claim:gpu/gpus", rid, health, message)
-    return PodMeta(f"uid-{name}", namespace, name, "Running", verdicts=(verdict,), claims=claims)
+    return verdict_pod(key, container, [(rid, health, message)], claims=claims)
 
 
 def observe(
@@ -189,7 +133,7 @@ def test_unhealthy_then_unknown_keeps_the_failure_open_until_healthy() -> None:
 
 def test_a_device_shared_by_two_pods_is_one_event_naming_both() -> None:
     device = [("node-1", "gpu-3", CDI)]
-    node = inventory({"ml/a": ("main", "shared", device), "ml/b": ("side", "shared", device)})
+    node = claim_inventory({"ml/a": ("main", "shared", device), "ml/b": ("side", "shared", device)})
     claims = (("gpu", "shared"),)
     a = pod(UNHEALTHY, XID, key="ml/a", container="main", claims=claims)
     b = pod(UNHEALTHY, XID, key="ml/b", container="side", claims=claims)
@@ -207,7 +151,7 @@ def test_a_device_shared_by_two_pods_is_one_event_naming_both() -> None:
 def test_a_verdict_no_device_resolves_to_waits_and_is_never_guessed() -> None:
     unresolved = [
         (pod(UNHEALTHY, XID, claims=()), NODE),  # the Pod status has not mapped the claim yet
-        (pod(UNHEALTHY, XID), inventory({})),  # pod-resources does not show the pod yet
+        (pod(UNHEALTHY, XID), claim_inventory({})),  # pod-resources does not show the pod yet
         (pod(UNHEALTHY, XID, rid="k8s.gpu.nvidia.com/gpu=gpu-9"), NODE),  # nor that device
     ]
     for verdict, node in unresolved:
@@ -218,7 +162,7 @@ def test_a_verdict_no_device_resolves_to_waits_and_is_never_guessed() -> None:
 
 
 def test_an_unknown_counts_its_grace_from_when_the_kubelet_first_said_it() -> None:
-    state, _ = observe(DeviceHealth(), 0.0, pod(UNKNOWN), node=inventory({}))
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNKNOWN), node=claim_inventory({}))
     state, out = observe(state, GRACE - 1, pod(UNKNOWN))
     assert out == []
     _, (warned,) = observe(state, GRACE, pod(UNKNOWN))
@@ -226,7 +170,7 @@ def test_an_unknown_counts_its_grace_from_when_the_kubelet_first_said_it() -> No
 
 
 def test_a_device_without_cdi_ids_is_named_driver_pool_device() -> None:
-    node = inventory({"ml/llm-pretrain-0": ("trainer", "gpu-claim", [("node-1", "gpu-3", None)])})
+    node = claim_inventory({"ml/llm-pretrain-0": ("trainer", "gpu-claim", [("node-1", "gpu-3", None)])})
     _, (change,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, rid=f"{DRIVER}/node-1/gpu-3"), node=node)
     assert change.details["cdi_devices"] == [] and change.details["device"] == "node-1/gpu-3"
     assert change.summary.startswith("gpu.nvidia.com gpu-3 (pool node-1) unhealthy;")
@@ -251,7 +195,7 @@ def test_a_holder_pod_ending_ends_the_story_silently() -> None:
     quiet = PodMeta("uid-llm-pretrain-0", "ml", "llm-pretrain-0", "Running", claims=(("gpu", "gpu-claim"),))
     same, out = observe(state, 1.0, quiet)
     assert out == [] and same.open() == state.open()
-    gone, out = observe(state, 2.0, node=inventory({}))
+    gone, out = observe(state, 2.0, node=claim_inventory({}))
     assert out == [] and gone == DeviceHealth()
     # A new pod on the device later starts a new story.
     _, (again,) = observe(gone, 3.0, pod(UNHEALTHY, XID))
@@ -292,7 +236,7 @@ def test_unreadable_saved_state_is_an_empty_state_never_an_error(data: Any) -> N
 
 
 _SHARED = [("node-1", "gpu-3", CDI)]
-_TWO = inventory(
+_TWO = claim_inventory(
     {
         "ml/a": ("main", "gpu-claim", [*_SHARED, ("node-1", "gpu-4", None)]),
         "ml/b": ("main", "gpu-claim", _SHARED),
@@ -369,8 +313,8 @@ def test_the_drivers_message_reaches_people_printable() -> None:
 def test_dra_backed_extended_resources_are_never_missing_from_allocatable() -> None:
     # A plain nvidia.com/gpu request served by a DRA driver: its devices are under the container's
     # claims, never in allocatable; allocatable has the node's device-plugin GPUs only.
-    before = inventory({}, gpus=["GPU-a"])
-    after = inventory(
+    before = claim_inventory({}, gpus=["GPU-a"])
+    after = claim_inventory(
         {"ml/notebook-0": ("lab", "notebook-0-extended-resources-1a2b3", [("node-1", "gpu-3", CDI)])},
         gpus=["GPU-a"],
     )
