@@ -187,6 +187,11 @@ def test_while_the_kubelet_warms_up_unknowns_are_held_and_failures_still_told() 
     assert warned.kind is Kind.DEVICE_HEALTH_UNKNOWN
     _, (failed,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID), holding=True)
     assert failed.kind is Kind.DEVICE_UNHEALTHY
+    # An Unknown pod-resources shows no claim for yet waits through the warm-up the same way.
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNKNOWN), node=claim_inventory({}))
+    state, _ = observe(state, 2 * GRACE, pod(UNKNOWN), node=claim_inventory({}), holding=True)
+    state, out = observe(state, 2 * GRACE + 1, pod(UNKNOWN))
+    assert out == [] and state.next_look(GRACE) == 3 * GRACE
 
 
 def test_a_holder_pod_ending_ends_the_story_silently() -> None:

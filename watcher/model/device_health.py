@@ -99,7 +99,9 @@ class DeviceHealth:
         are re-registering, so an Unknown is neither timed nor reported meanwhile.
         """
         pods = list(pods)
-        seen, pending = _resolve(now, inventory, pods, dict(self.pending))
+        # Held: an unresolved Unknown's grace, too, starts once the warm-up is over.
+        pending_since = {k: now for k, _ in self.pending} if holding else dict(self.pending)
+        seen, pending = _resolve(now, inventory, pods, pending_since)
         present = {p.uid for p in pods}
         devices = dict(self.devices)
         holders = _holders(inventory) if seen or devices else {}
