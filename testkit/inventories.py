@@ -1,15 +1,20 @@
-"""Small inventories written as a few names: which GPUs a node has and which pods hold them."""
+"""Small inventories written as a few names: which GPUs a node has and which pods hold them (device
+plugins' GPUs, or DRA claims' devices), and the Pods API's view of a pod's verdict on one."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
 from watcher.model.inventory import Inventory
+from watcher.model.pod_meta import DeviceVerdict, PodMeta
 from watcher.model.restore import from_canonical
 
-__all__ = ["GPU", "inventory_of"]
+__all__ = ["GPU", "DRIVER", "ClaimHoldings", "inventory_of", "claim_inventory", "verdict_pod"]
 
 GPU = "nvidia.com/gpu"
+DRIVER = "gpu.nvidia.com"
+# "ns/pod" -> (its one container, the ResourceClaim's name, [(pool, device, first CDI id or None)])
+ClaimHoldings = Mapping[str, tuple[str, str, Sequence[tuple[str, str, str | None]]]]
 
 
 def inventory_of(gpus: Sequence[str], pods: Mapping[str, Sequence[str]]) -> Inventory:
@@ -42,4 +47,73 @@ def inventory_of(gpus: Sequence[str], pods: Mapping[str, Sequence[str]]) -> Inve
                 for key, held in sorted(pods.items())
             ],
         }
+    )
+
+
+def claim_inventory(pods: ClaimHoldings, *, gpus: Sequence[str] = (), driver: str = DRIVER) -> Inventory:
+    """A node whose pods hold DRA claims of `driver`'s devices; `gpus`: device-plugin GPUs in allocatable."""
+    return from_canonical(
+        {
+            "format": 3,
+            "allocatable": {
+                "known": True,
+                "devices": {GPU: {g: [0] for g in gpus}} if gpus else {},
+                "cpu_ids": [0, 1],
+                "memory": [],
+            },
+            "pods": [
+                {
+                    "namespace": key.split("/")[0],
+                    "name": key.split("/")[1],
+                    "cpu_ids": [],
+                    "memory": [],
+                    "containers": [
+                        {
+                            "name": container,
+                            "devices": {},
+                            "cpu_ids": [],
+                            "memory": [],
+                            "dynamic_resources": [
+                                {
+                                    "namespace": key.split("/")[0],
+                                    "name": claim,
+                                    "devices": [
+                                        {
+                                            "driver": driver,
+                                            "pool": pool,
+                                            "device": device,
+                                            "cdi_devices": [cdi] if cdi else [],
+                                            "share_id": None,
+                                        }
+                                        for pool, device, cdi in devices
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                }
+                for key, (container, claim, devices) in sorted(pods.items())
+            ],
+        }
+    )
+
+
+def verdict_pod(
+    key: str,
+    container: str,
+    verdicts: Sequence[tuple[str, str, str]],
+    *,
+    claims: Sequence[tuple[str, str]] = (("gpu", "gpu-claim"),),
+    pod_claim: str = "claim:gpu/gpus",
+) -> PodMeta:
+    """The Pods API's view of pod `key` ("ns/name", uid "uid-<name>"): `verdicts` (resource id, health,
+    message) on its pod claim `pod_claim`'s devices; `claims` maps pod claims to ResourceClaim names."""
+    namespace, name = key.split("/")
+    return PodMeta(
+        f"uid-{name}",
+        namespace,
+        name,
+        "Running",
+        verdicts=tuple(DeviceVerdict(container, pod_claim, rid, h, m) for rid, h, m in verdicts),
+        claims=tuple(claims),
     )

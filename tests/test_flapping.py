@@ -6,8 +6,13 @@ import dataclasses
 from pathlib import Path
 
 from testkit.agent import make_settings, running_agent
+from testkit.inventories import DRIVER, claim_inventory, verdict_pod
 from watcher.model.changes import Change, Kind, Severity
+from watcher.model.conditions import condition_of
+from watcher.model.device_health import DeviceHealth
+from watcher.model.events import envelope
 from watcher.model.flapping import FlapRule, Flaps
+from watcher.model.pod_meta import HEALTHY, UNHEALTHY
 from watcher.model.routing import Route
 from watcher.sim.fake_kubelet import FakeKubelet
 
@@ -95,3 +100,34 @@ async def test_a_flapping_device_reaches_notification_sinks_twice_and_the_audit_
         seen = [str(e.kind) for e in events if notify.matches(e)]
         assert seen.count("device.flapping") == 1 and seen.count("device.flap_ended") == 1
         assert len([k for k in seen if k in ("device.added", "device.removed")]) == 4
+
+
+def test_a_dra_device_flapping_in_its_pod_status_is_one_flapping_report_on_its_condition() -> None:
+    node = claim_inventory({"ml/llm-0": ("trainer", "gpu-claim", [("node-1", "gpu-3", None)])})
+    rid = f"{DRIVER}/node-1/gpu-3"
+    health, flaps, told = DeviceHealth(), Flaps(), []
+    for i in range(10):
+        verdict = UNHEALTHY if i % 2 == 0 else HEALTHY
+        pods = [verdict_pod("ml/llm-0", "trainer", [(rid, verdict, "XID 79" if i % 2 == 0 else "")])]
+        health, changes = health.observe(float(i), node, pods, unknown_grace=300)
+        flaps, out = flaps.damp(float(i), changes, RULE)
+        told += out
+    kinds = [c.kind for c in told]
+    assert kinds.count(Kind.DEVICE_UNHEALTHY) == 5 and kinds.count(Kind.DEVICE_HEALTHY) == 5
+    (flapping,) = [c for c in told if c.kind is Kind.DEVICE_FLAPPING]
+    assert flapping.details["resource"] == DRIVER and flapping.details["device"] == "node-1/gpu-3"
+    assert flapping.details["source"] == "pod-status" and flapping.details["allocated_to"] == [
+        "ml/llm-0/trainer"
+    ]
+    assert [c.details.get("flapping", False) for c in told if c.kind is not Kind.DEVICE_FLAPPING] == [
+        False, False, False, False, True, True, True, True, True, True
+    ]  # fmt: skip
+    # Its page is the device's own condition: flapping opens it, a healthy end closes it.
+    first = condition_of(envelope(told[0], seq=1, node="n", cycle="c", before=None, after=None))
+    opened = condition_of(envelope(flapping, seq=2, node="n", cycle="c", before=None, after=None))
+    assert first is not None and opened is not None and opened.active and opened.key == first.key
+    flaps, (ended,) = flaps.damp(9.0 + RULE.quiet, [], RULE)
+    assert ended.kind is Kind.DEVICE_FLAP_ENDED and ended.details["present"] is True
+    assert "now healthy" in ended.summary and ended.details["source"] == "pod-status"
+    closed = condition_of(envelope(ended, seq=3, node="n", cycle="c", before=None, after=None))
+    assert closed is not None and not closed.active and closed.key == opened.key

@@ -330,3 +330,25 @@ def test_send_test_events_are_one_normal_node_event_and_no_condition() -> None:
     ]
     assert "TEST" in report.events[0].note
     assert report.missing == {} and report.resources == set()
+
+
+def test_dra_health_stories_leave_the_node_conditions_alone_and_are_node_events() -> None:
+    """A DRA device is never in allocatable, which the conditions are kept from: its flapping or
+    incident would otherwise stay missing there for good, as nothing in allocatable clears it."""
+    dra = {"resource": "gpu.nvidia.com", "source": "pod-status", "allocated_to": ["ml/llm-0/trainer"]}
+    changes = [
+        Change(
+            Kind.DEVICE_UNHEALTHY, Severity.CRITICAL, "gpu-3 unhealthy", {**dra, "device": "node-1/gpu-3"}
+        ),
+        Change(Kind.DEVICE_FLAPPING, Severity.CRITICAL, "gpu-3 flapping", {**dra, "device": "node-1/gpu-3"}),
+        Change(
+            Kind.DEVICE_INCIDENT,
+            Severity.CRITICAL,
+            "8 gpu.nvidia.com devices turned unhealthy at once",
+            {**dra, "incident": "i1", "count": 8, "devices": [f"node-1/gpu-{i}" for i in range(8)]},
+        ),
+    ]
+    missing = {GPU: {"GPU-1": ["ml/trainer-0/main"]}}
+    report = plan(_events(changes), missing)
+    assert report.missing == missing and report.resources == set()
+    assert [e.reason for e in _by(report.events, "Node")] == ["DeviceFlapping", "DeviceIncident"]

@@ -29,14 +29,16 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from testkit.certificates import self_signed, server_context
 from testkit.dispatching import dispatching, open_outbox
 from testkit.hostile_text import INVISIBLE, LOOK_ALIKE, OVERDRAWN, hidden_in
+from testkit.inventories import DRIVER, claim_inventory, verdict_pod
 from testkit.receiver import Receiver
 from testkit.receivers import PagerDutyReceiver, PathEchoReceiver, SlackReceiver, WebhookReceiver
 from watcher.cli import main
 from watcher.config import ConfigError
 from watcher.model.changes import Change, Kind, Severity
+from watcher.model.device_health import DeviceHealth
 from watcher.model.events import Event, envelope, event_schema
 from watcher.model.lifecycle import reachable, unreachable
-from watcher.model.pod_meta import Owner, PodIndex, PodMeta
+from watcher.model.pod_meta import HEALTHY, UNHEALTHY, UNKNOWN, Owner, PodIndex, PodMeta
 from watcher.model.who import annotate
 from watcher.secrets import redact
 from watcher.settings_file import parse_settings
@@ -485,6 +487,59 @@ async def test_pagerduty_through_the_dispatcher_resolutions_pass_below_min_sever
     assert [e["event_action"] for e in pagerduty.events] == ["trigger", "resolve"]
     assert not pagerduty.violations and not pagerduty.open
     assert await store.kv_get("pagerduty:pager:open") == []
+
+
+def dra_story() -> list[Event]:
+    """A DRA device failing and healing in its pod's status, and another whose driver went quiet."""
+    node = claim_inventory(
+        {"ml/llm-0": ("trainer", "gpu-claim", [("node-1", "gpu-3", None), ("node-1", "gpu-4", None)])}
+    )
+    health, out = DeviceHealth(), []
+    for now, three, four in (
+        (0.0, UNHEALTHY, UNKNOWN),
+        (400.0, UNHEALTHY, UNKNOWN),
+        (500.0, HEALTHY, UNKNOWN),
+    ):
+        verdicts = [(f"{DRIVER}/node-1/gpu-3", three, "XID 79"), (f"{DRIVER}/node-1/gpu-4", four, "")]
+        health, changes = health.observe(
+            now, node, [verdict_pod("ml/llm-0", "trainer", verdicts)], unknown_grace=300
+        )
+        out += changes
+    assert [c.kind for c in out] == [Kind.DEVICE_UNHEALTHY, Kind.DEVICE_HEALTH_UNKNOWN, Kind.DEVICE_HEALTHY]
+    return [
+        envelope(c, seq=i, node=NODE, cycle=f"c{i}", before=None, after=None) for i, c in enumerate(out, 1)
+    ]
+
+
+async def test_pagerduty_pages_a_dra_device_unhealthy_resolves_it_healthy_and_never_pages_unknown(
+    pagerduty: PagerDutyReceiver, make_sink: Any, store: Store, pd_env: None
+) -> None:
+    sink = make_sink(pd_config(pagerduty, rate=100.0))
+    async with dispatching(store, [sink]) as run:
+        await run.enqueue(dra_story())
+        await run.deliveries.wait_for(lambda d: d.seqs("delivered") == [1, 2, 3])
+    trigger, resolve = pagerduty.events
+    assert trigger["event_action"] == "trigger" and trigger["payload"]["severity"] == "critical"
+    assert trigger["payload"]["component"] == DRIVER and "XID 79" in trigger["payload"]["summary"]
+    assert trigger["dedup_key"].endswith(f"/device/{DRIVER}/node-1/gpu-3")
+    assert resolve == {"routing_key": PD_KEY, "event_action": "resolve", "dedup_key": trigger["dedup_key"]}
+    assert not pagerduty.violations and not pagerduty.open
+
+
+async def test_alertmanager_fires_and_resolves_a_dra_device_and_slack_shows_all_three(
+    hook: WebhookReceiver, slack: SlackReceiver, make_sink: Any
+) -> None:
+    unhealthy, unknown, healthy = dra_story()
+    am = make_sink(sink_config("am", type="alertmanager", url=hook.url("")))
+    for event in (unhealthy, unknown, healthy):
+        assert (await am.deliver([event])).delivered
+    fired, ended = [a for req in hook.requests for a in json.loads(req.body)]  # the Unknown: none
+    assert fired["labels"]["resource"] == DRIVER and fired["labels"]["device"] == "node-1/gpu-3"
+    assert ended["labels"] == fired["labels"] and ended["endsAt"] >= ended["startsAt"]
+    assert (await make_sink(slack_config(slack)).deliver([unhealthy, unknown, healthy])).delivered
+    (message,) = slack.messages  # a person reads all three (Slack's rate: one message a second)
+    shown = json.dumps(message)
+    assert all(e.summary in shown for e in (unhealthy, unknown, healthy)), shown
 
 
 # --- webhooks: JSON, CloudEvents, Standard Webhooks ---

@@ -25,6 +25,8 @@ CONDITION_KINDS = frozenset(
     {
         Kind.DEVICE_REMOVED,
         Kind.DEVICE_ADDED,
+        Kind.DEVICE_UNHEALTHY,
+        Kind.DEVICE_HEALTHY,
         Kind.DEVICE_FLAPPING,
         Kind.DEVICE_FLAP_ENDED,
         Kind.DEVICE_INCIDENT,
@@ -34,6 +36,17 @@ CONDITION_KINDS = frozenset(
         Kind.KUBELET_CONNECTED,
         Kind.WATCHER_STARTED,
     }
+)
+# A device's condition: gone from allocatable (device plugins) or unhealthy in its holder's Pod status
+# (DRA, where `resource` is the driver and `device` is pool/device), one key shape for both.
+# device.health_unknown is neither: a driver that stopped reporting is no failure, so never a page.
+_DEVICE_KINDS = (
+    Kind.DEVICE_REMOVED,
+    Kind.DEVICE_ADDED,
+    Kind.DEVICE_UNHEALTHY,
+    Kind.DEVICE_HEALTHY,
+    Kind.DEVICE_FLAPPING,
+    Kind.DEVICE_FLAP_ENDED,
 )
 
 
@@ -52,7 +65,7 @@ def condition_of(event: Event) -> Condition | None:
     """The condition `event` starts or ends, if any."""
     d = event.details
     node = event.node
-    if event.kind in (Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED, Kind.DEVICE_FLAPPING, Kind.DEVICE_FLAP_ENDED):
+    if event.kind in _DEVICE_KINDS:
         resource, device = str(d.get("resource", "")), str(d.get("device", ""))
         labels = {
             "alertname": DEVICE_ALERT,
@@ -62,7 +75,7 @@ def condition_of(event: Event) -> Condition | None:
             "severity": str(event.severity),
         }
         # A flapping device is one open condition until it settles; it ends present or missing.
-        active = event.kind in (Kind.DEVICE_REMOVED, Kind.DEVICE_FLAPPING) or (
+        active = event.kind in (Kind.DEVICE_REMOVED, Kind.DEVICE_UNHEALTHY, Kind.DEVICE_FLAPPING) or (
             event.kind == Kind.DEVICE_FLAP_ENDED and not d.get("present", True)
         )
         return Condition(

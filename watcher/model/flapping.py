@@ -1,8 +1,9 @@
 """Flap damping: a device that keeps changing health is one story for a person, not twenty pages.
 
-A device whose health changes (`device.removed` / `device.added`) more than `limit` times within
-`window` seconds is flapping: one `device.flapping` event says so, with the count; its further
-`device.removed` / `device.added` events are marked `flapping` (the audit log and webhooks still get
+A device whose health changes (`device.removed` / `device.added`, or for a DRA device
+`device.unhealthy` / `device.healthy`) more than `limit` times within `window` seconds is flapping:
+one `device.flapping` event says so, with the count; its further health changes are marked
+`flapping` (the audit log and webhooks still get
 every one; notification sinks do not); and once it has not changed for `quiet` seconds one
 `device.flap_ended` says how it ended (present or missing). Pure: the caller brings the time.
 """
@@ -12,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from watcher.model.changes import Change, Kind, Severity
 
 __all__ = ["Flaps", "FlapRule"]
 
-_HEALTH = (Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED)
+_HEALTH = (Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED, Kind.DEVICE_UNHEALTHY, Kind.DEVICE_HEALTHY)
+_UP = (Kind.DEVICE_ADDED, Kind.DEVICE_HEALTHY)
 DeviceKey = tuple[str, str]  # (resource, device)
 
 
@@ -35,6 +38,7 @@ class _Device:
     changes: int = 0  # health changes since the flapping began
     present: bool = True
     allocated_to: tuple[str, ...] = ()
+    source: str | None = None  # "pod-status" for a DRA device: its reports say where they came from
 
 
 @dataclass(frozen=True)
@@ -67,9 +71,10 @@ class Flaps:
             d = dataclasses.replace(
                 d,
                 times=times,
-                present=change.kind is Kind.DEVICE_ADDED,
+                present=change.kind in _UP,
                 allocated_to=tuple(held) if isinstance(held, list | tuple) else d.allocated_to,
                 changes=d.changes + 1 if d.flapping_since is not None else d.changes,
+                source=_source(change),
             )
             if d.flapping_since is not None:
                 out.append(_marked(change))
@@ -83,10 +88,19 @@ class Flaps:
         for key, d in list(devices.items()):
             if d.flapping_since is not None and d.times and now - d.times[-1] >= rule.quiet:
                 out.append(_flap_ended(key, d, rule))
-                devices[key] = _Device(present=d.present, allocated_to=d.allocated_to)
+                devices[key] = _Device(present=d.present, allocated_to=d.allocated_to, source=d.source)
             elif d.flapping_since is None and (not d.times or now - d.times[-1] > rule.window):
                 del devices[key]  # forgotten: nothing recent
         return Flaps(tuple(sorted(devices.items()))), out
+
+
+def _source(change: Change) -> str | None:
+    source = change.details.get("source")
+    return source if isinstance(source, str) else None
+
+
+def _with_source(details: dict[str, Any], d: _Device) -> dict[str, Any]:
+    return details if d.source is None else {**details, "source": d.source}
 
 
 def _marked(change: Change) -> Change:
@@ -108,22 +122,28 @@ def _flapping(key: DeviceKey, d: _Device, rule: FlapRule) -> Change:
         f"{resource} {device} is flapping: {len(d.times)} health changes in {rule.window:g} s; further "
         f"changes go to the audit log only until it is stable for {rule.quiet:g} s"
         + (f" (allocated to {', '.join(pods)})" if pods else ""),
-        {
-            "resource": resource,
-            "device": device,
-            "changes": len(d.times),
-            "window_s": rule.window,
-            "present": d.present,
-            "allocated_to": pods,
-            "namespaces": sorted({p.split("/")[0] for p in pods}),
-        },
+        _with_source(
+            {
+                "resource": resource,
+                "device": device,
+                "changes": len(d.times),
+                "window_s": rule.window,
+                "present": d.present,
+                "allocated_to": pods,
+                "namespaces": sorted({p.split("/")[0] for p in pods}),
+            },
+            d,
+        ),
     )
 
 
 def _flap_ended(key: DeviceKey, d: _Device, rule: FlapRule) -> Change:
     resource, device = key
     pods = list(d.allocated_to)
-    state = "present" if d.present else "missing"
+    if d.source is None:
+        state = "present" if d.present else "missing"
+    else:  # a DRA device never leaves allocatable: its health is what flapped
+        state = "healthy" if d.present else "unhealthy"
     severity = Severity.INFO if d.present else (Severity.CRITICAL if pods else Severity.WARNING)
     return Change(
         Kind.DEVICE_FLAP_ENDED,
@@ -131,12 +151,15 @@ def _flap_ended(key: DeviceKey, d: _Device, rule: FlapRule) -> Change:
         f"{resource} {device} stopped flapping after {d.changes} health changes; "
         f"stable for {rule.quiet:g} s, now {state}"
         + (f" (allocated to {', '.join(pods)})" if pods and not d.present else ""),
-        {
-            "resource": resource,
-            "device": device,
-            "changes": d.changes,
-            "present": d.present,
-            "allocated_to": pods,
-            "namespaces": sorted({p.split("/")[0] for p in pods}),
-        },
+        _with_source(
+            {
+                "resource": resource,
+                "device": device,
+                "changes": d.changes,
+                "present": d.present,
+                "allocated_to": pods,
+                "namespaces": sorted({p.split("/")[0] for p in pods}),
+            },
+            d,
+        ),
     )

@@ -1,14 +1,16 @@
 """Incidents: many devices of one resource failing at once are one page, not thousands.
 
-When `threshold` or more devices of one resource leave allocatable in one re-query, paging sinks
+When `threshold` or more devices of one resource leave allocatable in one re-query (or, for DRA, of
+one driver turn unhealthy in their holders' Pod status), paging sinks
 (PagerDuty, Alertmanager) get one `device.incident` (count, devices, pods hit) instead of a
-page per device; its devices' `device.removed` events, and the `device.added` that bring them
-back, are marked with the incident's key (the audit log and webhooks still carry each one), and
-one `device.incident_resolved` follows when every one of them is back. Pure.
+page per device; its devices' `device.removed` / `device.unhealthy` events, and the `device.added` /
+`device.healthy` that bring them back, are marked with the incident's key (the audit log and webhooks
+still carry each one), and one `device.incident_resolved` follows when every one of them is back. Pure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +19,9 @@ from watcher.model.changes import Change, Kind, Severity
 
 __all__ = ["Incidents"]
 
+_DOWN = (Kind.DEVICE_REMOVED, Kind.DEVICE_UNHEALTHY)
+_UP = (Kind.DEVICE_ADDED, Kind.DEVICE_HEALTHY)
+
 
 @dataclass(frozen=True)
 class _Open:
@@ -24,6 +29,7 @@ class _Open:
     resource: str
     missing: frozenset[str]
     total: int
+    source: str | None = None  # "pod-status": DRA devices that turned unhealthy
 
 
 @dataclass(frozen=True)
@@ -36,12 +42,12 @@ class Incidents:
             return self, list(changes)
         removed: dict[str, list[Change]] = defaultdict(list)
         for c in changes:
-            if c.kind is Kind.DEVICE_REMOVED and not c.details.get("flapping"):
+            if c.kind in _DOWN and not c.details.get("flapping"):
                 removed[str(c.details.get("resource", ""))].append(c)
         opening = {r: cs for r, cs in removed.items() if len(cs) >= threshold}
         still = list(self.open)
         new = [
-            _Open(f"{resource}/{cycle}", resource, frozenset(_device(c) for c in cs), len(cs))
+            _Open(f"{resource}/{cycle}", resource, frozenset(_device(c) for c in cs), len(cs), _source(cs[0]))
             for resource, cs in sorted(opening.items())
         ]
         out: list[Change] = []
@@ -51,21 +57,19 @@ class Incidents:
         for inc in new:
             out.append(_opened(inc, removed[inc.resource]))
         # Devices back: an incident whose devices are all back is resolved.
-        back = {
-            (str(c.details.get("resource", "")), _device(c)) for c in changes if c.kind is Kind.DEVICE_ADDED
-        }
+        back = {(str(c.details.get("resource", "")), _device(c)) for c in changes if c.kind in _UP}
         remaining: list[_Open] = []
         for inc in [*still, *new]:
             missing = frozenset(d for d in inc.missing if (inc.resource, d) not in back)
             if missing:
-                remaining.append(_Open(inc.key, inc.resource, missing, inc.total))
+                remaining.append(dataclasses.replace(inc, missing=missing))
             else:
                 out.append(_resolved(inc))
         return Incidents(tuple(remaining)), out
 
     @staticmethod
     def _incident_of(change: Change, incidents: Sequence[_Open]) -> _Open | None:
-        if change.kind not in (Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED):
+        if change.kind not in (*_DOWN, *_UP):
             return None
         resource, device = str(change.details.get("resource", "")), _device(change)
         return next((i for i in incidents if i.resource == resource and device in i.missing), None)
@@ -73,6 +77,11 @@ class Incidents:
 
 def _device(change: Change) -> str:
     return str(change.details.get("device", ""))
+
+
+def _source(change: Change) -> str | None:
+    source = change.details.get("source")
+    return source if isinstance(source, str) else None
 
 
 def _marked(change: Change, key: str) -> Change:
@@ -83,26 +92,30 @@ def _opened(inc: _Open, removed: Sequence[Change]) -> Change:
     pods = sorted({p for c in removed for p in c.details.get("allocated_to") or []})
     devices = sorted(inc.missing)
     shown = ", ".join(devices[:5]) + (f" and {len(devices) - 5} more" if len(devices) > 5 else "")
+    went = "left allocatable" if inc.source is None else "turned unhealthy"
+    details = {
+        "resource": inc.resource,
+        "incident": inc.key,
+        "count": len(devices),
+        "devices": devices,
+        "allocated_to": pods,
+        "namespaces": sorted({p.split("/")[0] for p in pods}),
+    }
     return Change(
         Kind.DEVICE_INCIDENT,
         Severity.CRITICAL if pods else Severity.WARNING,
-        f"{len(devices)} {inc.resource} devices left allocatable at once ({shown})"
+        f"{len(devices)} {inc.resource} devices {went} at once ({shown})"
         + (f"; {len(pods)} container(s) hit" if pods else ""),
-        {
-            "resource": inc.resource,
-            "incident": inc.key,
-            "count": len(devices),
-            "devices": devices,
-            "allocated_to": pods,
-            "namespaces": sorted({p.split("/")[0] for p in pods}),
-        },
+        details if inc.source is None else {**details, "source": inc.source},
     )
 
 
 def _resolved(inc: _Open) -> Change:
+    details = {"resource": inc.resource, "incident": inc.key, "count": inc.total}
+    back = "are back" if inc.source is None else "are healthy again"
     return Change(
         Kind.DEVICE_INCIDENT_RESOLVED,
         Severity.INFO,
-        f"all {inc.total} {inc.resource} devices of the incident are back",
-        {"resource": inc.resource, "incident": inc.key, "count": inc.total},
+        f"all {inc.total} {inc.resource} devices of the incident {back}",
+        details if inc.source is None else {**details, "source": inc.source},
     )

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from watcher.model.changes import Kind
+from watcher.model.device_health import SOURCE as POD_STATUS
 from watcher.model.events import Event
 from watcher.model.who import hit_pods, owner_text
 from watcher.model.wording import printable
@@ -184,6 +185,14 @@ def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[st
         if d.get("test") is True:
             # `send-test`: a Normal Event on the Node that says so; no condition, no pod touched.
             report.events.append(_node_event(event.node, "Normal", "SendTest", event.summary))
+            continue
+        if d.get("source") == POD_STATUS:
+            # A DRA device's health from its holder's Pod status: such devices are never in
+            # allocatable, which the Node conditions are kept from, so its flapping or incident would
+            # stay "missing" there for good. The Node Event says it; the conditions leave it out.
+            if event.kind in _NODE_EVENTS:
+                reason, kind = _NODE_EVENTS[event.kind]
+                report.events.append(_node_event(event.node, kind, reason, event.summary))
             continue
         if event.kind in (Kind.WATCHER_STARTED, Kind.INVENTORY_SNAPSHOT):
             if event.kind is Kind.WATCHER_STARTED:

@@ -1,0 +1,376 @@
+"""DRA device health from the Pod status: one story per device, paged when it fails, resolved when it
+heals, an Unknown only warned of once it lasts, nothing guessed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from testkit.inventories import DRIVER, claim_inventory, verdict_pod
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.conditions import condition_of
+from watcher.model.device_health import DeviceHealth, corroborate
+from watcher.model.diff import diff
+from watcher.model.events import Event, envelope
+from watcher.model.inventory import Inventory
+from watcher.model.pod_meta import HEALTHY, UNHEALTHY, UNKNOWN, DeviceVerdict, ExtendedRequest, PodMeta
+from watcher.model.routing import Route
+
+CDI = "k8s.gpu.nvidia.com/gpu=gpu-3"
+XID = "critical XID 79 reported by NVML"
+GRACE = 300.0
+PAGING = Route(min_severity=Severity.WARNING, resolutions=True, skip_incident_devices=True)
+
+NODE = claim_inventory({"ml/llm-pretrain-0": ("trainer", "gpu-claim", [("node-1", "gpu-3", CDI)])})
+
+
+def pod(
+    health: str,
+    message: str = "",
+    *,
+    key: str = "ml/llm-pretrain-0",
+    container: str = "trainer",
+    rid: str = CDI,
+    claims: tuple[tuple[str, str], ...] = (("gpu", "gpu-claim"),),
+) -> PodMeta:
+    return verdict_pod(key, container, [(rid, health, message)], claims=claims)
+
+
+def observe(
+    state: DeviceHealth, now: float, *pods: PodMeta, node: Inventory = NODE, holding: bool = False
+) -> tuple[DeviceHealth, list[Change]]:
+    return state.observe(now, node, pods, unknown_grace=GRACE, holding=holding)
+
+
+def event(change: Change, seq: int = 1) -> Event:
+    return envelope(change, seq=seq, node="node-1", cycle="c", before=None, after=None)
+
+
+def test_an_unhealthy_verdict_is_one_critical_event_with_the_drivers_words() -> None:
+    state, out = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+    (change,) = out
+    assert change.kind is Kind.DEVICE_UNHEALTHY and change.severity is Severity.CRITICAL
+    assert change.summary == (
+        "gpu.nvidia.com gpu-3 (pool node-1) unhealthy: critical XID 79 reported by NVML; "
+        "held by ml/llm-pretrain-0/trainer (claim gpu-claim)"
+    )
+    assert dict(change.details) == {
+        "resource": DRIVER,
+        "device": "node-1/gpu-3",
+        "driver": DRIVER,
+        "pool": "node-1",
+        "device_name": "gpu-3",
+        "cdi_devices": [CDI],
+        "claim": "gpu-claim",
+        "pod_claim": "gpu",
+        "request": "gpus",
+        "health": UNHEALTHY,
+        "message": XID,
+        "allocated_to": ["ml/llm-pretrain-0/trainer"],
+        "namespaces": ["ml"],
+        "source": "pod-status",
+    }
+    json.dumps(dict(change.details))  # JSON-ready
+    assert state.open() == {(DRIVER, "node-1", "gpu-3")}
+    # Said once: the same verdict again, or with other words, is no news.
+    state, out = observe(state, 1.0, pod(UNHEALTHY, XID))
+    assert out == []
+    _, out = observe(state, 2.0, pod(UNHEALTHY, "XID 48"))
+    assert out == []
+
+
+def test_a_heal_resolves_the_same_condition_the_failure_opened() -> None:
+    state, (failed,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+    state, (healed,) = observe(state, 5.0, pod(HEALTHY))
+    assert healed.kind is Kind.DEVICE_HEALTHY and healed.severity is Severity.INFO
+    assert "healthy again" in healed.summary and state.open() == frozenset()
+    opened, closed = condition_of(event(failed)), condition_of(event(healed, 2))
+    assert opened is not None and closed is not None
+    assert opened.key == closed.key == f"node-1/device/{DRIVER}/node-1/gpu-3"
+    assert opened.active and not closed.active
+    # A paging sink (minimum warning) takes both: the resolve passes below its minimum.
+    assert PAGING.matches(event(failed)) and PAGING.matches(event(healed, 2))
+    assert observe(state, 6.0, pod(HEALTHY)) == (state, [])
+
+
+def test_an_unknown_is_a_warning_once_it_outlasts_the_grace_and_never_a_page() -> None:
+    state, out = observe(DeviceHealth(), 0.0, pod(UNKNOWN, "driver not reporting"))
+    assert out == [] and state.next_look(GRACE) == GRACE
+    state, out = observe(state, GRACE - 1, pod(UNKNOWN))
+    assert out == []
+    state, (warned,) = observe(state, GRACE, pod(UNKNOWN, "driver not reporting"))
+    assert warned.kind is Kind.DEVICE_HEALTH_UNKNOWN and warned.severity is Severity.WARNING
+    assert "driver not reporting" in warned.summary and warned.details["health"] == UNKNOWN
+    assert condition_of(event(warned)) is None  # no page opens
+    assert state.next_look(GRACE) is None
+    for t in (GRACE + 1, 10 * GRACE):
+        state, out = observe(state, t, pod(UNKNOWN))
+        assert out == []
+    # It comes back: told, as INFO (it closes nothing a pager opened).
+    _, (back,) = observe(state, 11 * GRACE, pod(HEALTHY))
+    assert back.kind is Kind.DEVICE_HEALTHY and back.severity is Severity.INFO
+
+
+def test_an_unknown_healed_within_the_grace_says_nothing() -> None:
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNKNOWN))
+    state, out = observe(state, GRACE / 2, pod(HEALTHY))
+    assert out == [] and state == DeviceHealth()
+    _, out = observe(state, 2 * GRACE, pod(HEALTHY))
+    assert out == []
+
+
+def test_unhealthy_then_unknown_keeps_the_failure_open_until_healthy() -> None:
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+    for t in (1.0, GRACE * 3):
+        state, out = observe(state, t, pod(UNKNOWN))
+        assert out == [] and state.open() == {(DRIVER, "node-1", "gpu-3")}
+    _, (healed,) = observe(state, GRACE * 4, pod(HEALTHY))
+    assert healed.kind is Kind.DEVICE_HEALTHY
+
+
+def test_a_device_shared_by_two_pods_is_one_event_naming_both() -> None:
+    device = [("node-1", "gpu-3", CDI)]
+    node = claim_inventory({"ml/a": ("main", "shared", device), "ml/b": ("side", "shared", device)})
+    claims = (("gpu", "shared"),)
+    a = pod(UNHEALTHY, XID, key="ml/a", container="main", claims=claims)
+    b = pod(UNHEALTHY, XID, key="ml/b", container="side", claims=claims)
+    state, (change,) = observe(DeviceHealth(), 0.0, a, b, node=node)
+    assert change.details["allocated_to"] == ["ml/a/main", "ml/b/side"]
+    # One holder saying Healthy while the other still says Unhealthy heals nothing.
+    a_ok = pod(HEALTHY, key="ml/a", container="main", claims=claims)
+    state, out = observe(state, 1.0, a_ok, b, node=node)
+    assert out == []
+    b_ok = pod(HEALTHY, key="ml/b", container="side", claims=claims)
+    _, (healed,) = observe(state, 2.0, a_ok, b_ok, node=node)
+    assert healed.kind is Kind.DEVICE_HEALTHY and healed.details["allocated_to"] == ["ml/a/main", "ml/b/side"]
+
+
+def test_a_verdict_no_device_resolves_to_waits_and_is_never_guessed() -> None:
+    unresolved = [
+        (pod(UNHEALTHY, XID, claims=()), NODE),  # the Pod status has not mapped the claim yet
+        (pod(UNHEALTHY, XID), claim_inventory({})),  # pod-resources does not show the pod yet
+        (pod(UNHEALTHY, XID, rid="k8s.gpu.nvidia.com/gpu=gpu-9"), NODE),  # nor that device
+    ]
+    for verdict, node in unresolved:
+        state, out = observe(DeviceHealth(), 0.0, verdict, node=node)
+        assert out == [] and state.open() == frozenset() and len(state.pending) == 1
+        state, (change,) = observe(state, 1.0, pod(UNHEALTHY, XID))
+        assert change.details["device"] == "node-1/gpu-3" and state.pending == ()
+
+
+def test_an_unknown_counts_its_grace_from_when_the_kubelet_first_said_it() -> None:
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNKNOWN), node=claim_inventory({}))
+    state, out = observe(state, GRACE - 1, pod(UNKNOWN))
+    assert out == []
+    _, (warned,) = observe(state, GRACE, pod(UNKNOWN))
+    assert warned.kind is Kind.DEVICE_HEALTH_UNKNOWN
+
+
+def test_a_device_without_cdi_ids_is_named_driver_pool_device() -> None:
+    node = claim_inventory({"ml/llm-pretrain-0": ("trainer", "gpu-claim", [("node-1", "gpu-3", None)])})
+    _, (change,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, rid=f"{DRIVER}/node-1/gpu-3"), node=node)
+    assert change.details["cdi_devices"] == [] and change.details["device"] == "node-1/gpu-3"
+    assert change.summary.startswith("gpu.nvidia.com gpu-3 (pool node-1) unhealthy;")
+
+
+def test_while_the_kubelet_warms_up_unknowns_are_held_and_failures_still_told() -> None:
+    state, out = observe(DeviceHealth(), 0.0, pod(UNKNOWN), holding=True)
+    state, out = observe(state, 2 * GRACE, pod(UNKNOWN), holding=True)
+    assert out == []
+    # The warm-up is over: the grace starts now, not when the driver first went quiet.
+    state, out = observe(state, 2 * GRACE + 1, pod(UNKNOWN))
+    assert out == []
+    _, (warned,) = observe(state, 3 * GRACE, pod(UNKNOWN))
+    assert warned.kind is Kind.DEVICE_HEALTH_UNKNOWN
+    _, (failed,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID), holding=True)
+    assert failed.kind is Kind.DEVICE_UNHEALTHY
+    # An Unknown pod-resources shows no claim for yet waits through the warm-up the same way.
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNKNOWN), node=claim_inventory({}))
+    state, _ = observe(state, 2 * GRACE, pod(UNKNOWN), node=claim_inventory({}), holding=True)
+    state, out = observe(state, 2 * GRACE + 1, pod(UNKNOWN))
+    assert out == [] and state.next_look(GRACE) == 3 * GRACE
+
+
+def test_a_holder_pod_ending_ends_the_story_silently() -> None:
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+    # The pod is still there but its status says nothing of the device this time: no news.
+    quiet = PodMeta("uid-llm-pretrain-0", "ml", "llm-pretrain-0", "Running", claims=(("gpu", "gpu-claim"),))
+    same, out = observe(state, 1.0, quiet)
+    assert out == [] and same.open() == state.open()
+    gone, out = observe(state, 2.0, node=claim_inventory({}))
+    assert out == [] and gone == DeviceHealth()
+    # A new pod on the device later starts a new story.
+    _, (again,) = observe(gone, 3.0, pod(UNHEALTHY, XID))
+    assert again.kind is Kind.DEVICE_UNHEALTHY
+
+
+def test_the_saved_state_round_trips_and_a_restart_still_resolves_what_it_opened() -> None:
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+    saved = json.loads(json.dumps(state.to_json()))
+    restored = DeviceHealth.from_json(saved)
+    assert restored.open() == state.open() and restored.to_json() == saved
+    assert observe(restored, 1.0, pod(UNHEALTHY, XID))[1] == []  # not paged twice
+    _, (healed,) = observe(restored, 2.0, pod(HEALTHY))
+    assert healed.kind is Kind.DEVICE_HEALTHY
+    # A pending Unknown's grace starts again in the next process (monotonic times mean nothing there).
+    waiting, _ = observe(DeviceHealth(), 0.0, pod(UNKNOWN))
+    again = DeviceHealth.from_json(waiting.to_json())
+    again, out = observe(again, 10 * GRACE, pod(UNKNOWN))
+    assert out == [] and again.next_look(GRACE) == 11 * GRACE
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+_entries = st.fixed_dictionaries(
+    {"driver": _json, "pool": _json, "device": _json, "health": _json, "reported": _json, "holders": _json}
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=_json | st.fixed_dictionaries({"format": st.just(1), "devices": st.lists(_entries | _json)}))
+def test_unreadable_saved_state_is_an_empty_state_never_an_error(data: Any) -> None:
+    state = DeviceHealth.from_json(data)
+    assert isinstance(state, DeviceHealth)
+    observe(state, 0.0, pod(HEALTHY))  # and usable
+
+
+_SHARED = [("node-1", "gpu-3", CDI)]
+_TWO = claim_inventory(
+    {
+        "ml/a": ("main", "gpu-claim", [*_SHARED, ("node-1", "gpu-4", None)]),
+        "ml/b": ("main", "gpu-claim", _SHARED),
+    }
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.floats(0, 2 * GRACE),
+            st.sampled_from([HEALTHY, UNHEALTHY, UNKNOWN, "bogus"]),
+            st.sampled_from([HEALTHY, UNHEALTHY, UNKNOWN]),
+            st.sampled_from([HEALTHY, UNHEALTHY, UNKNOWN]),
+            st.booleans(),
+        ),
+        max_size=25,
+    )
+)
+def test_any_verdicts_give_each_device_alternating_open_and_close(
+    steps: list[tuple[float, str, str, str, bool]],
+) -> None:
+    state, now, told = DeviceHealth(), 0.0, []
+    for dt, a3, a4, b3, holding in steps:
+        now += dt
+        a = PodMeta(
+            "uid-a",
+            "ml",
+            "a",
+            verdicts=(
+                DeviceVerdict("main", "claim:gpu", CDI, a3, ""),
+                DeviceVerdict("main", "claim:gpu", f"{DRIVER}/node-1/gpu-4", a4, ""),
+            ),
+            claims=(("gpu", "gpu-claim"),),
+        )
+        b = PodMeta(
+            "uid-b", "ml", "b", verdicts=(DeviceVerdict("main", "claim:gpu", CDI, b3, ""),), claims=a.claims
+        )
+        state, out = observe(state, now, a, b, node=_TWO, holding=holding)
+        told += out
+        # Never more than one event per device per observation, and unhealthy only when one says so.
+        devices = [c.details["device"] for c in out]
+        assert len(devices) == len(set(devices))
+        for c in out:
+            if c.kind is Kind.DEVICE_UNHEALTHY:
+                assert UNHEALTHY in ((a3, b3) if c.details["device_name"] == "gpu-3" else (a4,))
+    for device in ("node-1/gpu-3", "node-1/gpu-4"):
+        story = [c.kind for c in told if c.details["device"] == device]
+        open_ = False
+        for kind in story:
+            if kind is Kind.DEVICE_UNHEALTHY:
+                assert not open_, story
+                open_ = True
+            elif kind is Kind.DEVICE_HEALTHY:
+                open_ = False
+            else:  # an Unknown is told only while nothing is open
+                assert kind is Kind.DEVICE_HEALTH_UNKNOWN and not open_, story
+        paged = [condition_of(event(c)) for c in told if c.details["device"] == device]
+        assert [c.active for c in paged if c is not None] == [
+            k is Kind.DEVICE_UNHEALTHY for k in story if k is not Kind.DEVICE_HEALTH_UNKNOWN
+        ]
+        assert ((DRIVER, *device.split("/")) in state.open()) == (
+            bool(story) and story[-1] is not Kind.DEVICE_HEALTHY
+        )
+
+
+def test_the_drivers_message_reaches_people_printable() -> None:
+    _, (change,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, "XID 79\n\x1b[31mfake line"))
+    assert "\n" not in change.summary and "\x1b" not in change.details["message"]
+    assert "\\x1b[31mfake line" in change.summary
+
+
+def test_dra_backed_extended_resources_are_never_missing_from_allocatable() -> None:
+    # A plain nvidia.com/gpu request served by a DRA driver: its devices are under the container's
+    # claims, never in allocatable; allocatable has the node's device-plugin GPUs only.
+    before = claim_inventory({}, gpus=["GPU-a"])
+    after = claim_inventory(
+        {"ml/notebook-0": ("lab", "notebook-0-extended-resources-1a2b3", [("node-1", "gpu-3", CDI)])},
+        gpus=["GPU-a"],
+    )
+    assert after.missing_devices == () and after.derived()["missing_devices"] == []
+    kinds = {c.kind for c in diff(before, after)}
+    assert Kind.DEVICE_REMOVED not in kinds and kinds >= {Kind.ALLOCATION_ADDED}
+    assert not any(c.kind is Kind.DEVICE_REMOVED for c in diff(after, before))
+    meta = PodMeta(
+        "uid-nb",
+        "ml",
+        "notebook-0",
+        extended_claim="notebook-0-extended-resources-1a2b3",
+        extended=(ExtendedRequest("lab", "nvidia.com/gpu", "container-0-request-0"),),
+    )
+    assert observe(DeviceHealth(), 0.0, meta, node=after) == (DeviceHealth(), [])
+
+
+def _removed(device: str, holders: list[str]) -> Change:
+    details = {"resource": "nvidia.com/gpu", "device": device, "allocated_to": holders}
+    return Change(Kind.DEVICE_REMOVED, Severity.CRITICAL if holders else Severity.WARNING, device, details)
+
+
+def test_corroborate_adds_the_holders_kubelet_verdicts_to_device_removed_only() -> None:
+    trainer = PodMeta(
+        "uid-t",
+        "ml",
+        "trainer-0",
+        verdicts=(
+            DeviceVerdict("trainer", "nvidia.com/gpu", "GPU-1", UNHEALTHY, ""),
+            DeviceVerdict("trainer", "nvidia.com/gpu", "GPU-2", HEALTHY, ""),
+            DeviceVerdict("trainer", "claim:gpu", "GPU-1", UNHEALTHY, "a DRA verdict, not this"),
+        ),
+    )
+    other = PodMeta(
+        "uid-o", "ml", "other", verdicts=(DeviceVerdict("c", "nvidia.com/gpu", "GPU-1", HEALTHY, ""),)
+    )
+    added = Change(
+        Kind.DEVICE_ADDED, Severity.INFO, "back", {"resource": "nvidia.com/gpu", "device": "GPU-1"}
+    )
+    changes = [
+        _removed("GPU-1", ["ml/trainer-0/trainer"]),
+        _removed("GPU-7", []),
+        added,
+        _removed("GPU-9", ["ml/gone/x"]),
+    ]
+    out = corroborate(changes, [trainer, other])
+    assert [c.kind for c in out] == [c.kind for c in changes]  # no event of its own
+    assert out[0].details["kubelet_verdicts"] == [
+        {"pod": "ml/trainer-0", "container": "trainer", "health": UNHEALTHY}
+    ]
+    assert out[0].severity is Severity.CRITICAL and out[0].summary == changes[0].summary
+    assert out[1] == changes[1] and out[2] == changes[2]  # unallocated, and not a removal: as they were
+    assert out[3].details["kubelet_verdicts"] == []  # the kubelet said nothing of it
+    assert corroborate([added], [trainer]) == [added]
