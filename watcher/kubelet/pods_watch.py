@@ -101,7 +101,9 @@ class PodsWatch:
         self.index = PodIndex()
         self.state = "off"
         self.detail = ""
-        self.connects = 0  # streams opened, for tests and metrics
+        self.attempts = 0  # streams tried
+        self.connects = 0  # streams the kubelet answered
+        self.events = 0  # events read
         self.decode_warnings = DecodeWarnings()
         self.flood_warnings = FloodWarnings()
         self._attempt = 0
@@ -188,6 +190,7 @@ class PodsWatch:
 
     async def _session(self) -> None:
         """One stream: connect, snapshot, live events, until it ends (always with an exception)."""
+        self.attempts += 1
         self._tried = probe_socket(self.socket).identity
         scope = Scope(self.stop)
         guard = asyncio.create_task(self._guard(self._tried, scope))
@@ -260,14 +263,17 @@ class PodsWatch:
 
     async def _read(self, stream: AsyncGenerator[tuple[int, bytes], None]) -> None:
         snapshot: dict[str, PodMeta] | None = {}
+        answered = False
         loop = asyncio.get_running_loop()
         try:
             async with contextlib.aclosing(stream) as events, asyncio.timeout(self.timeout) as deadline:
                 async for kind, raw in events:
+                    self.events += 1
                     if snapshot is None:
                         self._live(kind, raw)
                         continue
-                    if self.state != "syncing":  # the first event: the kubelet answered
+                    if not answered:  # the first event: the kubelet answered
+                        answered = True
                         self.connects += 1
                         self._set_state("syncing", f"reading the Pods API's snapshot on {self.socket}")
                     if kind != SYNCED:
