@@ -119,6 +119,8 @@ class PodsWatch:
         if state == self.state:
             return
         self.state = state
+        if state == "watching":
+            self._troubles.clear()
         if state != "syncing":
             # Logged once per change of the lasting state: a drop and its quick resync say nothing
             # more, a reconnect loop against a kubelet that is initializing says it once.
@@ -131,7 +133,6 @@ class PodsWatch:
     def _log_state(self, state: str, detail: str) -> None:
         socket = str(self.socket)
         if state == "watching":
-            self._troubles.clear()
             log.info("watching the Pods API", socket=socket)
         elif state == "absent":
             log.info(f"Pods API not reachable; {_FALLBACK} until its socket is there", detail=detail)
