@@ -20,6 +20,9 @@ __all__ = [
     "ResponseTooLargeError",
     "PodNotFoundError",
     "UnexpectedKubeletError",
+    "KubeletInitializingError",
+    "WatchDroppedError",
+    "PodDecodeError",
     "UnsafePathError",
 ]
 
@@ -79,6 +82,23 @@ class PodNotFoundError(KubeletError):
 
 class UnexpectedKubeletError(KubeletError):
     """Any other gRPC failure; the message carries the status code and details."""
+
+
+class KubeletInitializingError(KubeletError):
+    """FAILED_PRECONDITION "Kubelet is initializing": the Pods API's answer while the kubelet starts."""
+
+
+class WatchDroppedError(KubeletError):
+    """The kubelet dropped a Pods API watch that fell behind (RESOURCE_EXHAUSTED "watch client
+    channel closed"): nothing is lost if the agent reconnects and diffs the fresh snapshot."""
+
+
+class PodDecodeError(WatcherError):
+    """One Pod from the Pods API is not a Pod message (or has no uid): that pod is skipped."""
+
+    def __init__(self, message: str, *, uid: str | None = None) -> None:
+        super().__init__(message)
+        self.uid = uid  # None: not readable
 
 
 class UnsafePathError(WatcherError):

@@ -24,6 +24,9 @@ __all__ = [
     "DEFAULT_MAX_RECEIVE_BYTES",
     "PodResourcesClient",
     "check_socket",
+    "open_channel",
+    "permission_error",
+    "unavailable_error",
 ]
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -41,38 +44,85 @@ ALLOCATABLE = "GetAllocatableResources"
 GET = "Get"
 
 
-def check_socket(path: str) -> None:
+def check_socket(path: str, *, expected: str = "pod-resources/kubelet.sock") -> None:
     """Raise the matching KubeletError unless `path` is a unix socket we can reach.
 
     gRPC reports all of these as a bare UNAVAILABLE after its own dial attempt;
-    a stat first gives the operator the precise cause.
+    a stat first gives the operator the precise cause. `expected` is the socket's place under
+    the kubelet's root directory, which the messages name (this API's or the Pods API's).
     """
+    directory = expected.partition("/")[0]
     try:
         st = os.stat(path)
     except FileNotFoundError as err:
         raise errors.SocketMissingError(
             f"kubelet socket {path} does not exist: is the kubelet running, and is its "
-            "pod-resources DIRECTORY mounted here (not the socket file)?",
+            f"{directory} DIRECTORY mounted here (not the socket file)?",
             socket=path,
         ) from err
     except PermissionError as err:
-        raise _permission_error(path) from err
+        raise permission_error(path, expected=expected) from err
     if not stat.S_ISSOCK(st.st_mode):
         kind = "directory" if stat.S_ISDIR(st.st_mode) else "regular file or other"
         raise errors.NotASocketError(
             f"{path} exists but is not a unix socket ({kind}): point the watcher at the "
-            "kubelet's pod-resources/kubelet.sock; if it was bind-mounted as a file, "
+            f"kubelet's {expected}; if it was bind-mounted as a file, "
             "mount its directory instead",
             socket=path,
         )
 
 
-def _permission_error(path: str) -> errors.SocketPermissionError:
+def permission_error(
+    path: str, *, expected: str = "pod-resources/kubelet.sock"
+) -> errors.SocketPermissionError:
+    """What a refused connect (or stat) of the kubelet's root-owned socket means, and the fix."""
     return errors.SocketPermissionError(
         f"permission denied on {path}: the kubelet's socket is root-owned and connecting "
         "needs write access; run the watcher as root (privileged) with the "
-        "pod-resources directory mounted read-write",
+        f"{expected.partition('/')[0]} directory mounted read-write",
         socket=path,
+    )
+
+
+def unavailable_error(
+    details: str, *, socket: str, method: str, expected: str = "pod-resources/kubelet.sock"
+) -> errors.KubeletError:
+    """UNAVAILABLE told apart: permission denied, the socket gone, or nobody answering."""
+    lowered = details.lower()
+    if "permission denied" in lowered:
+        return permission_error(socket, expected=expected)
+    if "no such file" in lowered:
+        return errors.SocketMissingError(
+            f"kubelet socket {socket} vanished during {method}: the kubelet is "
+            "restarting; the call will be retried when the socket is back",
+            socket=socket,
+            method=method,
+        )
+    return errors.KubeletUnavailableError(
+        f"kubelet not answering on {socket} ({details}): it is restarting or down; "
+        "check `systemctl status kubelet` if this lasts",
+        socket=socket,
+        method=method,
+    )
+
+
+def open_channel(socket_path: str, max_receive_bytes: int) -> aio.Channel:
+    """A gRPC channel to the kubelet's unix socket `socket_path`, as the agent dials every one."""
+    return aio.insecure_channel(
+        f"unix://{os.path.abspath(socket_path)}",
+        options=[
+            ("grpc.max_receive_message_length", max_receive_bytes),
+            # Retries and reconnects are the watcher's job: it knows when
+            # the socket was replaced, gRPC's backoff does not.
+            ("grpc.enable_retries", 0),
+            # gRPC shares subchannels between channels to the same target, and
+            # with them their reconnect backoff: a "fresh" channel would wait out
+            # the old one's backoff. Each channel gets its own.
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ],
     )
 
 
@@ -109,22 +159,7 @@ class PodResourcesClient:
 
     def _ensure_channel(self) -> aio.Channel:
         if self._channel is None:
-            self._channel = aio.insecure_channel(
-                f"unix://{os.path.abspath(self.socket_path)}",
-                options=[
-                    ("grpc.max_receive_message_length", self.max_receive_bytes),
-                    # Retries and reconnects are the watcher's job: it knows when
-                    # the socket was replaced, gRPC's backoff does not.
-                    ("grpc.enable_retries", 0),
-                    # gRPC shares subchannels between channels to the same target, and
-                    # with them their reconnect backoff: a "fresh" channel would wait out
-                    # the old one's backoff. Each channel gets its own.
-                    ("grpc.use_local_subchannel_pool", 1),
-                    ("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.min_reconnect_backoff_ms", 100),
-                    ("grpc.max_reconnect_backoff_ms", 1000),
-                ],
-            )
+            self._channel = open_channel(self.socket_path, self.max_receive_bytes)
         return self._channel
 
     async def close(self) -> None:
@@ -181,19 +216,7 @@ class PodResourcesClient:
         kw = {"socket": path, "method": method}
         lowered = details.lower()
         if code == grpc.StatusCode.UNAVAILABLE:
-            if "permission denied" in lowered:
-                return _permission_error(path)
-            if "no such file" in lowered:
-                return errors.SocketMissingError(
-                    f"kubelet socket {path} vanished during {method}: the kubelet is "
-                    "restarting; the call will be retried when the socket is back",
-                    **kw,
-                )
-            return errors.KubeletUnavailableError(
-                f"kubelet not answering on {path} ({details}): it is restarting or down; "
-                "check `systemctl status kubelet` if this lasts",
-                **kw,
-            )
+            return unavailable_error(details, socket=path, method=method)
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             if "larger than max" in lowered or "message larger" in lowered:
                 return errors.ResponseTooLargeError(

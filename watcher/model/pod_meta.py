@@ -99,6 +99,7 @@ class PodMeta:
     claims: tuple[tuple[str, str], ...] = ()
     extended_claim: str | None = None  # the ResourceClaim serving its extended resources
     extended: tuple[ExtendedRequest, ...] = ()
+    dropped_verdicts: int = 0  # verdicts past the per-pod cap, counted, not kept
 
     @property
     def key(self) -> str:

@@ -19,6 +19,10 @@ It behaves as upstream's server (pkg/kubelet/apis/pods, served by ListenAndServe
   next event comes) is dropped: it still gets the buffered events, then RESOURCE_EXHAUSTED "watch
   client channel closed".
 
+Faults a test can add: `refuse(code, details)` answers every call with that status (a kubelet with
+the gate off, or one too old for the API), `inject(kind, pod)` sends every watcher an event with
+any bytes as its pod (a broken or hostile kubelet).
+
 The fake finds changes by comparing each pod's encoding with the last one it broadcast, and only
 while someone watches (or broadcasts are delayed): with no watcher a change costs nothing.
 """
@@ -99,6 +103,7 @@ class FakePodsApi:
         self._watchers: list[_Watcher] = []
         self._seen: dict[str, _Seen] | None = None  # uid -> last broadcast; None: not tracking
         self._refresh_pending = False
+        self.refusal: tuple[grpc.StatusCode, str] | None = None
 
     # -- lifecycle --
 
@@ -130,6 +135,16 @@ class FakePodsApi:
         self.broadcast_delay = seconds
         if seconds > 0 and self._seen is None and self._server is not None:
             self._seen = self._current()
+
+    # -- faults --
+
+    def refuse(self, code: grpc.StatusCode | None, details: str = "") -> None:
+        """Answer every call with `code` and `details` from now on (None: serve again)."""
+        self.refusal = None if code is None else (code, details)
+
+    def inject(self, kind: pods_pb2.EventType.ValueType, pod: bytes) -> None:
+        """Send every watcher an event of `kind` whose pod is `pod`, whatever those bytes are."""
+        self._broadcast([pods_pb2.WatchPodsEvent(type=kind, pod=pod).SerializeToString()])
 
     # -- changes --
 
@@ -190,6 +205,8 @@ class FakePodsApi:
         )
 
     async def _admit(self, method: str, context: aio.ServicerContext[bytes, bytes], *, limited: bool) -> None:
+        if self.refusal is not None:  # before anything: gRPC itself answers for a missing service
+            await context.abort(*self.refusal)
         if limited and not self.bucket.take():
             self.rejected += 1
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, RATE_LIMITED)
