@@ -15,7 +15,7 @@ import jsonschema  # type: ignore[import-untyped]  # the test extra's, untyped
 from testkit.changes import Changes
 from watcher.app import Agent
 from watcher.model.events import Event, event_schema
-from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSettings
+from watcher.settings import HttpSettings, KubeletSettings, PodsSettings, Settings, WatchSettings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.file import FileSinkSettings
 
@@ -150,6 +150,8 @@ def make_settings(root: Path, *, kubelet_root: Path | None = None, **overrides: 
         state_file_triggers=overrides.pop("state_file_triggers", True),
     )
     http = HttpSettings(listen="127.0.0.1:0", enabled=overrides.pop("http", True))
+    if "pods_api" in overrides:  # the Pods API watch on (the default) or off
+        overrides["pods"] = PodsSettings(api=overrides.pop("pods_api"))
     return Settings(
         node="node-a",
         http=http,

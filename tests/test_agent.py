@@ -156,7 +156,8 @@ async def test_identical_bytes_take_the_fast_path(short_tmp: Path) -> None:
 
 
 async def test_state_file_change_is_reported_within_a_second(fake: FakeKubelet, short_tmp: Path) -> None:
-    async with await _started(fake, short_tmp, interval=3600) as run:
+    # The Pods API off: the state file must be what triggers the re-query.
+    async with await _started(fake, short_tmp, interval=3600, pods_api=False) as run:
         await run.recorder.kinds_after(0, 1)
         mark = len(run.recorder.events)
         cycles = len(run.recorder.reasons)
@@ -358,7 +359,9 @@ def _no_new_inotify_instances() -> Iterator[None]:
 async def test_falls_back_to_polling_when_inotify_is_exhausted(fake: FakeKubelet, short_tmp: Path) -> None:
     await fake.start()
     with _no_new_inotify_instances(), capture_logs() as logs:
-        async with running_agent(make_settings(short_tmp, poll_interval=0.05), fake) as run:
+        # The Pods API off: its reconnect would find the restart first, by the socket's identity.
+        settings = make_settings(short_tmp, poll_interval=0.05, pods_api=False)
+        async with running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
             mark = len(run.recorder.events)
             await fake.restart()

@@ -25,13 +25,14 @@ from watcher.cycle.state import CycleState
 from watcher.delivery.dispatcher import DeliveryObserver, Dispatcher
 from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import KubeletHealth
+from watcher.kubelet.pods_watch import PodsWatch
 from watcher.model.inventory import Inventory
 from watcher.model.settling import Settling
 from watcher.ops import notify
 from watcher.ops.connections import ConnectionLimits
 from watcher.ops.http import FD_OWN, HttpOptions, HttpServer
 from watcher.ops.metrics import Metrics
-from watcher.settings import HttpSettings, Settings
+from watcher.settings import HttpSettings, Settings, pods_api_socket
 from watcher.settings_file import config_warnings, parse_listen
 from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Sink
 from watcher.sinks.http import HTTP_SINK_CONNECTIONS
@@ -137,6 +138,18 @@ class Agent:
             retry_backoff=self.retry_backoff,
             stop=self.stop,
         )
+        # The kubelet's Pods API, when it is there: pod changes as they happen, and what pods are.
+        self.pods_watch: PodsWatch | None = None
+        if settings.pods.api:
+            self.pods_watch = PodsWatch(
+                pods_api_socket(settings),
+                labels=settings.pods.labels,
+                backoff=Backoff(base=0.5, cap=30.0, rng=self.rng),
+                stop=self.stop,
+                on_changes=self.reactor.pod_reads.on_changes,
+                timeout=settings.kubelet.timeout,
+            )
+            self.reactor.pods_watch = self.pods_watch
         self.supervisor = Supervisor(self.stop, grace=SHUTDOWN_GRACE_S)
         self.status = AgentStatus(
             settings=lambda: self.settings,
@@ -146,6 +159,7 @@ class Agent:
             dispatcher=self.dispatcher,
             outbox=self.outbox,
             metrics=self.metrics,
+            pods_watch=self.pods_watch,
         )
         self.http: HttpServer | None = None
         self._reload_lock = asyncio.Lock()
@@ -213,6 +227,8 @@ class Agent:
                 "state-watch": self.notifier.watch_state_files,
                 "delivery": self._deliver_once_open,
             }
+            if self.pods_watch is not None:
+                tasks["pods-watch"] = self.pods_watch.run
             if not self.storage.ready.is_set() and not await self.open():
                 tasks["outbox-open"] = self._open_later
             if self.settings.http.enabled:
@@ -330,6 +346,9 @@ class Agent:
             log.warning("the node name changes only on restart; keeping it", node=old.node)
             settings = dataclasses.replace(settings, node=old.node)
         _warn_about_config(settings)
+        if settings.pods != old.pods:
+            log.warning("[pods] changes apply on restart; keeping the running watch")
+            settings = dataclasses.replace(settings, pods=old.pods)
         if dataclasses.replace(settings.http, ready_stale_after=0) != dataclasses.replace(
             old.http, ready_stale_after=0
         ):

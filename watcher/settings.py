@@ -29,6 +29,7 @@ __all__ = [
     "HttpSettings",
     "Settings",
     "default_node_name",
+    "pods_api_socket",
 ]
 
 
@@ -291,6 +292,12 @@ class HttpSettings:
             max=100000,
         ),
     )
+
+
+def pods_api_socket(settings: Settings) -> Path:
+    """Where the kubelet serves its Pods API: `[pods] api_socket`, else under its root dir."""
+    configured = settings.pods.api_socket
+    return configured if configured is not None else settings.kubelet.root_dir / "pods-api" / "pods-api.sock"
 
 
 def default_node_name() -> str:

@@ -14,6 +14,7 @@ import structlog
 from watcher.cycle.committer import Committer
 from watcher.cycle.reactor import Reactor
 from watcher.delivery.dispatcher import Dispatcher
+from watcher.kubelet.pods_watch import PodsWatch
 from watcher.model.inventory import Inventory
 from watcher.ops.http import Health
 from watcher.ops.metrics import Metrics
@@ -76,8 +77,10 @@ class AgentStatus:
         dispatcher: Dispatcher,
         outbox: Store,
         metrics: Metrics,
+        pods_watch: PodsWatch | None = None,
     ) -> None:
         self._settings = settings
+        self.pods_watch = pods_watch
         self._tasks = tasks
         self.reactor = reactor
         self.committer = committer
@@ -106,6 +109,12 @@ class AgentStatus:
             "kubelet_reachable": h.ever_connected and h.failing_since is None,
             "last_success_age_s": None if age is None else round(age, 3),
             "seq": state.seq,
+            # Which way pod changes are seen: the kubelet's Pods API, or pod-resources alone.
+            "pods_api": (
+                {"state": "off", "detail": "[pods] api = false"}
+                if self.pods_watch is None
+                else {"state": self.pods_watch.state, "detail": self.pods_watch.detail}
+            ),
         }
         if self.storage.error is not None:
             where = settings.state_dir

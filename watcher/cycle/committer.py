@@ -102,7 +102,13 @@ class Committer:
                 "saved state belongs to another node: taking a fresh baseline", saved_node=saved.node
             )
             return dataclasses.replace(state, seq=saved.seq, inventory=None, socket=None)
-        return dataclasses.replace(state, seq=saved.seq, inventory=saved.inventory, socket=saved.socket)
+        return dataclasses.replace(
+            state,
+            seq=saved.seq,
+            inventory=saved.inventory,
+            socket=saved.socket,
+            device_health=saved.device_health,
+        )
 
     def outbox_trouble(self, err: Exception) -> None:
         """A sink worker could not use the outbox. On a quiet node no commit would find out:
@@ -160,7 +166,13 @@ class Committer:
             for i, c in enumerate(changes, start=1)
         ]
         seq = current.seq + len(events)
-        saved = SavedState(seq=seq, inventory=after, socket=draft.socket, node=self.settings.node)
+        saved = SavedState(
+            seq=seq,
+            inventory=after,
+            socket=draft.socket,
+            node=self.settings.node,
+            device_health=draft.device_health,
+        )
         try:
             self.storage.require_ready()
             if self.storage.error is not None:

@@ -17,10 +17,13 @@ from watcher.cycle.state import CycleState
 from watcher.kubelet.plugins import plugin_sockets
 from watcher.model import lifecycle
 from watcher.model.changes import Change
+from watcher.model.device_health import corroborate
 from watcher.model.diff import diff
 from watcher.model.flapping import FlapRule
 from watcher.model.inventory import Inventory
+from watcher.model.pod_meta import PodIndex
 from watcher.model.settling import Settling
+from watcher.model.who import annotate
 from watcher.settings import Settings
 
 __all__ = ["settle", "conclude"]
@@ -67,17 +70,36 @@ def conclude(
     cycle: str,
     before: Inventory | None,
     after: Inventory,
+    *,
+    pods: PodIndex | None = None,
 ) -> CycleState:
     """Diff `before` against the inventory to report, add the changes to `changes` (after the
-    lifecycle ones already there) and return the draft that holds `after`."""
+    lifecycle ones already there) and return the draft that holds `after`.
+
+    `pods`: the Pods API's complete view of the node's pods (None: no watch live now). With it, a
+    DRA device's verdict in its holders' Pod status is a change too, a device plugin's device that
+    left allocatable carries the kubelet's verdicts, and every change names the pods it hits."""
     if before is not None and after is not before:
         after.carry_tally(before)  # one pod's change costs that pod, not a recount of the node
-    diffs = diff(before, after) if before is not None and after is not before else ()
+    diffs: list[Change] = list(diff(before, after)) if before is not None and after is not before else []
     now = time.monotonic()
+    device_health = draft.device_health
+    if pods is not None and before is not None:
+        diffs = corroborate(diffs, pods)
+        device_health, verdicts = device_health.observe(
+            now,
+            after,
+            pods,
+            unknown_grace=settings.pods.health_unknown_grace,
+            holding=draft.settling.holding,
+        )
+        diffs.extend(verdicts)
     flaps, damped = draft.flaps.damp(now, diffs, flap_rule(settings))
     incidents, grouped = draft.incidents.group(cycle, damped, settings.watch.incident_threshold)
-    changes.extend(grouped)
-    draft = dataclasses.replace(draft, flaps=flaps, incidents=incidents, inventory=after)
+    changes.extend(annotate(grouped, pods) if pods is not None else grouped)
+    draft = dataclasses.replace(
+        draft, flaps=flaps, incidents=incidents, inventory=after, device_health=device_health
+    )
     every = settings.watch.snapshot_interval
     if every > 0 and now - draft.last_snapshot >= every:
         draft = dataclasses.replace(draft, last_snapshot=now)

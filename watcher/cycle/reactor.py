@@ -30,10 +30,12 @@ from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import ALLOCATABLE
 from watcher.kubelet.identity import is_replacement, probe_socket, replaced_since
+from watcher.kubelet.pods_watch import PodsWatch
 from watcher.model import lifecycle
 from watcher.model.changes import Change
 from watcher.model.events import new_cycle_id
 from watcher.model.inventory import Inventory
+from watcher.model.pod_meta import PodIndex
 from watcher.ops.metrics import Metrics
 from watcher.ratelimit import RateLimiter
 from watcher.settings import Settings
@@ -76,6 +78,7 @@ class Reactor:
         self.limiter = RateLimiter(settings.watch.max_rpc_rate)
         self.decoder = Decoder()
         self.pod_reads = PodReads(notifier.trigger)  # what the Pods API watch named, if it runs
+        self.pods_watch: PodsWatch | None = None  # set by the app when it runs one
         self.list_only: str | None = None  # why GetAllocatableResources is unavailable
         self.last_success: float | None = None  # monotonic
         self.last_reconnect_latency: float | None = None  # socket change seen -> first answer
@@ -116,6 +119,10 @@ class Reactor:
         return state.settling.next_look(self.settings.kubelet.warmup_grace)
 
     @property
+    def _unknown_grace(self) -> float:
+        return self.settings.pods.health_unknown_grace
+
+    @property
     def _grace(self) -> float:
         return self.settings.kubelet.unreachable_grace
 
@@ -132,6 +139,11 @@ class Reactor:
             deadlines.append(look)
         if (quiet := state.flaps.next_look(flap_rule(self.settings))) is not None:
             deadlines.append(quiet)
+        if (
+            self._pods() is not None
+            and (look := state.device_health.next_look(self._unknown_grace)) is not None
+        ):
+            deadlines.append(look)
         if self.notifier.follow_ups and not state.health.failing:  # a down kubelet: its backoff
             deadlines.append(self.notifier.follow_ups[0])
         return deadlines
@@ -269,11 +281,16 @@ class Reactor:
                     draft, invalid_text=draft.invalid_text | set(repaired) if repaired else frozenset()
                 )
             changes.extend(held)
-            draft = conclude(
-                self.settings, dataclasses.replace(draft, settling=settling), changes, cycle, before, after
-            )
+            draft = dataclasses.replace(draft, settling=settling)
+            draft = conclude(self.settings, draft, changes, cycle, before, after, pods=self._pods())
         result = "changed" if after is not before else "unchanged"
         return result, functools.partial(commit, draft, before=before, baseline=before is None)
+
+    def _pods(self) -> PodIndex | None:
+        """The Pods API's view of the pods, when it is complete and live (None: no watch, or it is
+        down or still reading its snapshot; then nothing of the pods' status is judged)."""
+        watch = self.pods_watch
+        return watch.index if watch is not None and watch.state == "watching" else None
 
     async def _check_socket_identity(
         self, reasons: frozenset[str], draft: CycleState, changes: list[Change]

@@ -20,6 +20,7 @@ import structlog
 
 from watcher.kubelet.health import KubeletHealth
 from watcher.kubelet.identity import FileIdentity
+from watcher.model.device_health import DeviceHealth
 from watcher.model.flapping import Flaps
 from watcher.model.incidents import Incidents
 from watcher.model.inventory import Inventory
@@ -42,6 +43,7 @@ class SavedState:
     inventory: Inventory | None = None
     socket: FileIdentity | None = None
     node: str | None = None
+    device_health: DeviceHealth = field(default_factory=DeviceHealth)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class CycleState:
     invalid_text: frozenset[str] = frozenset()  # repaired strings already reported
     flaps: Flaps = field(default_factory=Flaps)  # devices changing health often
     incidents: Incidents = field(default_factory=Incidents)  # mass failures not yet back
+    device_health: DeviceHealth = field(default_factory=DeviceHealth)  # DRA verdicts reported
 
 
 def state_record(state: SavedState) -> StateRecord:
@@ -70,6 +73,9 @@ def state_record(state: SavedState) -> StateRecord:
         "seq": state.seq,
         "hash": state.inventory.content_hash if state.inventory is not None else None,
         "socket": state.socket.to_json() if state.socket is not None else None,
+        # The DRA failures reported and not healed: a restart must neither page them again nor
+        # lose their resolve. Small (the open stories only); unreadable reads back empty.
+        "device_health": state.device_health.to_json(),
         "saved_at": time.time(),
     }
     return StateRecord(head=head, inventory=state.inventory)
@@ -117,6 +123,7 @@ def state_from_store(stored: StoredState, *, min_seq: int = 0, lost: bool = Fals
             inventory=inventory,
             socket=FileIdentity.from_json(doc.get("socket")),
             node=node if isinstance(node, str) else None,
+            device_health=DeviceHealth.from_json(doc.get("device_health")),
         )
     except (ValueError, KeyError, TypeError) as err:
         seq = max(_fresh_seq(), min_seq)

@@ -109,8 +109,16 @@ def _verdicts(pod: core_v1_pb2.Pod) -> tuple[tuple[DeviceVerdict, ...], int]:
 
 
 def _claims(pod: core_v1_pb2.Pod) -> tuple[tuple[str, str], ...]:
-    statuses = pod.status.resourceClaimStatuses[:CLAIMS_MAX]
-    return tuple(sorted((_name(s.name), _name(s.resourceClaimName)) for s in statuses))
+    # A claim the spec names directly (resourceClaimName) is that object; one made from a template
+    # is named only in the status (resourceClaimStatuses). The status wins where both say.
+    named: dict[str, str] = {}
+    for c in pod.spec.resourceClaims[:CLAIMS_MAX]:
+        if c.resourceClaimName:
+            named[_name(c.name)] = _name(c.resourceClaimName)
+    for s in pod.status.resourceClaimStatuses[:CLAIMS_MAX]:
+        if s.resourceClaimName:
+            named[_name(s.name)] = _name(s.resourceClaimName)
+    return tuple(sorted(named.items())[:CLAIMS_MAX])
 
 
 def _extended(pod: core_v1_pb2.Pod) -> tuple[str | None, tuple[ExtendedRequest, ...]]:
