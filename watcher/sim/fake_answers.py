@@ -42,12 +42,20 @@ def allocatable_response(
     return api_pb2.AllocatableResourcesResponse(devices=entries, cpu_ids=cpus, memory=memory)
 
 
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
 def list_response(
     node: FakeNode, shuffle: Shuffle, hidden: Collection[tuple[str, str]] = ()
 ) -> api_pb2.ListPodResourcesResponse:
-    """What List answers: every pod the kubelet knows (not the `hidden` ones yet), unhealthy or
-    unplugged devices included."""
-    pods = [pod_resources(node, p, shuffle) for key, p in node.pods.items() if key not in hidden]
+    """What List answers: every active pod the kubelet knows (not the `hidden` ones yet), unhealthy
+    or unplugged devices included. A pod that finished (Succeeded, Failed) is not active and not
+    listed, though Get still answers it (the kubelet looks it up among all the pods it knows)."""
+    pods = [
+        pod_resources(node, p, shuffle)
+        for key, p in node.pods.items()
+        if key not in hidden and p.phase not in TERMINAL_PHASES
+    ]
     shuffle(pods)
     return api_pb2.ListPodResourcesResponse(pod_resources=pods)
 
