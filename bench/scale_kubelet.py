@@ -99,6 +99,11 @@ class PrebuiltKubelet(FakeKubelet):
         self._alloc = fake_answers.allocatable_response(self.node, self._shuffle).SerializeToString()
         self._ready = self._fresh_list()
 
+    def forget(self, key: tuple[str, str]) -> None:
+        """A pod removed from the node: its bytes go, the answers are built again without it."""
+        del self._entries[key]
+        self.rebuild()
+
     def _fresh_list(self) -> bytes:
         entries = list(self._entries.values())
         self._shuffle(entries)

@@ -123,8 +123,8 @@ async def _describe(api: FakeApiServer, tmp: Path, *args: str) -> str:
 def _default_node_in(api: FakeApiServer) -> FakeNode:
     """The fake kubelet's built-in node, its pods known to the API server (so they have uids)."""
     node = default_node()
-    for ns, name in sorted(node.pods):
-        api.add_pod(ns, name, NODE)
+    for (ns, name), pod in sorted(node.pods.items()):
+        api.add_pod(ns, name, NODE, uid=pod.uid)
     return node
 
 
@@ -281,8 +281,9 @@ async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_
     node.cpu_ids = {0, 1, 2, 3}
     for i in range(64):
         node.add_device(FakeDevice(GPU, f"GPU-{i}", (i % 2,)))
-        node.add_pod(FakePod("ml", f"job-{i}", [FakeContainer("main", devices={GPU: [f"GPU-{i}"]})]))
-        api.add_pod("ml", f"job-{i}", NODE)
+        pod = FakePod("ml", f"job-{i}", [FakeContainer("main", devices={GPU: [f"GPU-{i}"]})])
+        node.add_pod(pod)
+        api.add_pod("ml", f"job-{i}", NODE, uid=pod.uid)
     async with FakeKubelet(short_tmp / "kubelet", node) as fake:
         async with running_agent(_agent_settings(api, short_tmp, api_rate=RATE), fake) as run:
             await _until(run, lambda: _status(api) == "False")

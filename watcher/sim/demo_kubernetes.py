@@ -76,8 +76,8 @@ async def run_kubernetes_demo(*, out: TextIO | None = None, schema: SchemaCheck 
         api = FakeApiServer(root / "api", users=users, rules=rules, schema=schema)
         await api.start()
         api.add_node(NODE)
-        for namespace, name in sorted(fake.node.pods):
-            api.add_pod(namespace, name, NODE)
+        for (namespace, name), pod in sorted(fake.node.pods.items()):
+            api.add_pod(namespace, name, NODE, uid=pod.uid)  # the kubelet's pod is the API server's
         admin = api.write_kubeconfig(root / "admin.kubeconfig", "admin")
         settings = Settings(
             node=NODE,

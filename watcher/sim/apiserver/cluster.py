@@ -106,12 +106,17 @@ class Cluster:
         self.objects[("coordination.k8s.io", "leases", "kube-node-lease", name)] = lease
         return copy.deepcopy(node)
 
-    def add_pod(self, namespace: str, name: str, node: str, *, phase: str = "Running") -> Json:
+    def add_pod(
+        self, namespace: str, name: str, node: str, *, phase: str = "Running", uid: str | None = None
+    ) -> Json:
         self.add_namespace(namespace)
+        meta = self.new_meta(name, namespace)
+        if uid is not None:  # the pod the kubelet runs under that uid (the two agree in a cluster)
+            meta["uid"] = uid
         pod: Json = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": self.new_meta(name, namespace),
+            "metadata": meta,
             "spec": {
                 "nodeName": node,
                 "containers": [{"name": "main", "image": "busybox:1.36"}],

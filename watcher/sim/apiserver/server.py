@@ -64,7 +64,7 @@ Public API (`FakeApiServer`):
 - `await start() -> url`, `await stop()`, `url`, `ca_file`;
 - `add_node(name, *, conditions=None, kubelet=True) -> dict` (and its Lease, as the kubelet keeps
   one; `kubelet=False`: a bare Node, as an admin creates one), `add_user(handle, info, rules)`,
-  `add_pod(namespace, name, node, *, phase="Running") -> dict`, `add_namespace(name)`,
+  `add_pod(namespace, name, node, *, phase="Running", uid=None) -> dict`, `add_namespace(name)`,
   `node(name)`, `pod(namespace, name)`, `events()` (events.k8s.io form), deep copies;
 - `token(user)`, `rotate_token(user, *, grace=0.0) -> str`;
 - `fail_next(status, *, count=1, retry_after=None, method=None, path_prefix=None)`,
@@ -212,8 +212,10 @@ class FakeApiServer:
         self._users.add(handle, info)
         self._rules[handle] = list(rules)
 
-    def add_pod(self, namespace: str, name: str, node: str, *, phase: str = "Running") -> Json:
-        return self._cluster.add_pod(namespace, name, node, phase=phase)
+    def add_pod(
+        self, namespace: str, name: str, node: str, *, phase: str = "Running", uid: str | None = None
+    ) -> Json:
+        return self._cluster.add_pod(namespace, name, node, phase=phase, uid=uid)
 
     def node(self, name: str) -> Json:
         return self._cluster.node(name)
