@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from testkit.node_model import FAST, Model, models
 from testkit.node_mutations import MUTATIONS
 from testkit.node_rendering import build_from
-from watcher.model.inventory import Inventory
+from watcher.model.inventory import Inventory, changed_pods
 from watcher.model.records import Container, Device, Pod
 from watcher.model.tally import Tally
 
@@ -64,3 +64,37 @@ def test_one_changed_pod_is_carried_not_recounted() -> None:
     assert ("nvidia.com/gpu", "gpu-3") not in after.holders
     assert after.tally == Tally.of(after.pods)
     assert after.cpus.allocated == 64 and base.tally.holders[("nvidia.com/gpu", "gpu-3")][0] == ("ns/p003/c",)
+
+
+@FAST
+@given(model=models(), other=models(), rng=st.randoms(use_true_random=True))
+def test_with_pods_is_the_inventory_built_afresh(model: Model, other: Model, rng: random.Random) -> None:
+    """Pods replaced, added and taken out through with_pods give the inventory a build of the
+    result gives: the same pods, hash, tally and figures; and changed_pods says what moved."""
+    before = build_from(model, random.Random(rng.getrandbits(64)))
+    before.content_hash  # noqa: B018 - made, so with_pods splices them instead
+    before.tally  # noqa: B018
+    donor = build_from(other, random.Random(rng.getrandbits(64)))
+    replaced: dict[tuple[str, str], Pod | None] = {}
+    for pod in before.pods:
+        if rng.random() < 0.3:
+            replaced[(pod.namespace, pod.name)] = None
+    for pod in donor.pods:
+        if rng.random() < 0.3:
+            replaced[(pod.namespace, pod.name)] = pod
+    after = before.with_pods(replaced)
+    expected = {(p.namespace, p.name): p for p in before.pods}
+    for key, pod in replaced.items():
+        if pod is None:
+            expected.pop(key, None)
+        else:
+            expected[key] = pod
+    fresh = dataclasses.replace(before, pods=tuple(expected[k] for k in sorted(expected)))
+    assert after == fresh
+    assert after.content_hash == fresh.content_hash
+    assert after.tally == Tally.of(fresh.pods)
+    assert after.capacity == fresh.capacity and after.cpus == fresh.cpus
+    gone, came = changed_pods(before, after)
+    assert (gone, came) == changed_pods(before, fresh)  # what the walk of both would say
+    for key in expected:
+        assert after.pod(*key) == expected[key]

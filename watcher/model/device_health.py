@@ -17,7 +17,7 @@ from typing import Any
 
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.inventory import Inventory
-from watcher.model.pod_meta import HEALTHY, UNHEALTHY, UNKNOWN, DeviceVerdict, PodMeta
+from watcher.model.pod_meta import HEALTHY, UNHEALTHY, UNKNOWN, DeviceVerdict, PodIndex, PodMeta
 from watcher.model.records import ClaimDevice, Pod
 from watcher.model.wording import make_change, printable
 
@@ -98,11 +98,11 @@ class DeviceHealth:
         holders is in it ends its story. `holding` (the kubelet's warm-up after a restart): drivers
         are re-registering, so an Unknown is neither timed nor reported meanwhile.
         """
-        pods = list(pods)
+        index = pods if isinstance(pods, PodIndex) else PodIndex(pods)
+        judged = list(index.with_claim_verdicts())  # the rest say nothing of DRA devices
         # Held: an unresolved Unknown's grace, too, starts once the warm-up is over.
         pending_since = {k: now for k, _ in self.pending} if holding else dict(self.pending)
-        seen, pending = _resolve(now, inventory, pods, pending_since)
-        present = {p.uid for p in pods}
+        seen, pending = _resolve(now, inventory, judged, pending_since)
         devices = dict(self.devices)
         holders = _holders(inventory) if seen or devices else {}
         out: list[Change] = []
@@ -110,7 +110,7 @@ class DeviceHealth:
             old = devices.get(key, _Device())
             s = seen.get(key)
             if s is None:
-                if old.holders & present:
+                if any(uid in index for uid in old.holders):
                     continue  # its pods are there but say nothing of it this time: no news
                 # Its pods are gone. A pod ending is no heal: the device may be as bad as it was, so
                 # a page stays open for a person; allocation.removed already tells the pod went.
@@ -171,7 +171,6 @@ def _resolve(
 ) -> tuple[dict[DeviceKey, _Seen], dict[PendingKey, float]]:
     """Each device the pods' DRA verdicts name, with its worst verdict; and the verdicts still
     unresolved (with when they were first seen, so an Unknown's grace counts from then)."""
-    by_key = {p.key: p for p in inventory.pods} if any(v.is_claim for p in pods for v in p.verdicts) else {}
     seen: dict[DeviceKey, _Seen] = {}
     still: dict[PendingKey, float] = {}
     for pod in pods:
@@ -179,7 +178,7 @@ def _resolve(
             if not v.is_claim:
                 continue
             pkey = (pod.uid, v.container, v.resource, v.resource_id)
-            found = _device_of(by_key.get(pod.key), pod, v)
+            found = _device_of(inventory.pod(pod.namespace, pod.name), pod, v)
             if found is None:
                 still[pkey] = pending.get(pkey, now)
                 continue
@@ -218,16 +217,9 @@ def _device_of(held: Pod | None, pod: PodMeta, v: DeviceVerdict) -> tuple[str, C
 
 
 def _holders(inventory: Inventory) -> dict[DeviceKey, tuple[str, ...]]:
-    """Every container ("ns/pod/container") holding each DRA device, whichever claim gave it."""
-    out: dict[DeviceKey, set[str]] = {}
-    for pod in inventory.pods:
-        for container in pod.containers:
-            for claim in container.claims:
-                for d in claim.devices:
-                    out.setdefault((d.driver, d.pool, d.device), set()).add(
-                        f"{pod.namespace}/{pod.name}/{container.name}"
-                    )
-    return {k: tuple(sorted(v)) for k, v in out.items()}
+    """Every container ("ns/pod/container") holding each DRA device, whichever claim gave it:
+    the inventory's tally keeps them, carried from one inventory to the next."""
+    return {k: names for k, (names, _) in inventory.tally.claim_holders.items()}
 
 
 def _rank(health: str) -> int:

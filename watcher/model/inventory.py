@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -99,9 +100,16 @@ class Inventory:
         """SHA-256 over the hash of `allocatable_bytes` and each pod's `digest`, in order: it
         stands for `canonical_bytes` as a whole, but an inventory that shares most of its pods
         with the last one hashes only the pods that changed, and no copy of the whole is kept."""
-        parts = [hashlib.sha256(self.allocatable_bytes).digest()]
-        parts.extend(p.digest for p in self.pods)
-        return "sha256:" + hashlib.sha256(b"".join(parts)).hexdigest()
+        return "sha256:" + hashlib.sha256(self._allocatable_digest + self._pod_digests).hexdigest()
+
+    @cached_property
+    def _allocatable_digest(self) -> bytes:
+        return hashlib.sha256(self.allocatable_bytes).digest()
+
+    @cached_property
+    def _pod_digests(self) -> bytes:
+        """Each pod's digest, in order, joined: spliced, not rebuilt, by `with_pods`."""
+        return b"".join(p.digest for p in self.pods)
 
     # -- derived views --
 
@@ -151,30 +159,52 @@ class Inventory:
 
     def with_pods(self, replaced: Mapping[tuple[str, str], Pod | None]) -> Inventory:
         """This inventory with the pods named (namespace, name) replaced, added, or (None) taken
-        out; its tally carried over when it has one. `self` when nothing differs."""
-        if not replaced:
-            return self
-        pods: list[Pod] = []
-        olds: dict[tuple[str, str], Pod] = {}
-        for p in self.pods:
-            if (key := (p.namespace, p.name)) in replaced:
-                olds[key] = p
+        out; `self` when nothing differs. What this inventory has worked out is carried over with
+        only those pods moved (its tally, the pods' digests for the hash, the allocatable side's
+        hash), and the new inventory remembers which pods differ from this one (`changed_pods`
+        reads that instead of walking every pod): one pod's change costs that pod."""
+        pods = list(self.pods)
+        digests = bytearray(self._pod_digests) if "_pod_digests" in self.__dict__ else None
+        gone: list[Pod] = []
+        came: list[Pod] = []
+        for key in sorted(replaced):
+            pod = replaced[key]
+            assert pod is None or _pod_name(pod) == key, "a pod filed under another name"
+            i = bisect.bisect_left(pods, key, key=_pod_name)
+            old = pods[i] if i < len(pods) and _pod_name(pods[i]) == key else None
+            if old == pod:
+                continue
+            at = slice(32 * i, 32 * i + (32 if old is not None else 0))
+            if old is not None:
+                gone.append(old)
+            if pod is None:
+                del pods[i]
+            elif old is None:
+                pods.insert(i, pod)
             else:
-                pods.append(p)
-        if all(olds.get(key) == pod for key, pod in replaced.items()):
-            return self
-        for (namespace, name), pod in replaced.items():
+                pods[i] = pod
             if pod is not None:
-                assert (pod.namespace, pod.name) == (namespace, name), "a pod filed under another name"
-                pods.insert(bisect.bisect(pods, (namespace, name), key=_pod_name), pod)
+                came.append(pod)
+            if digests is not None:
+                digests[at] = pod.digest if pod is not None else b""
+        if not gone and not came:
+            return self
         after = dataclasses.replace(self, pods=tuple(pods))
-        after.carry_tally(self)
+        known = after.__dict__
+        known["_moved"] = (weakref.ref(self), tuple(gone), tuple(came))
+        if digests is not None:
+            known["_pod_digests"] = bytes(digests)
+        if "_allocatable_digest" in self.__dict__:
+            known["_allocatable_digest"] = self._allocatable_digest
+        if "tally" in self.__dict__:
+            known["tally"] = self.tally.moved(gone, came)
         return after
 
     def pod(self, namespace: str, name: str) -> Pod | None:
-        for p in self.pods:
-            if p.namespace == namespace and p.name == name:
-                return p
+        """The pod of that name (pods are sorted by namespace and name: a binary search)."""
+        i = bisect.bisect_left(self.pods, (namespace, name), key=_pod_name)
+        if i < len(self.pods) and _pod_name(pod := self.pods[i]) == (namespace, name):
+            return pod
         return None
 
     def derived(self) -> dict[str, Any]:
@@ -232,6 +262,9 @@ def changed_pods(before: Inventory, after: Inventory) -> tuple[list[Pod], list[P
     One walk of the two sorted tuples, nothing built per pod: a pod carried over from one
     inventory to the next is the same object and costs an `is`; only the few that differ cost more.
     """
+    moved = after.__dict__.get("_moved")
+    if moved is not None and moved[0]() is before:  # made from `before` by with_pods: it knows
+        return sorted(moved[1], key=_pod_name), sorted(moved[2], key=_pod_name)
     old, new = before.pods, after.pods
     gone: list[Pod] = []
     came: list[Pod] = []

@@ -132,6 +132,7 @@ class PodIndex:
     def __init__(self, pods: Iterable[PodMeta] = ()) -> None:
         self._by_uid: dict[str, PodMeta] = {}
         self._by_key: dict[str, str] = {}  # "namespace/name" -> uid
+        self._claim_verdicts: set[str] = set()  # uids of pods with a verdict on a DRA device
         for pod in pods:
             self.put(pod)
 
@@ -140,6 +141,13 @@ class PodIndex:
 
     def __iter__(self) -> Iterator[PodMeta]:
         return iter(self._by_uid.values())
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._by_uid
+
+    def with_claim_verdicts(self) -> Iterator[PodMeta]:
+        """The pods whose status has a verdict on a DRA device (the few a health look reads)."""
+        return (self._by_uid[uid] for uid in sorted(self._claim_verdicts))
 
     def uids(self) -> frozenset[str]:
         return frozenset(self._by_uid)
@@ -158,11 +166,16 @@ class PodIndex:
             del self._by_key[old.key]
         self._by_uid[pod.uid] = pod
         self._by_key[pod.key] = pod.uid
+        if any(v.is_claim for v in pod.verdicts):
+            self._claim_verdicts.add(pod.uid)
+        else:
+            self._claim_verdicts.discard(pod.uid)
         return old
 
     def drop(self, uid: str) -> PodMeta | None:
         """Forget the pod `uid`; the entry dropped, if any."""
         old = self._by_uid.pop(uid, None)
+        self._claim_verdicts.discard(uid)
         if old is not None and self._by_key.get(old.key) == uid:
             del self._by_key[old.key]
         return old

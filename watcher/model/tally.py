@@ -11,17 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from watcher.model.records import NumaNodes, Pod
 
-__all__ = ["Tally", "Holders", "DeviceKey", "MemoryKey", "pod_memory"]
+__all__ = ["Tally", "Holders", "ClaimKey", "DeviceKey", "MemoryKey", "pod_memory"]
 
 DeviceKey = tuple[str, str]  # (resource, device id)
+ClaimKey = tuple[str, str, str]  # a DRA device: (driver, pool, device)
 MemoryKey = tuple[str, NumaNodes]  # (memory type, NUMA nodes)
 # (resource, device id) -> ("ns/pod/container", ...) sorted, and the NUMA nodes pods saw.
 Holders = Mapping[DeviceKey, tuple[tuple[str, ...], NumaNodes]]
-# (resource, device id) -> "ns/pod/container" -> the NUMA nodes that container saw.
-_PerHolder = dict[DeviceKey, dict[str, NumaNodes]]
+K = TypeVar("K", bound=tuple[str, ...])
 
 
 def pod_memory(pod: Pod) -> dict[MemoryKey, int]:
@@ -46,6 +47,15 @@ def _held(pod: Pod) -> Iterable[tuple[DeviceKey, str, NumaNodes]]:
                 yield (d.resource, d.id), who, d.numa
 
 
+def _claimed(pod: Pod) -> Iterable[tuple[ClaimKey, str, NumaNodes]]:
+    for c in pod.containers:
+        if c.claims:
+            who = f"{pod.namespace}/{pod.name}/{c.name}"
+            for claim in c.claims:
+                for d in claim.devices:
+                    yield (d.driver, d.pool, d.device), who, ()
+
+
 def _cpu_ids(pod: Pod) -> set[int]:
     ids = set(pod.cpu_ids)
     for c in pod.containers:
@@ -60,6 +70,38 @@ def _entry(per: Mapping[str, NumaNodes]) -> tuple[tuple[str, ...], NumaNodes]:
     return tuple(sorted(per)), tuple(sorted(numa))
 
 
+class _Held(Generic[K]):
+    """Who holds each thing (a device, a DRA device): key -> holder -> the NUMA nodes it saw, and
+    the summary per key that readers use. Built in place, then frozen into the tally."""
+
+    def __init__(
+        self, per: Mapping[K, Mapping[str, NumaNodes]], entries: Mapping[K, tuple[tuple[str, ...], NumaNodes]]
+    ):
+        self.per: dict[K, dict[str, NumaNodes]] = dict(per)  # type: ignore[arg-type]  # replaced when touched
+        self.entries = dict(entries)
+        self.touched: set[K] = set()
+
+    def add(self, key: K, who: str, numa: NumaNodes, sign: int) -> None:
+        if key not in self.touched:
+            self.touched.add(key)
+            self.per[key] = dict(self.per.get(key, {}))  # copied before it is changed: shared otherwise
+        if sign > 0:
+            self.per[key][who] = numa
+        else:
+            self.per[key].pop(who, None)
+
+    def frozen(
+        self,
+    ) -> tuple[Mapping[K, Mapping[str, NumaNodes]], Mapping[K, tuple[tuple[str, ...], NumaNodes]]]:
+        for key in self.touched:
+            if self.per[key]:
+                self.entries[key] = _entry(self.per[key])
+            else:
+                del self.per[key]
+                self.entries.pop(key, None)
+        return self.per, self.entries
+
+
 @dataclass(frozen=True)
 class Tally:
     """Everything the pods hold, summed. Values are never mutated once the tally is made."""
@@ -69,7 +111,10 @@ class Tally:
     # Memory block -> (bytes allocated, how many pods hold some): a block held at 0 bytes is still
     # a held block, as the recount over every pod has it.
     memory_held: Mapping[MemoryKey, tuple[int, int]]
+    # A DRA device -> ("ns/pod/container", ...) holding it through any claim, sorted (and no NUMA).
+    claim_holders: Mapping[ClaimKey, tuple[tuple[str, ...], NumaNodes]]
     _per_holder: Mapping[DeviceKey, Mapping[str, NumaNodes]]
+    _per_claim_holder: Mapping[ClaimKey, Mapping[str, NumaNodes]]
 
     @property
     def memory(self) -> dict[MemoryKey, int]:
@@ -78,62 +123,38 @@ class Tally:
 
     @classmethod
     def of(cls, pods: Iterable[Pod]) -> Tally:
-        per: _PerHolder = {}
-        cpus: dict[int, int] = {}
-        memory: dict[MemoryKey, tuple[int, int]] = {}
-        for pod in pods:
-            cls._add(pod, per, cpus, memory, sign=1)
-        return cls({k: _entry(v) for k, v in per.items()}, cpus, memory, per)
-
-    @staticmethod
-    def _add(
-        pod: Pod,
-        per: _PerHolder,
-        cpus: dict[int, int],
-        memory: dict[MemoryKey, tuple[int, int]],
-        *,
-        sign: int,
-    ) -> None:
-        for device, who, numa in _held(pod):
-            if sign > 0:
-                per.setdefault(device, {})[who] = numa
-            else:
-                named = per.get(device)
-                if named is not None:
-                    named.pop(who, None)
-        if pod.cpu_ids or any(c.cpu_ids for c in pod.containers):
-            for cpu in _cpu_ids(pod):
-                left = cpus.get(cpu, 0) + sign
-                if left > 0:
-                    cpus[cpu] = left
-                else:
-                    cpus.pop(cpu, None)
-        if pod.memory or any(c.memory for c in pod.containers):
-            for key, size in pod_memory(pod).items():
-                total, holders = memory.get(key, (0, 0))
-                if holders + sign > 0:
-                    memory[key] = (total + sign * size, holders + sign)
-                else:
-                    memory.pop(key, None)
+        return cls({}, {}, {}, {}, {}, {}).moved((), pods)
 
     def moved(self, gone: Iterable[Pod], came: Iterable[Pod]) -> Tally:
-        """This tally with `gone` pods' holdings taken out and `came` pods' put in. Only the
-        devices those pods touch are copied deeply; the rest is shared with this tally."""
-        gone, came = list(gone), list(came)
-        touched = {key for pod in (*gone, *came) for key, _, _ in _held(pod)}
-        per: _PerHolder = dict(self._per_holder)  # type: ignore[arg-type]  # inner dicts replaced below
-        for key in touched:
-            per[key] = dict(self._per_holder.get(key, {}))
+        """This tally with `gone` pods' holdings taken out and `came` pods' put in. Only what
+        those pods touch is copied deeply; the rest is shared with this tally."""
+        devices = _Held(self._per_holder, self.holders)
+        claims = _Held(self._per_claim_holder, self.claim_holders)
         cpus, memory = dict(self.cpus), dict(self.memory_held)
-        for pod in gone:
-            self._add(pod, per, cpus, memory, sign=-1)
-        for pod in came:
-            self._add(pod, per, cpus, memory, sign=1)
-        holders = dict(self.holders)
-        for key in touched:
-            if per[key]:
-                holders[key] = _entry(per[key])
+        for sign, pods in ((-1, gone), (1, came)):
+            for pod in pods:
+                for key, who, numa in _held(pod):
+                    devices.add(key, who, numa, sign)
+                for dra, who, numa in _claimed(pod):
+                    claims.add(dra, who, numa, sign)
+                _count(pod, cpus, memory, sign)
+        per, holders = devices.frozen()
+        per_claim, claim_holders = claims.frozen()
+        return Tally(holders, cpus, memory, claim_holders, per, per_claim)
+
+
+def _count(pod: Pod, cpus: dict[int, int], memory: dict[MemoryKey, tuple[int, int]], sign: int) -> None:
+    if pod.cpu_ids or any(c.cpu_ids for c in pod.containers):
+        for cpu in _cpu_ids(pod):
+            left = cpus.get(cpu, 0) + sign
+            if left > 0:
+                cpus[cpu] = left
             else:
-                del per[key]
-                holders.pop(key, None)
-        return Tally(holders, cpus, memory, per)
+                cpus.pop(cpu, None)
+    if pod.memory or any(c.memory for c in pod.containers):
+        for key, size in pod_memory(pod).items():
+            total, holders = memory.get(key, (0, 0))
+            if holders + sign > 0:
+                memory[key] = (total + sign * size, holders + sign)
+            else:
+                memory.pop(key, None)

@@ -96,6 +96,26 @@ def _device_samples(inv: Inventory) -> list[DeviceSample]:
     return failed + healthy
 
 
+def _same_figures(a: Inventory, b: Inventory) -> bool:
+    """Whether the gauges would show `a` as they show `b`: the same allocatable side (the same
+    devices object: carried over by a change that touched only pods) and the same figures."""
+    return (
+        _same_devices(a, b)
+        and a.capacity == b.capacity
+        and a.cpus == b.cpus
+        and a.memory_capacity == b.memory_capacity
+    )
+
+
+def _same_devices(a: Inventory, b: Inventory) -> bool:
+    """Whether device_healthy would show the same samples for `a` as for `b`."""
+    return (
+        a.devices is b.devices
+        and a.allocatable_known == b.allocatable_known
+        and a.missing_devices == b.missing_devices
+    )
+
+
 def _numa_set(numa: Sequence[int]) -> str:
     # 64 NUMA ids at most (the model's bound) still make a label of up to 320 characters: cut too.
     return device_label(",".join(map(str, numa))) or "none"
@@ -221,9 +241,9 @@ class Metrics:
 
     def set_inventory(self, inv: Inventory) -> None:
         """Show `inv` in the inventory gauges; nothing to do if they show it already."""
-        if inv is self._shown:
-            return
-        self._shown = inv
+        shown, self._shown = self._shown, inv
+        if inv is shown or (shown is not None and _same_figures(inv, shown)):
+            return  # a pod's change that moved no figure (most of them): the gauges are right
         for g in (*self.resource.values(), *self.memory.values()):
             g.clear()
         # Per-NUMA pairs, like device_healthy's devices, are bounded by [http] max_device_series:
@@ -261,7 +281,8 @@ class Metrics:
                 omitted=omitted,
             )
         self.device_health.numa_omitted = omitted
-        self._set_device_health(inv)
+        if shown is None or not _same_devices(inv, shown):
+            self._set_device_health(inv)
 
     def _set_device_health(self, inv: Inventory) -> None:
         samples = _device_samples(inv)
