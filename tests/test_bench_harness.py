@@ -37,6 +37,8 @@ from bench.report import report
 from bench.scale import NodeSize, Scale
 from bench.scale_agent import import_floor_mib
 from bench.scale_kubelet import PrebuiltKubelet, list_entry, pods_to_try
+from bench.sections.pods_api import PODS_API, PodsPlan, bench_pods_api
+from bench.sections.pods_api import render as render_pods_api
 from bench.steady import STEADY_ENV, Steady, bench_steady, cpu_seconds, steady_seconds
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.settings import KubeletSettings
@@ -447,3 +449,15 @@ def test_a_capacity_row_reports_its_median_run_with_every_runs_figure() -> None:
     row = fleet.median_run(runs)
     # The median run's figures, its CPU included, and every run's events/s in run order.
     assert (row.per_s, row.generator_cores, row.runs) == (2.0, 0.2, (3.0, 1.0, 2.0))
+
+
+async def test_the_pods_api_section_measures_both_paths_in_one_run() -> None:
+    """Section 11 at a tiny size: the Pods API path reads a changed pod with Get alone (and a removed
+    one with no call), the List path with List and GetAllocatableResources, each change seen."""
+    result = await bench_pods_api(PodsPlan(pods=200, changes=4))
+    watch, listed = result.paths["pods_api"], result.paths["list"]
+    assert len(watch["latency_s"]) == len(listed["latency_s"]) == 4
+    assert watch["rpcs"] == {"List": 0.0, "GetAllocatableResources": 0.0, "Get": 0.5}
+    assert listed["rpcs"] == {"List": 1.0, "GetAllocatableResources": 1.0, "Get": 0.0}
+    text = "\n".join(render_pods_api(Results({PODS_API.name: result})))
+    assert "| Pods API + Get | 4 |" in text and "p99 <= 20 ms" in text
