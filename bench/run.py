@@ -18,6 +18,9 @@ Every figure comes from this run, on this machine. Sections (their --only names)
      through the nats sink's publishing code (latency, consumer lag, a burst, sustained capacity,
      the stream leader killed mid-load), beside the same load through the webhook sink into one
      receiver (bench/fleet/)
+ 11. pods-api: a one-pod change at 10,000 pods through the kubelet's Pods API and Get, beside the
+     List path, in one run: change to event, kubelet calls per change, RSS after the watch's
+     snapshot (bench/pods_path.py)
 
     .venv/bin/python bench/run.py [--quick] [--only NAMES] [--list] [--output FILE]
 """
