@@ -37,7 +37,7 @@ from watcher.settings import HttpSettings, Settings, pods_api_socket
 from watcher.settings_file import config_warnings, parse_listen
 from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Sink
 from watcher.sinks.http import HTTP_SINK_CONNECTIONS
-from watcher.sinks.kubernetes.settings import KubernetesSinkSettings
+from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
 from watcher.sinks.registry import build_sinks
 from watcher.status import AgentStatus
 from watcher.store.outbox import OUTBOX_FILE
@@ -156,12 +156,14 @@ class Agent:
         self.slice_taints: ResourceSliceTaints | None = None
         kube = [s for s in settings.sinks if isinstance(s, KubernetesSinkSettings)]
         if settings.pods.resource_slices and kube:
+            sink = next((s for s in sinks if isinstance(s, KubernetesSink) and s.name == kube[0].name), None)
             self.slice_taints = ResourceSliceTaints(
                 kube[0],
                 node=settings.node,
                 interval=settings.pods.resource_slices_interval,
                 trigger=self.notifier.trigger,
                 stop=self.stop,
+                limiter=sink.limiter if sink is not None else None,
             )
             self.reactor.slice_taints = self.slice_taints
         self.supervisor = Supervisor(self.stop, grace=SHUTDOWN_GRACE_S)

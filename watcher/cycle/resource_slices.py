@@ -67,13 +67,15 @@ class ResourceSliceTaints:
         interval: float,
         trigger: Trigger,
         stop: asyncio.Event,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.node = node
         self.interval = interval
         self.trigger = trigger
         self.stop = stop
-        self.limiter = RateLimiter(settings.api_rate)
+        # The sink's own limiter when it is given: `api_rate` bounds all we ask of the API server.
+        self.limiter = limiter if limiter is not None else RateLimiter(settings.api_rate)
         self.taints: tuple[DeviceTaint, ...] | None = None
         self.stale = False  # the last list failed: `taints` is what an earlier one read
         self.last_read: float | None = None  # monotonic, of the last list that succeeded
