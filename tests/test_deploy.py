@@ -692,6 +692,7 @@ REPORTING_GRANTS = {
     ("", "nodes/status", "get"),
     ("", "nodes/status", "patch"),
     ("", "pods", "get"),
+    ("resource.k8s.io", "resourceslices", "list"),
 }
 
 

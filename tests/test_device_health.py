@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from testkit.inventories import DRIVER, claim_inventory, verdict_pod
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.conditions import condition_of
-from watcher.model.device_health import DeviceHealth, corroborate
+from watcher.model.corroboration import corroborate
+from watcher.model.device_health import DeviceHealth
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
@@ -72,6 +73,7 @@ def test_an_unhealthy_verdict_is_one_critical_event_with_the_drivers_words() -> 
         "allocated_to": ["ml/llm-pretrain-0/trainer"],
         "namespaces": ["ml"],
         "source": "pod-status",
+        "sources": ["pod-status"],
     }
     json.dumps(dict(change.details))  # JSON-ready
     assert state.open() == {(DRIVER, "node-1", "gpu-3")}

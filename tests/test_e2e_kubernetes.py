@@ -34,8 +34,9 @@ from testkit.kube_reporting import (
 )
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.waiting import wait_until
+from watcher.settings import PodsSettings
 from watcher.sim.fake_kubelet import FakeKubelet
-from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod
+from watcher.sim.fake_node import FakeClaim, FakeClaimDevice, FakeContainer, FakeDevice, FakeNode, FakePod
 from watcher.sinks.kubernetes import KubernetesSinkSettings
 from watcher.sinks.kubernetes.condition_plan import OWNER_MARK
 
@@ -207,6 +208,87 @@ async def test_cleanup_removes_what_the_agent_owns_and_nothing_else(
     assert done.stdout.strip() == f"node {placed.node}: removed {CONDITION}"
     types = [c["type"] for c in cluster.get("node", placed.node)["status"]["conditions"]]
     assert sorted(types) == ["Ready", "VendorNicDevicesUnavailable"]
+
+
+DRIVER, DRA_GPU = "gpu.nvidia.com", "gpu-3"
+
+
+def _resource_slice(node: str, taints: list[dict[str, str]]) -> dict[str, Any]:
+    """The DRA driver's slice of `node`'s pool (named after the node), gpu-3 with `taints`."""
+    device: dict[str, Any] = {"name": DRA_GPU}
+    if taints:
+        device["taints"] = taints
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpus"},
+        "spec": {
+            "driver": DRIVER,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "nodeName": node,
+            "devices": [device, {"name": "gpu-4"}],
+        },
+    }
+
+
+async def test_a_resource_slice_taint_and_the_pod_status_are_one_device_story(
+    cluster: KubeTestCluster, placed: Placement, short_tmp: Path
+) -> None:
+    """A NoExecute taint the driver puts on a device a DRA pod holds: one device.unhealthy from the
+    slices alone; the Pod status agreeing adds nothing but its name to the sources; both gone is
+    one device.healthy."""
+    cluster.apply(pod_manifest(placed.namespace, WORKLOAD, placed.node))
+    gpu = FakeClaimDevice(DRIVER, placed.node, DRA_GPU, [f"nvidia.com/gpu={DRA_GPU}"])
+    claim = FakeClaim(placed.namespace, f"{WORKLOAD}-gpu", [gpu], request="gpu")
+    node = FakeNode()
+    node.cpu_ids = {0, 1}
+    node.add_pod(FakePod(placed.namespace, WORKLOAD, [FakeContainer("main", claims=[claim])]))
+    settings = dataclasses.replace(
+        _agent_settings(placed, short_tmp), pods=PodsSettings(resource_slices_interval=1.0)
+    )
+    async with (
+        FakeKubelet(short_tmp / "kubelet", node) as fake,
+        running_agent(settings, fake) as run,
+    ):
+        reader, watch = run.agent.slice_taints, run.agent.pods_watch
+        assert reader is not None and watch is not None
+        await run.recorder.until(lambda: watch.state == "watching" and reader.taints == (), 20)
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+
+        def health() -> list[Any]:
+            return [e for e in run.recorder.events[mark:] if e.kind.startswith("device.")]
+
+        def sources() -> list[str]:
+            (device,) = run.agent.committer.state.device_health.to_json()["devices"]
+            return list(device["sources"])
+
+        xid = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"}
+        await asyncio.to_thread(cluster.apply, _resource_slice(placed.node, [xid]))
+        await run.recorder.until(lambda: len(health()) >= 1, 20)
+        (failed,) = health()
+        assert failed.kind == "device.unhealthy" and failed.severity == "critical"
+        assert failed.details["sources"] == ["resource-slice"]
+        assert failed.details["taints"] == [xid] and failed.details["claim"] == f"{WORKLOAD}-gpu"
+        assert "gpu.nvidia.com/xid=79 (NoExecute)" in failed.summary
+        # The Pod status says so too: no second event, both sources now hold the story.
+        fake.dra.set_health(DRIVER, placed.node, DRA_GPU, "Unhealthy", "critical XID 79 reported by NVML")
+        await run.recorder.until(lambda: sources() == ["pod-status", "resource-slice"], 20)
+        await run.quiet_cycle()
+        assert len(health()) == 1
+        # The taint goes first (the Pod status still says Unhealthy: nothing), then the Pod status.
+        await asyncio.to_thread(cluster.apply, _resource_slice(placed.node, []))
+        await run.recorder.until(
+            lambda: reader.taints is not None and not any(t.fails for t in reader.taints), 20
+        )
+        await run.quiet_cycle()
+        assert len(health()) == 1
+        fake.dra.set_health(DRIVER, placed.node, DRA_GPU, "Healthy")
+        await run.recorder.until(lambda: len(health()) >= 2, 20)
+        await run.quiet_cycle()
+        assert [e.kind for e in health()] == ["device.unhealthy", "device.healthy"]
+        assert health()[1].details["sources"] == ["pod-status", "resource-slice"]
+        assert not reader.stale and reader.trouble is None  # the shipped RBAC let it list
 
 
 # --- the server refuses, as the shipped RBAC and policy say ---

@@ -28,6 +28,8 @@ from testkit.inventories import inventory_of
 from testkit.kube_rbac import rules_from_manifests
 from testkit.kube_schemas import strict_schemas
 from watcher.config import ConfigError
+from watcher.cycle.resource_slices import ResourceSliceTaints
+from watcher.kubelet.triggers import Trigger
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
@@ -732,7 +734,8 @@ def _role_verbs() -> list[tuple[int, str]]:
 
 
 async def _story(api: FakeApiServer, tmp: Path) -> list[bool]:
-    """The sink's whole repertoire: a pod Event, a Node Event, a condition, a repeat (series)."""
+    """The agent's whole repertoire with the sink's credentials: a pod Event, a Node Event, a
+    condition, a repeat (series), and the list of the node's ResourceSlices (their device taints)."""
     sink = await _sink(api, tmp)
     outcomes = []
     try:
@@ -740,6 +743,13 @@ async def _story(api: FakeApiServer, tmp: Path) -> list[bool]:
             outcomes.append((await sink.deliver(_batch(before, after))).delivered)
     finally:
         await sink.close()
+    slices = ResourceSliceTaints(
+        _sink_settings(api, tmp), node=NODE, interval=30.0, trigger=Trigger(), stop=asyncio.Event()
+    )
+    try:
+        outcomes.append(await slices.read())
+    finally:
+        await slices.close()
     return outcomes
 
 
@@ -766,7 +776,7 @@ async def test_every_verb_of_the_cluster_role_is_needed(tmp_path: Path, drop: tu
 
 
 async def test_the_shipped_role_is_enough(tmp_path: Path, api: FakeApiServer) -> None:
-    assert await _story(api, tmp_path) == [True, True, True]
+    assert await _story(api, tmp_path) == [True, True, True, True]
     assert api.count(status=403) == 0
 
 

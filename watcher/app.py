@@ -21,6 +21,7 @@ from watcher.backoff import Backoff
 from watcher.cycle.committer import Committer, EventObserver
 from watcher.cycle.notifier import Notifier
 from watcher.cycle.reactor import CycleObserver, Reactor
+from watcher.cycle.resource_slices import ResourceSliceTaints
 from watcher.cycle.state import CycleState
 from watcher.delivery.dispatcher import DeliveryObserver, Dispatcher
 from watcher.kubelet.decoding import Decoder
@@ -36,6 +37,7 @@ from watcher.settings import HttpSettings, Settings, pods_api_socket
 from watcher.settings_file import config_warnings, parse_listen
 from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Sink
 from watcher.sinks.http import HTTP_SINK_CONNECTIONS
+from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
 from watcher.sinks.registry import build_sinks
 from watcher.status import AgentStatus
 from watcher.store.outbox import OUTBOX_FILE
@@ -150,6 +152,20 @@ class Agent:
                 timeout=settings.kubelet.timeout,
             )
             self.reactor.pods_watch = self.pods_watch
+        # DRA device taints from the API server: only where a kubernetes sink gives us one.
+        self.slice_taints: ResourceSliceTaints | None = None
+        kube = [s for s in settings.sinks if isinstance(s, KubernetesSinkSettings)]
+        if settings.pods.resource_slices and kube:
+            sink = next((s for s in sinks if isinstance(s, KubernetesSink) and s.name == kube[0].name), None)
+            self.slice_taints = ResourceSliceTaints(
+                kube[0],
+                node=settings.node,
+                interval=settings.pods.resource_slices_interval,
+                trigger=self.notifier.trigger,
+                stop=self.stop,
+                limiter=sink.limiter if sink is not None else None,
+            )
+            self.reactor.slice_taints = self.slice_taints
         self.supervisor = Supervisor(self.stop, grace=SHUTDOWN_GRACE_S)
         self.status = AgentStatus(
             settings=lambda: self.settings,
@@ -229,6 +245,8 @@ class Agent:
             }
             if self.pods_watch is not None:
                 tasks["pods-watch"] = self.pods_watch.run
+            if self.slice_taints is not None:
+                tasks["resource-slices"] = self.slice_taints.run
             if not self.storage.ready.is_set() and not await self.open():
                 tasks["outbox-open"] = self._open_later
             if self.settings.http.enabled:

@@ -118,6 +118,18 @@ class PodsSettings:
             max=86400,
         ),
     )
+    resource_slices: bool = field(
+        default=True,
+        metadata=field_meta(
+            "With a `kubernetes` sink: also read the node's ResourceSlices (with that sink's "
+            "credentials; needs `list` on resource.k8s.io resourceslices) and count a device's "
+            "NoSchedule/NoExecute taint as Unhealthy, one story with the Pod status's verdict."
+        ),
+    )
+    resource_slices_interval: float = field(
+        default=30.0,
+        metadata=field_meta("Seconds between two lists of the node's ResourceSlices.", min=1, max=3600),
+    )
 
 
 @dataclass(frozen=True)

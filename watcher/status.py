@@ -116,6 +116,15 @@ class AgentStatus:
                 else {"state": self.pods_watch.state, "detail": self.pods_watch.detail}
             ),
         }
+        slices = self.reactor.slice_taints
+        if slices is not None:  # only with a kubernetes sink; never a reason to be unready
+            read = slices.last_read
+            details["resource_slices"] = {
+                "taints": None if slices.taints is None else len(slices.taints),
+                "stale": slices.stale,
+                "problem": slices.trouble,
+                "last_read_age_s": None if read is None else round(time.monotonic() - read, 3),
+            }
         if self.storage.error is not None:
             where = settings.state_dir
             return Health(False, f"cannot store events and state in {where}: {self.storage.error}", details)

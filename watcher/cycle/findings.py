@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Collection
 
 import structlog
 
@@ -17,7 +18,8 @@ from watcher.cycle.state import CycleState
 from watcher.kubelet.plugins import plugin_sockets
 from watcher.model import lifecycle
 from watcher.model.changes import Change
-from watcher.model.device_health import corroborate
+from watcher.model.corroboration import corroborate
+from watcher.model.device_taints import DeviceTaint
 from watcher.model.diff import diff
 from watcher.model.flapping import FlapRule
 from watcher.model.inventory import Inventory
@@ -72,26 +74,31 @@ def conclude(
     after: Inventory,
     *,
     pods: PodIndex | None = None,
+    taints: Collection[DeviceTaint] | None = None,
 ) -> CycleState:
     """Diff `before` against the inventory to report, add the changes to `changes` (after the
     lifecycle ones already there) and return the draft that holds `after`.
 
     `pods`: the Pods API's complete view of the node's pods (None: no watch live now). With it, a
     DRA device's verdict in its holders' Pod status is a change too, a device plugin's device that
-    left allocatable carries the kubelet's verdicts, and every change names the pods it hits."""
+    left allocatable carries the kubelet's verdicts, and every change names the pods it hits.
+    `taints`: the node's ResourceSlice device taints as last read (None: none read), the second
+    source of DRA device health, merged with the Pod status's (watcher.model.device_health)."""
     if before is not None and after is not before:
         after.carry_tally(before)  # one pod's change costs that pod, not a recount of the node
     diffs: list[Change] = list(diff(before, after)) if before is not None and after is not before else []
     now = time.monotonic()
     device_health = draft.device_health
-    if pods is not None and before is not None:
-        diffs = corroborate(diffs, pods)
+    if before is not None and (pods is not None or taints is not None):
+        if pods is not None:
+            diffs = corroborate(diffs, pods)
         device_health, verdicts = device_health.observe(
             now,
             after,
             pods,
             unknown_grace=settings.pods.health_unknown_grace,
             holding=draft.settling.holding,
+            taints=taints,
         )
         diffs.extend(verdicts)
     flaps, damped = draft.flaps.damp(now, diffs, flap_rule(settings))

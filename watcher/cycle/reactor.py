@@ -25,6 +25,7 @@ from watcher.cycle.committer import Committer
 from watcher.cycle.findings import conclude, flap_rule, settle
 from watcher.cycle.notifier import Notifier
 from watcher.cycle.pod_reads import PodReads
+from watcher.cycle.resource_slices import ResourceSliceTaints
 from watcher.cycle.state import CycleState
 from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.decoding import Decoder
@@ -79,6 +80,7 @@ class Reactor:
         self.decoder = Decoder()
         self.pod_reads = PodReads(notifier.trigger)  # what the Pods API watch named, if it runs
         self.pods_watch: PodsWatch | None = None  # set by the app when it runs one
+        self.slice_taints: ResourceSliceTaints | None = None  # likewise: the ResourceSlices' taints
         self.list_only: str | None = None  # why GetAllocatableResources is unavailable
         self.last_success: float | None = None  # monotonic
         self.last_reconnect_latency: float | None = None  # socket change seen -> first answer
@@ -282,7 +284,10 @@ class Reactor:
                 )
             changes.extend(held)
             draft = dataclasses.replace(draft, settling=settling)
-            draft = conclude(self.settings, draft, changes, cycle, before, after, pods=self._pods())
+            taints = self.slice_taints.taints if self.slice_taints is not None else None
+            draft = conclude(
+                self.settings, draft, changes, cycle, before, after, pods=self._pods(), taints=taints
+            )
         result = "changed" if after is not before else "unchanged"
         return result, functools.partial(commit, draft, before=before, baseline=before is None)
 

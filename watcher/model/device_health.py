@@ -11,17 +11,20 @@ guessed name: a verdict that does not resolve yet waits until it does.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from watcher.model.changes import Change, Kind, Severity
+from watcher.model.device_taints import SOURCE as SLICE_SOURCE
+from watcher.model.device_taints import DeviceTaint, failing
+from watcher.model.dra_holders import held_dra_devices
 from watcher.model.inventory import Inventory
 from watcher.model.pod_meta import HEALTHY, UNHEALTHY, UNKNOWN, DeviceVerdict, PodIndex, PodMeta
 from watcher.model.records import ClaimDevice, Pod
 from watcher.model.wording import make_change, printable
 
-__all__ = ["DeviceHealth", "corroborate", "SOURCE", "resource_id_of"]
+__all__ = ["DeviceHealth", "SOURCE", "SLICE_SOURCE", "resource_id_of"]
 
 SOURCE = "pod-status"
 _FORMAT = 1
@@ -29,6 +32,7 @@ _FORMAT = 1
 _MESSAGE_MAX = 1024
 # The worse verdict wins when holders disagree (their statuses are written at different times).
 _RANK = {HEALTHY: 0, UNKNOWN: 1, UNHEALTHY: 2}
+_SOURCES = (SOURCE, SLICE_SOURCE)
 
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 PendingKey = tuple[str, str, str, str]  # (pod uid, container, status name, resource id)
@@ -44,10 +48,12 @@ class _Device:
     """What is known of one device. `reported`: the open story (Unhealthy or Unknown reported), or
     None. `since`: when its current Unknown began (None: not timing one)."""
 
-    health: str = HEALTHY
+    health: str = HEALTHY  # what the Pod status last said
     reported: str | None = None
     since: float | None = None
     holders: frozenset[str] = frozenset()  # the uids of the pods whose verdicts named it
+    tainted: bool = False  # a failing ResourceSlice taint was on it when last read
+    sources: frozenset[str] = frozenset()  # the sources that said Unhealthy in the open story
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,30 @@ class _Seen:
     device: ClaimDevice
     uids: frozenset[str]
     first_seen: float | None
+
+
+@dataclass(frozen=True)
+class _Said:
+    """What both sources say of one device now: the Pod status's health (its last word when it
+    said nothing new), whether a failing taint is on it (`taints`: those read this time)."""
+
+    health: str
+    tainted: bool
+    taints: tuple[DeviceTaint, ...]
+    first_seen: float | None
+    uids: frozenset[str]
+
+
+@dataclass(frozen=True)
+class _About:
+    """What an event names of the device: its claim and the Pod status's words, if any."""
+
+    claim: str
+    device: ClaimDevice
+    pod_claim: str | None
+    request: str | None
+    message: str
+    holder: str  # who holds it, when pod-resources names nobody
 
 
 @dataclass(frozen=True)
@@ -87,36 +117,60 @@ class DeviceHealth:
         self,
         now: float,
         inventory: Inventory,
-        pods: Iterable[PodMeta],
+        pods: Iterable[PodMeta] | None,
         *,
         unknown_grace: float,
         holding: bool = False,
+        taints: Collection[DeviceTaint] | None = None,
     ) -> tuple[DeviceHealth, list[Change]]:
-        """The new state and the changes the pods' DRA verdicts call for (see the module).
+        """The new state and the changes the pods' DRA verdicts and the devices' taints call for.
 
         `pods` must be the Pods API's whole view (after its initial sync): a device none of whose
-        holders is in it ends its story. `holding` (the kubelet's warm-up after a restart): drivers
-        are re-registering, so an Unknown is neither timed nor reported meanwhile.
+        holders is in it ends its story; None (no view now): what the Pod status last said stands.
+        `holding` (the kubelet's warm-up after a restart): drivers are re-registering, so an Unknown
+        is neither timed nor reported meanwhile. `taints`: the node's ResourceSlice taints as last
+        read (None: never read, or not read at all: what they last said stands); a failing one on a
+        device a pod of the inventory holds is that device Unhealthy, one on a device nobody holds
+        says nothing (the scheduler keeps pods off it).
         """
-        index = pods if isinstance(pods, PodIndex) else PodIndex(pods)
-        judged = list(index.with_claim_verdicts())  # the rest say nothing of DRA devices
+        index = None if pods is None else pods if isinstance(pods, PodIndex) else PodIndex(pods)
+        # Only the pods with a verdict on a DRA device say anything of one: the others are not read.
+        listed = None if index is None else list(index.with_claim_verdicts())
         # Held: an unresolved Unknown's grace, too, starts once the warm-up is over.
         pending_since = {k: now for k, _ in self.pending} if holding else dict(self.pending)
-        seen, pending = _resolve(now, inventory, judged, pending_since)
+        seen: dict[DeviceKey, _Seen] = {}
+        pending = pending_since
+        if listed is not None:
+            seen, pending = _resolve(now, inventory, listed, pending_since)
         devices = dict(self.devices)
-        holders = _holders(inventory) if seen or devices else {}
+        failing_now = failing(taints or ())
+        held = held_dra_devices(inventory, devices.keys() | seen.keys() | failing_now.keys())
+        bad = {k: v for k, v in failing_now.items() if k in held}
         out: list[Change] = []
-        for key in sorted(devices.keys() | seen.keys()):
+        for key in sorted(devices.keys() | seen.keys() | bad.keys()):
             old = devices.get(key, _Device())
             s = seen.get(key)
-            if s is None:
-                if any(uid in index for uid in old.holders):
+            tainted = bool(bad.get(key)) if taints is not None else old.tainted
+            gone = index is not None and bool(old.holders) and not any(u in index for u in old.holders)
+            if s is None and not old.tainted and not tainted:
+                if not gone:
                     continue  # its pods are there but say nothing of it this time: no news
                 # Its pods are gone. A pod ending is no heal: the device may be as bad as it was, so
                 # a page stays open for a person; allocation.removed already tells the pod went.
                 del devices[key]
                 continue
-            new, change = _step(now, key, old, s, holders.get(key, ()), unknown_grace, holding)
+            if s is None and key not in held:
+                del devices[key]  # nothing of ours holds it any more: no heal either, its story ends
+                continue
+            if s is None and gone:
+                old = dataclasses.replace(old, health=HEALTHY, since=None, holders=frozenset())
+            about = _about_seen(s) if s is not None else _about_held(held[key])
+            health = _health(s.verdict) if s is not None else old.health
+            first = s.first_seen if s is not None else None
+            uids = old.holders | (s.uids if s is not None else frozenset())
+            said = _Said(health, tainted, bad.get(key, ()), first, uids)
+            held_by = held[key][2] if key in held else ()
+            new, change = _step(now, key, old, said, about, held_by, unknown_grace, holding)
             if change is not None:
                 out.append(change)
             if new.health == HEALTHY and new.reported is None:
@@ -139,6 +193,8 @@ class DeviceHealth:
                     "health": d.health,
                     "reported": d.reported,
                     "holders": sorted(d.holders),
+                    "tainted": d.tainted,
+                    "sources": sorted(d.sources),
                 }
                 for k, d in self.devices
             ],
@@ -160,7 +216,12 @@ class DeviceHealth:
                 uids = entry["holders"]
                 if not isinstance(uids, list) or not all(isinstance(u, str) for u in uids):
                     continue
-                devices[key] = _Device(health, reported, None, frozenset(uids))
+                tainted = entry.get("tainted", False) is True
+                # A state saved before taints were read knew one source only.
+                sources = entry.get("sources", [SOURCE] if reported == UNHEALTHY else [])
+                if not isinstance(sources, list) or not all(x in _SOURCES for x in sources):
+                    continue
+                devices[key] = _Device(health, reported, None, frozenset(uids), tainted, frozenset(sources))
             return cls(tuple(sorted(devices.items())))
         except (KeyError, TypeError, ValueError):
             return cls()
@@ -216,10 +277,15 @@ def _device_of(held: Pod | None, pod: PodMeta, v: DeviceVerdict) -> tuple[str, C
     return None
 
 
-def _holders(inventory: Inventory) -> dict[DeviceKey, tuple[str, ...]]:
-    """Every container ("ns/pod/container") holding each DRA device, whichever claim gave it:
-    the inventory's tally keeps them, carried from one inventory to the next."""
-    return {k: names for k, (names, _) in inventory.tally.claim_holders.items()}
+def _about_seen(s: _Seen) -> _About:
+    pod_claim, request = s.verdict.claim
+    message = printable(s.verdict.message[:_MESSAGE_MAX])
+    return _About(s.claim, s.device, pod_claim, request, message, f"{s.pod.key}/{s.verdict.container}")
+
+
+def _about_held(held: tuple[str, ClaimDevice, tuple[str, ...]]) -> _About:
+    claim, device, holders = held
+    return _About(claim, device, None, None, "", holders[0])
 
 
 def _rank(health: str) -> int:
@@ -235,100 +301,92 @@ def _step(
     now: float,
     key: DeviceKey,
     old: _Device,
-    s: _Seen,
+    said: _Said,
+    about: _About,
     held_by: tuple[str, ...],
     grace: float,
     holding: bool,
 ) -> tuple[_Device, Change | None]:
-    """One device's new state, and its event if this observation makes one."""
-    health = _health(s.verdict)
-    uids = old.holders | s.uids
-    if health == UNHEALTHY:
-        new = _Device(UNHEALTHY, UNHEALTHY, None, uids)
-        return new, (None if old.reported == UNHEALTHY else _change(Kind.DEVICE_UNHEALTHY, key, s, held_by))
-    if health == HEALTHY:
+    """One device's new state, and its event if this observation makes one: ONE story whichever
+    source saw the failure first, healed once neither says Unhealthy any more."""
+    health, uids = said.health, said.uids
+    now_bad = frozenset(([SOURCE] if health == UNHEALTHY else []) + ([SLICE_SOURCE] if said.tainted else []))
+    if now_bad:
+        if old.reported == UNHEALTHY:
+            return _Device(health, UNHEALTHY, None, uids, said.tainted, old.sources | now_bad), None
+        new = _Device(health, UNHEALTHY, None, uids, said.tainted, now_bad)
+        return new, _change(Kind.DEVICE_UNHEALTHY, key, about, held_by, now_bad, said)
+    # An Unknown holds a failure the Pod status reported open (no news is no heal); a failure only
+    # the taints reported heals when they go, whatever an Unknown says.
+    if health == HEALTHY or (health == UNKNOWN and old.reported == UNHEALTHY and SOURCE not in old.sources):
+        after = _Device(health, None, now if health == UNKNOWN else None, uids)
         if old.reported is not None:
-            return _Device(holders=uids), _change(Kind.DEVICE_HEALTHY, key, s, held_by)
-        return _Device(holders=uids), None  # an Unknown healed within the grace says nothing
-    # Unknown: the driver stopped reporting. A failure reported stays open (no news is no heal).
+            story = old.sources or frozenset([SOURCE])
+            return after, _change(Kind.DEVICE_HEALTHY, key, about, held_by, story, said)
+        return after, None  # an Unknown healed within the grace says nothing
+    # Unknown: the driver stopped reporting.
     if old.reported is not None:
-        return _Device(UNKNOWN, old.reported, None, uids), None
+        return dataclasses.replace(old, health=UNKNOWN, since=None, holders=uids, tainted=False), None
     if holding:
         # Drivers re-register during the kubelet's warm-up: the grace starts once it is over.
         return _Device(UNKNOWN, None, now, uids), None
-    candidates = [t for t in (old.since if old.health == UNKNOWN else None, s.first_seen) if t is not None]
+    candidates = [t for t in (old.since if old.health == UNKNOWN else None, said.first_seen) if t is not None]
     since = min(candidates, default=now)
     if now - since >= grace:
-        return _Device(UNKNOWN, UNKNOWN, None, uids), _change(
-            Kind.DEVICE_HEALTH_UNKNOWN, key, s, held_by, lasted=now - since
+        change = _change(
+            Kind.DEVICE_HEALTH_UNKNOWN, key, about, held_by, frozenset([SOURCE]), said, now - since
         )
+        return _Device(UNKNOWN, UNKNOWN, None, uids, sources=frozenset([SOURCE])), change
     return _Device(UNKNOWN, None, since, uids), None
 
 
 def _change(
-    kind: Kind, key: DeviceKey, s: _Seen, held_by: tuple[str, ...], *, lasted: float | None = None
+    kind: Kind,
+    key: DeviceKey,
+    about: _About,
+    held_by: tuple[str, ...],
+    sources: frozenset[str],
+    said: _Said,
+    lasted: float | None = None,
 ) -> Change:
     driver, pool, name = key
-    pod_claim, request = s.verdict.claim
-    message = printable(s.verdict.message[:_MESSAGE_MAX])
-    holders = list(held_by) or [f"{s.pod.key}/{s.verdict.container}"]
+    words = (
+        [about.message] if about.message and (kind is not Kind.DEVICE_UNHEALTHY or SOURCE in sources) else []
+    )
+    if kind is Kind.DEVICE_UNHEALTHY:
+        words += [t.text for t in said.taints]
+    message = "; ".join(words)
+    holders = list(held_by) or [about.holder]
+    ordered = sorted(sources)
     details: dict[str, Any] = {
         "resource": driver,
         "device": f"{pool}/{name}",
         "driver": driver,
         "pool": pool,
         "device_name": name,
-        "cdi_devices": list(s.device.cdi_devices),
-        "claim": s.claim,
-        "pod_claim": pod_claim,
-        "request": request,
-        "health": _health(s.verdict),
+        "cdi_devices": list(about.device.cdi_devices),
+        "claim": about.claim,
+        "pod_claim": about.pod_claim,
+        "request": about.request,
+        "health": {Kind.DEVICE_UNHEALTHY: UNHEALTHY, Kind.DEVICE_HEALTHY: HEALTHY}.get(kind, UNKNOWN),
         "message": message,
         "allocated_to": holders,
         "namespaces": sorted({h.split("/", 1)[0] for h in holders}),
-        "source": SOURCE,
+        # One source names the story for what groups by it (flapping, incidents): the Pod status's
+        # when it is one of them.
+        "source": SOURCE if SOURCE in sources else ordered[0],
+        "sources": ordered,
     }
-    said = f": {message}" if message else ""
+    if kind is Kind.DEVICE_UNHEALTHY and said.taints:
+        details["taints"] = [t.to_json() for t in said.taints]
+    said_text = f": {message}" if message else ""
     if kind is Kind.DEVICE_UNHEALTHY:
-        severity, state = Severity.CRITICAL, f"unhealthy{said}"
+        severity, state = Severity.CRITICAL, f"unhealthy{said_text}"
     elif kind is Kind.DEVICE_HEALTHY:
         severity, state = Severity.INFO, "healthy again"
     else:
         severity = Severity.WARNING
-        state = f"health unknown for {lasted or 0:.0f} s (its driver stopped reporting){said}"
+        state = f"health unknown for {lasted or 0:.0f} s (its driver stopped reporting){said_text}"
         details["unknown_for_s"] = round(lasted or 0.0, 3)
-    summary = f"{driver} {name} (pool {pool}) {state}; held by {', '.join(holders)} (claim {s.claim})"
+    summary = f"{driver} {name} (pool {pool}) {state}; held by {', '.join(holders)} (claim {about.claim})"
     return make_change(kind, severity, summary, details)
-
-
-def corroborate(changes: Sequence[Change], pods: Iterable[PodMeta]) -> list[Change]:
-    """`changes` with each allocated `device.removed` (device plugin) carrying `kubelet_verdicts`:
-    what the holders' Pod status says of that device ([{pod, container, health}], empty when it says
-    nothing), so a reader sees whether the kubelet agreed. No event of its own: the device leaving
-    allocatable is what pages, as it always did."""
-    wanted = [c for c in changes if c.kind is Kind.DEVICE_REMOVED and c.details.get("allocated_to")]
-    if not wanted:
-        return list(changes)
-    by_key = {p.key: p for p in pods}
-    out: list[Change] = []
-    for change in changes:
-        holders = change.details.get("allocated_to")
-        if change.kind is not Kind.DEVICE_REMOVED or not holders:
-            out.append(change)
-            continue
-        resource, device = str(change.details.get("resource", "")), str(change.details.get("device", ""))
-        keys = sorted({"/".join(str(h).split("/", 2)[:2]) for h in holders})
-        verdicts = [
-            {"pod": k, "container": v.container, "health": v.health}
-            for k in keys
-            if (pod := by_key.get(k)) is not None
-            for v in pod.verdicts
-            if not v.is_claim and v.resource == resource and v.resource_id == device
-        ]
-        verdicts.sort(key=lambda x: (x["pod"], x["container"]))
-        out.append(
-            Change(
-                change.kind, change.severity, change.summary, {**change.details, "kubelet_verdicts": verdicts}
-            )
-        )
-    return out

@@ -127,6 +127,20 @@ class Cluster:
         self.objects[("", "pods", namespace, name)] = pod
         return copy.deepcopy(pod)
 
+    def put_resource_slice(self, body: Json) -> Json:
+        """A ResourceSlice as a DRA driver publishes (or republishes) one: stored whole, by name."""
+        name = body["metadata"]["name"]
+        key = ("resource.k8s.io", "resourceslices", "", name)
+        old = self.objects.get(key)
+        meta = self.new_meta(name) if old is None else dict(old["metadata"], resourceVersion=self.bump())
+        obj: Json = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice"} | copy.deepcopy(body)
+        obj["metadata"] = dict(body["metadata"]) | meta
+        self.objects[key] = obj
+        return copy.deepcopy(obj)
+
+    def delete_resource_slice(self, name: str) -> None:
+        self.objects.pop(("resource.k8s.io", "resourceslices", "", name), None)
+
     def node(self, name: str) -> Json:
         return copy.deepcopy(self.objects[("", "nodes", "", name)])
 

@@ -14,6 +14,7 @@ __all__ = [
     "EVENTS",
     "KINDS",
     "MERGE_KEYS",
+    "RESOURCE_SLICES",
     "VERSION",
     "Kind",
     "core_event",
@@ -62,10 +63,13 @@ KINDS: dict[tuple[str, str], Kind] = {
         Kind("", "events", "Event", True, _ALL_VERBS, ("ev",)),
         Kind("events.k8s.io", "events", "Event", True, _ALL_VERBS, ("ev",)),
         Kind("coordination.k8s.io", "leases", "Lease", True, _ALL_VERBS),
+        # DRA drivers publish their devices (and the devices' taints) in cluster-scoped slices.
+        Kind("resource.k8s.io", "resourceslices", "ResourceSlice", False, _ALL_VERBS),
     )
     for k in [(v.group, v.resource)]
 }
 EVENTS = KINDS[("events.k8s.io", "events")]
+RESOURCE_SLICES = KINDS[("resource.k8s.io", "resourceslices")]
 CORE_EVENTS = KINDS[("", "events")]
 
 # Lists merged by key under a strategic merge patch (the patchMergeKey tags of k8s.io/api).
@@ -80,6 +84,8 @@ MERGE_KEYS: dict[str, MergeKeys] = {
     },
     "Event": {("metadata", "ownerReferences"): "uid", ("metadata", "finalizers"): ""},
     "Lease": {("metadata", "ownerReferences"): "uid", ("metadata", "finalizers"): ""},
+    # spec.devices is an atomic list (listType=atomic): a patch replaces it whole.
+    "ResourceSlice": {("metadata", "ownerReferences"): "uid", ("metadata", "finalizers"): ""},
 }
 
 

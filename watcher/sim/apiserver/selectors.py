@@ -41,6 +41,11 @@ _SELECTABLE: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {
     },
     ("", "nodes"): {"metadata.name": ("metadata", "name"), "spec.unschedulable": ("spec", "unschedulable")},
     ("", "namespaces"): {"metadata.name": ("metadata", "name"), "status.phase": ("status", "phase")},
+    ("resource.k8s.io", "resourceslices"): {
+        "metadata.name": ("metadata", "name"),
+        "spec.nodeName": ("spec", "nodeName"),
+        "spec.driver": ("spec", "driver"),
+    },
     ("coordination.k8s.io", "leases"): {
         "metadata.name": ("metadata", "name"),
         "metadata.namespace": ("metadata", "namespace"),

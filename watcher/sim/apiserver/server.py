@@ -6,8 +6,9 @@ bodies (reason, message wording, details) and semantics, strictly enough that a 
 the real server accepts too. The tests read what it holds back through the real kubectl.
 
 Served: discovery (`/version`, `/api`, `/api/v1`, `/apis`, `/apis/events.k8s.io/v1`,
-`/apis/coordination.k8s.io/v1`, legacy form: kubectl falls back to it from aggregated discovery);
-Nodes (and `nodes/status`), Pods, Namespaces, Leases, and Events in one store with two views,
+`/apis/coordination.k8s.io/v1`, `/apis/resource.k8s.io/v1`, legacy form: kubectl falls back to it
+from aggregated discovery); Nodes (and `nodes/status`), Pods, Namespaces, Leases, ResourceSlices
+(listed by `spec.nodeName` or `spec.driver`), and Events in one store with two views,
 `events.k8s.io/v1` and core `v1`, converted as the real server converts them (`regarding` is
 `involvedObject`, `note` is `message`, `reportingController` is `reportingComponent`, the
 `deprecated*` fields are `source`, `count`, `firstTimestamp`, `lastTimestamp`; `series` is `series`).
@@ -216,6 +217,14 @@ class FakeApiServer:
         self, namespace: str, name: str, node: str, *, phase: str = "Running", uid: str | None = None
     ) -> Json:
         return self._cluster.add_pod(namespace, name, node, phase=phase, uid=uid)
+
+    def put_resource_slice(self, body: Json) -> Json:
+        """A ResourceSlice (`metadata.name`, `spec`) as a DRA driver publishes one, replaced whole
+        if it is there: its devices' taints are what the agent reads."""
+        return self._cluster.put_resource_slice(body)
+
+    def delete_resource_slice(self, name: str) -> None:
+        self._cluster.delete_resource_slice(name)
 
     def node(self, name: str) -> Json:
         return self._cluster.node(name)
