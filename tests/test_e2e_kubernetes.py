@@ -67,13 +67,15 @@ def placed(cluster: KubeTestCluster, request: pytest.FixtureRequest) -> Placemen
     return place_agent(cluster, tag)
 
 
-def _workload_node(placement: Placement) -> FakeNode:
-    """What the fake kubelet serves: a pod holding one GPU, one GPU spare."""
+def _workload_node(placement: Placement, uid: str = "") -> FakeNode:
+    """What the fake kubelet serves: a pod holding one GPU, one GPU spare. `uid`: the API server's
+    uid of that pod, as a kubelet's Pods API shows it (the kubelet runs the API server's object)."""
     node = FakeNode()
     node.cpu_ids = {0, 1}
     node.add_device(FakeDevice(GPU, HELD, (0,)))
     node.add_device(FakeDevice(GPU, SPARE, (0,)))
-    node.add_pod(FakePod(placement.namespace, WORKLOAD, [FakeContainer("main", devices={GPU: [HELD]})]))
+    containers = [FakeContainer("main", devices={GPU: [HELD]})]
+    node.add_pod(FakePod(placement.namespace, WORKLOAD, containers, uid=uid))
     return node
 
 
@@ -143,8 +145,9 @@ async def test_events_and_condition_through_a_failure_and_back(
     cluster: KubeTestCluster, placed: Placement, short_tmp: Path
 ) -> None:
     cluster.apply(pod_manifest(placed.namespace, WORKLOAD, placed.node))
+    uid = cluster.get("pod", "-n", placed.namespace, WORKLOAD)["metadata"]["uid"]
     async with (
-        FakeKubelet(short_tmp / "kubelet", _workload_node(placed)) as fake,
+        FakeKubelet(short_tmp / "kubelet", _workload_node(placed, uid)) as fake,
         running_agent(_agent_settings(placed, short_tmp), fake) as run,
     ):
         healthy = await _until_condition(run, cluster, placed.node, "False")
@@ -173,7 +176,6 @@ async def test_events_and_condition_through_a_failure_and_back(
     )
     reasons = sorted(e["reason"] for e in events["items"])
     assert reasons == ["DeviceFailed", "DeviceRecovered"], reasons
-    uid = cluster.get("pod", "-n", placed.namespace, WORKLOAD)["metadata"]["uid"]
     assert {e["involvedObject"]["uid"] for e in events["items"]} == {uid}
     # The kubelet's Ready is as the admin set it: the strategic merge touched only our type.
     ready = await _condition(cluster, placed.node, "Ready")
