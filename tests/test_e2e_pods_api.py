@@ -149,6 +149,25 @@ async def test_a_restart_replaces_the_pods_api_socket_and_the_pods_come_back(
     assert [_who(p) for p in await _list(pods_kubelet)] == [("ml", "kept", "k-1")]
 
 
+async def test_a_stopping_kubelet_closes_every_watch_as_a_drop_or_cuts_it(pods_kubelet: PodsKubelet) -> None:
+    """Upstream's broadcaster closes every watcher's channel when the kubelet stops, so a watch
+    ends in the very words of a drop; unless the process exits first (the kubelet does not wait for
+    its server's GracefulStop), then the connection is cut (UNAVAILABLE). Upstream gives either,
+    about half the time each; the fake always the first, the harder case for a client."""
+    async with aio.insecure_channel(f"unix:{pods_kubelet.pods_api_socket}") as channel:
+        call = channel.unary_stream(SERVICE + "WatchPods")(b"")
+        stream = call.__aiter__()
+        assert kind_of(bytes(await asyncio.wait_for(stream.__anext__(), 10))) == INITIAL_SYNC_COMPLETE
+        await pods_kubelet.restart()
+        read, end = await _read_until_it_ends(stream, 1)
+    assert read == 0
+    dropped = (end.code(), end.details()) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "watch client channel closed",
+    )
+    assert dropped or end.code() == grpc.StatusCode.UNAVAILABLE, (end.code(), end.details())
+
+
 async def test_a_watcher_that_stops_reading_is_dropped_with_resource_exhausted(
     pods_kubelet: PodsKubelet,
 ) -> None:
