@@ -7,6 +7,7 @@ the fake kubelet too (`[fake]`), so the fake is shown to agree with upstream on 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -19,6 +20,7 @@ from testkit.kubelet_driver import FakeDriver
 from testkit.kubelet_lite import KubeletLite
 from testkit.peers import peer
 from testkit.protowire import every, fields, first
+from watcher.cli import main
 from watcher.sim.fake_kubelet import FakeKubelet
 
 pytestmark = pytest.mark.e2e
@@ -35,6 +37,9 @@ class PodsKubelet(Protocol):
 
     @property
     def pods_api_socket(self) -> Path: ...
+
+    @property
+    def socket_path(self) -> Path: ...
 
     async def admit(
         self, namespace: str, pod: str, containers: Mapping[str, Mapping[str, int]], *, uid: str | None = None
@@ -122,6 +127,25 @@ async def test_watch_gives_the_snapshot_then_sync_complete_then_changes_and_a_ba
             (b"", None),
         )
         call.cancel()
+
+
+async def test_snapshot_reads_upstreams_list_pods(
+    pods_kubelet: PodsKubelet, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`snapshot` decodes the Pods the Go server marshals: each pod with its uid and phase."""
+    for uid, name in (("b-2", "second"), ("a-1", "first")):
+        await pods_kubelet.admit("team", name, {"main": {}}, uid=uid)
+    code = await asyncio.to_thread(
+        main, ["snapshot", "--socket", str(pods_kubelet.socket_path), "-o", "json"]
+    )
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    api = json.loads(out)["pods_api"]
+    assert (api["available"], api["skipped"]) == (True, 0)
+    assert [(p["namespace"], p["name"], p["uid"], p["phase"]) for p in api["pods"]] == [
+        ("team", "first", "a-1", "Running"),
+        ("team", "second", "b-2", "Running"),
+    ]
 
 
 async def test_get_pod_of_an_unknown_uid_is_not_found_in_upstreams_words(pods_kubelet: PodsKubelet) -> None:
