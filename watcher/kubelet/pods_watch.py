@@ -206,22 +206,28 @@ class PodsWatch:
         except StoppedError:
             if self.stop.is_set():
                 raise
-            self._drop_explained(same_kubelet=False)
+            self._drop_explained(answered=False)
             raise _ReplacedError from None
         except Exception:
-            self._drop_explained(same_kubelet=False)  # gone, refusing, warming up: it stopped
+            self._drop_explained(answered=False)  # gone, refusing, warming up: it stopped
             raise
         finally:
             guard.cancel()
             await asyncio.gather(guard, return_exceptions=True)
 
-    def _drop_explained(self, *, same_kubelet: bool) -> None:
+    def _drop_explained(self, *, answered: bool) -> None:
         """After a closed stream, the reconnect's outcome says why: the same kubelet answering again
-        dropped a watch that fell behind (a warning); one gone or replaced closed it as it stopped."""
+        (`answered` on the same socket) dropped a watch that fell behind, a warning; one gone,
+        refusing or replaced closed it as it stopped."""
         if self._drop is None:
             return
-        self._drop = None
-        if same_kubelet:
+        (old,), now, self._drop = self._drop, self._tried, None
+        if (
+            answered
+            and old is not None
+            and now is not None
+            and not is_replacement(old, now, name_events=False)
+        ):
             log.warning("the kubelet dropped the Pods API watch; reconnecting for a fresh snapshot")
         else:
             log.info("the Pods API watch was closed as the kubelet stopped", socket=str(self.socket))
@@ -296,14 +302,7 @@ class PodsWatch:
                     if not answered:  # the first event: the kubelet answered
                         answered = True
                         self.connects += 1
-                        if self._drop is not None:
-                            (old,), now = self._drop, self._tried
-                            same = (
-                                old is not None
-                                and now is not None
-                                and not is_replacement(old, now, name_events=False)
-                            )
-                            self._drop_explained(same_kubelet=same)
+                        self._drop_explained(answered=True)
                         self._set_state("syncing", f"reading the Pods API's snapshot on {self.socket}")
                     if kind != SYNCED:
                         # A snapshot that stalls is a hung kubelet; live events may be hours apart.
