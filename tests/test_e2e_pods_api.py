@@ -7,6 +7,7 @@ the fake kubelet too (`[fake]`), so the fake is shown to agree with upstream on 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -19,6 +20,7 @@ from testkit.kubelet_driver import FakeDriver
 from testkit.kubelet_lite import KubeletLite
 from testkit.peers import peer
 from testkit.protowire import every, fields, first
+from watcher.cli import main
 from watcher.sim.fake_kubelet import FakeKubelet
 
 pytestmark = pytest.mark.e2e
@@ -35,6 +37,9 @@ class PodsKubelet(Protocol):
 
     @property
     def pods_api_socket(self) -> Path: ...
+
+    @property
+    def socket_path(self) -> Path: ...
 
     async def admit(
         self, namespace: str, pod: str, containers: Mapping[str, Mapping[str, int]], *, uid: str | None = None
@@ -124,6 +129,25 @@ async def test_watch_gives_the_snapshot_then_sync_complete_then_changes_and_a_ba
         call.cancel()
 
 
+async def test_snapshot_reads_upstreams_list_pods(
+    pods_kubelet: PodsKubelet, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`snapshot` decodes the Pods the Go server marshals: each pod with its uid and phase."""
+    for uid, name in (("b-2", "second"), ("a-1", "first")):
+        await pods_kubelet.admit("team", name, {"main": {}}, uid=uid)
+    code = await asyncio.to_thread(
+        main, ["snapshot", "--socket", str(pods_kubelet.socket_path), "-o", "json"]
+    )
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    api = json.loads(out)["pods_api"]
+    assert (api["available"], api["skipped"]) == (True, 0)
+    assert [(p["namespace"], p["name"], p["uid"], p["phase"]) for p in api["pods"]] == [
+        ("team", "first", "a-1", "Running"),
+        ("team", "second", "b-2", "Running"),
+    ]
+
+
 async def test_get_pod_of_an_unknown_uid_is_not_found_in_upstreams_words(pods_kubelet: PodsKubelet) -> None:
     request = bytes([0x0A, 5]) + b"ghost"  # GetPodRequest.podUID = 1
     async with aio.insecure_channel(f"unix:{pods_kubelet.pods_api_socket}") as channel:
@@ -147,6 +171,25 @@ async def test_a_restart_replaces_the_pods_api_socket_and_the_pods_come_back(
     await pods_kubelet.restart()
     assert identity() != before
     assert [_who(p) for p in await _list(pods_kubelet)] == [("ml", "kept", "k-1")]
+
+
+async def test_a_stopping_kubelet_closes_every_watch_as_a_drop_or_cuts_it(pods_kubelet: PodsKubelet) -> None:
+    """Upstream's broadcaster closes every watcher's channel when the kubelet stops, so a watch
+    ends in the very words of a drop; unless the process exits first (the kubelet does not wait for
+    its server's GracefulStop), then the connection is cut (UNAVAILABLE). Upstream gives either,
+    about half the time each; the fake always the first, the harder case for a client."""
+    async with aio.insecure_channel(f"unix:{pods_kubelet.pods_api_socket}") as channel:
+        call = channel.unary_stream(SERVICE + "WatchPods")(b"")
+        stream = call.__aiter__()
+        assert kind_of(bytes(await asyncio.wait_for(stream.__anext__(), 10))) == INITIAL_SYNC_COMPLETE
+        await pods_kubelet.restart()
+        read, end = await _read_until_it_ends(stream, 1)
+    assert read == 0
+    dropped = (end.code(), end.details()) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "watch client channel closed",
+    )
+    assert dropped or end.code() == grpc.StatusCode.UNAVAILABLE, (end.code(), end.details())
 
 
 async def test_a_watcher_that_stops_reading_is_dropped_with_resource_exhausted(

@@ -31,7 +31,7 @@ LAYERS: list[tuple[set[str], bool]] = [
     ({"cycle"}, True),
     ({"status"}, True),
     ({"app"}, True),
-    ({"sim", "snapshot", "snapshot_html", "cli", "__main__"}, False),
+    ({"sim", "snapshot", "snapshot_pods", "snapshot_html", "cli", "__main__"}, False),
 ]
 PURE = [
     "model",

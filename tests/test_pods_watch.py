@@ -189,6 +189,20 @@ async def test_a_dropped_watch_re_diffs_and_reports_every_change_once(short_tmp:
         ]
 
 
+async def test_a_stopping_kubelet_closing_the_watch_as_a_drop_is_no_warning(kubelet: FakeKubelet) -> None:
+    # The kubelet closes every watch with the drop's words as it stops: the reconnect, finding
+    # it gone and then replaced, says it stopped (info); only the same kubelet answering again
+    # would have been a drop.
+    with capture_logs() as logs:
+        async with watching(_api(kubelet).socket_path) as w:
+            await w.until_state("watching")
+            await kubelet.restart()
+            await w.until(lambda: w.watch.connects == 2 and w.watch.state == "watching", "rewatch")
+    assert [e for e in _warnings(logs) if "dropped" in e] == []
+    assert [e["log_level"] for e in logs if "closed as the kubelet stopped" in str(e["event"])] == ["info"]
+    assert _api(kubelet).dropped == 0
+
+
 async def test_deleted_is_read_for_its_uid_only(kubelet: FakeKubelet) -> None:
     async with watching(_api(kubelet).socket_path) as w:
         await w.until_state("watching")

@@ -6,7 +6,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from watcher import errors
 from watcher.backoff import Backoff, retry
@@ -17,7 +17,10 @@ from watcher.model.inventory import Inventory
 from watcher.model.records import Memory
 from watcher.model.wording import cpuset_string, printable
 
-__all__ = ["Snapshot", "take_snapshot", "format_table", "format_json", "format_bytes"]
+if TYPE_CHECKING:  # snapshot_pods builds on this module's helpers
+    from watcher.snapshot_pods import PodsView
+
+__all__ = ["Snapshot", "take_snapshot", "format_table", "format_json", "format_bytes", "patiently", "table"]
 
 T = TypeVar("T")
 
@@ -27,6 +30,8 @@ class Snapshot:
     inventory: Inventory
     # Why allocatable is unknown (method disabled or absent); None when it is known.
     degraded: str | None = None
+    # What the Pods API said (watcher.snapshot_pods); None: it was not asked.
+    pods: PodsView | None = None
 
 
 # The kubelet's bucket is shared by every client on the node: a one-shot
@@ -35,7 +40,7 @@ RATE_LIMIT_ATTEMPTS = 6
 RATE_LIMIT_BACKOFF = Backoff(base=0.05, cap=1.0)
 
 
-async def _patiently(call: Callable[[], Awaitable[T]]) -> T:
+async def patiently(call: Callable[[], Awaitable[T]]) -> T:
     return await retry(
         call, retry_on=(errors.RateLimitedError,), attempts=RATE_LIMIT_ATTEMPTS, backoff=RATE_LIMIT_BACKOFF
     )
@@ -43,9 +48,9 @@ async def _patiently(call: Callable[[], Awaitable[T]]) -> T:
 
 async def take_snapshot(client: PodResourcesClient) -> Snapshot:
     """Query GetAllocatableResources and List; fall back to List-only if the former is unavailable."""
-    alloc_task = asyncio.ensure_future(_patiently(client.allocatable))
+    alloc_task = asyncio.ensure_future(patiently(client.allocatable))
     try:
-        pods = await _patiently(client.list)
+        pods = await patiently(client.list)
     except BaseException:
         alloc_task.cancel()
         await asyncio.gather(alloc_task, return_exceptions=True)
@@ -80,7 +85,7 @@ def _numa(nodes: tuple[int, ...] | int | None) -> str:
     return ",".join(str(n) for n in nodes)
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+def table(headers: list[str], rows: list[list[str]]) -> list[str]:
     # Columns measured as shown: an escaped character is several columns wide, a combining mark
     # took none. (`printable` of the whole line later leaves these cells as they are.)
     rows = [[printable(c) for c in r] for r in rows]
@@ -117,18 +122,18 @@ def format_table(snap: Snapshot) -> str:
         if len(cap.per_numa) > 1 or (cap.per_numa and cap.per_numa[0].numa is not None):
             for n in cap.per_numa:
                 rows.append(["", _numa(n.numa), _num(n.allocatable), str(n.allocated), _num(n.free)])
-    out += _table(["RESOURCE", "NUMA", "ALLOCATABLE", "ALLOCATED", "FREE"], rows) if rows else ["(none)"]
+    out += table(["RESOURCE", "NUMA", "ALLOCATABLE", "ALLOCATED", "FREE"], rows) if rows else ["(none)"]
 
     if inv.missing_devices:
         out += ["", "ALLOCATED BUT NOT ALLOCATABLE (failed or vanished while in use)"]
-        out += _table(
+        out += table(
             ["RESOURCE", "DEVICE", "NUMA", "HELD BY"],
             [[m.resource, m.id, _numa(m.numa), ", ".join(m.holders)] for m in inv.missing_devices],
         )
 
     cpus = inv.cpus
     out += ["", "CPUS"]
-    out += _table(
+    out += table(
         ["ALLOCATABLE", "ALLOCATED", "FREE", "ALLOCATABLE IDS"],
         [[_num(cpus.allocatable), str(cpus.allocated), _num(cpus.free), cpuset_string(inv.cpu_ids) or "-"]],
     )
@@ -144,7 +149,7 @@ def format_table(snap: Snapshot) -> str:
         ]
         for m in inv.memory_capacity
     ]
-    out += _table(["TYPE", "NUMA", "ALLOCATABLE", "ALLOCATED", "FREE"], mem_rows) if mem_rows else ["(none)"]
+    out += table(["TYPE", "NUMA", "ALLOCATABLE", "ALLOCATED", "FREE"], mem_rows) if mem_rows else ["(none)"]
 
     out += ["", "PODS (exclusive holdings)"]
     if not inv.pods:
@@ -163,6 +168,10 @@ def format_table(snap: Snapshot) -> str:
                     for d in cl.devices
                 )
                 out.append(f"    claim {cl.namespace}/{cl.name}: {devices}")
+    if snap.pods is not None:
+        from watcher.snapshot_pods import format_pods_table
+
+        out += format_pods_table(snap.pods)
     # Each item is one line: names chosen by plugins and users cannot add lines or colours.
     return "\n".join(printable(line) for line in out)
 
@@ -175,4 +184,8 @@ def format_json(snap: Snapshot) -> str:
         "inventory": inv.canonical,
         "derived": inv.derived(),
     }
+    if snap.pods is not None:
+        from watcher.snapshot_pods import format_pods_json
+
+        doc["pods_api"] = format_pods_json(snap.pods)
     return json.dumps(doc, indent=2, sort_keys=True)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
+from pathlib import Path
 
 from watcher.cli.common import (
     BAD_ARGS,
@@ -22,7 +24,9 @@ from watcher.kubelet.client import (
     DEFAULT_TIMEOUT,
     PodResourcesClient,
 )
-from watcher.settings import default_node_name
+from watcher.kubelet.pods_api import DEFAULT_MAX_RECEIVE_BYTES as PODS_MAX_RECEIVE_BYTES
+from watcher.kubelet.pods_api import PodsApiClient
+from watcher.settings import DEFAULT_POD_LABELS, default_node_name
 
 __all__ = ["add_parser"]
 
@@ -38,11 +42,21 @@ SNAPSHOT_EXIT_CODES = exit_codes(
 async def _snapshot(args: argparse.Namespace) -> int:
     # Here, not at the top: the agent never takes a snapshot, and imports `watcher.cli`.
     from watcher.snapshot import format_json, format_table, take_snapshot
+    from watcher.snapshot_pods import PodsView, default_pods_socket, read_pods
 
     async with PodResourcesClient(
         args.socket, timeout=args.timeout, max_receive_bytes=args.max_receive_bytes
     ) as client:
         snap = await take_snapshot(client)
+    if args.no_pods_api:
+        pods = PodsView(unavailable="not asked (--no-pods-api)")
+    else:
+        path = args.pods_api_socket or default_pods_socket(args.socket)
+        # One ListPods answer holds every pod: at least the Pods API client's own limit.
+        limit = max(args.max_receive_bytes, PODS_MAX_RECEIVE_BYTES)
+        async with PodsApiClient(str(path), timeout=args.timeout, max_receive_bytes=limit) as pods_client:
+            pods = await read_pods(pods_client, labels=DEFAULT_POD_LABELS)
+    snap = dataclasses.replace(snap, pods=pods)
     if snap.degraded and args.output != "table":
         print(f"{PROG}: warning: {snap.degraded}", file=sys.stderr)
     if args.output == "html":
@@ -61,7 +75,9 @@ def add_parser(subparsers: Subparsers) -> None:
         help="print the node's current inventory once",
         description="Query GetAllocatableResources and List once and print the normalized inventory: "
         "per resource and NUMA node what is allocatable, allocated and free, CPUs, memory, and what "
-        "each pod holds. `--output json` prints the canonical model and its content hash; `--output html` "
+        "each pod holds; and, when the kubelet serves its Pods API, ListPods once: each pod's uid, owner "
+        "and labels, and the kubelet's verdict on each device (the non-Healthy first, with the driver's "
+        "message). `--output json` prints the canonical model and its content hash; `--output html` "
         "a self-contained page that draws the node (NUMA nodes, devices, CPUs, memory, coloured by state).",
         epilog=SNAPSHOT_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -70,6 +86,18 @@ def add_parser(subparsers: Subparsers) -> None:
         "--socket",
         default=DEFAULT_SOCKET,
         help=f"the kubelet's pod-resources socket (default: {DEFAULT_SOCKET})",
+    )
+    snap.add_argument(
+        "--pods-api-socket",
+        type=Path,
+        default=None,
+        help="the kubelet's Pods API socket (default: pods-api/pods-api.sock under the kubelet root dir "
+        "that holds --socket's directory)",
+    )
+    snap.add_argument(
+        "--no-pods-api",
+        action="store_true",
+        help="do not read the Pods API (pods' uids, owners, labels and device verdicts)",
     )
     snap.add_argument(
         "--output",

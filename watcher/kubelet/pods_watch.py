@@ -111,6 +111,7 @@ class PodsWatch:
         self._troubles: set[type[BaseException]] = set()  # logged since the last "watching"
         self._stable = "off"  # the last state but syncing: what was last logged
         self._tried: FileIdentity | None = None  # the socket the last stream was opened on
+        self._drop: tuple[FileIdentity | None] | None = None  # a closed stream's socket, until explained
 
     # -- states --
 
@@ -159,7 +160,9 @@ class PodsWatch:
             except StoppedError:
                 return
             except errors.WatchDroppedError as err:
-                log.warning("the kubelet dropped the Pods API watch; reconnecting for a fresh snapshot")
+                # Upstream's kubelet closes every watch with these very words as it stops, too:
+                # the reconnect tells which it was (`_drop_explained`), and only a drop is warned.
+                self._drop = (self._tried,)
                 self._set_state("syncing", str(err))
                 now = time.monotonic()
                 if now - self._last_drop < _DROPS_APART:
@@ -198,13 +201,36 @@ class PodsWatch:
         try:
             async with PodsApiClient(str(self.socket), timeout=self.timeout) as client:
                 await unless_stopped(scope, self._read(client.watch()))
+        except errors.WatchDroppedError:
+            raise
         except StoppedError:
             if self.stop.is_set():
                 raise
+            self._drop_explained(answered=False)
             raise _ReplacedError from None
+        except Exception:
+            self._drop_explained(answered=False)  # gone, refusing, warming up: it stopped
+            raise
         finally:
             guard.cancel()
             await asyncio.gather(guard, return_exceptions=True)
+
+    def _drop_explained(self, *, answered: bool) -> None:
+        """After a closed stream, the reconnect's outcome says why: the same kubelet answering again
+        (`answered` on the same socket) dropped a watch that fell behind, a warning; one gone,
+        refusing or replaced closed it as it stopped."""
+        if self._drop is None:
+            return
+        (old,), now, self._drop = self._drop, self._tried, None
+        if (
+            answered
+            and old is not None
+            and now is not None
+            and not is_replacement(old, now, name_events=False)
+        ):
+            log.warning("the kubelet dropped the Pods API watch; reconnecting for a fresh snapshot")
+        else:
+            log.info("the Pods API watch was closed as the kubelet stopped", socket=str(self.socket))
 
     def _replaced(self, old: FileIdentity | None, name_events: bool) -> bool:
         """Is a socket at the path that is not `old` (None: any socket)?"""
@@ -276,6 +302,7 @@ class PodsWatch:
                     if not answered:  # the first event: the kubelet answered
                         answered = True
                         self.connects += 1
+                        self._drop_explained(answered=True)
                         self._set_state("syncing", f"reading the Pods API's snapshot on {self.socket}")
                     if kind != SYNCED:
                         # A snapshot that stalls is a hung kubelet; live events may be hours apart.

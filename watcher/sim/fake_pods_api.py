@@ -17,7 +17,7 @@ It behaves as upstream's server (pkg/kubelet/apis/pods, served by ListenAndServe
   a test can make such a duplicate.
 - Each watcher has a buffer of 100 events. One that falls further behind (its buffer full when the
   next event comes) is dropped: it still gets the buffered events, then RESOURCE_EXHAUSTED "watch
-  client channel closed".
+  client channel closed". Stopping closes every watch the same way, as upstream's kubelet does.
 
 Faults a test can add: `refuse(code, details)` answers every call with that status (a kubelet with
 the gate off, or one too old for the API), `inject(kind, pod)` sends every watcher an event with
@@ -51,6 +51,7 @@ WATCH_BUFFER = 100  # events a watcher may have unread before it is dropped
 NOT_READY = "Kubelet is initializing"
 DROPPED = "watch client channel closed"
 RATE_LIMITED = "rejected by rate limit"
+STOP_GRACE = 0.2  # seconds the watches get to end in upstream's words when the fake stops
 
 ADDED, MODIFIED, DELETED = pods_pb2.ADDED, pods_pb2.MODIFIED, pods_pb2.DELETED
 
@@ -120,12 +121,18 @@ class FakePodsApi:
         self._seen = self._current() if self.broadcast_delay > 0 else None
 
     async def stop(self, *, remove_socket: bool = False) -> None:
-        """Stop serving (every watch ends); the stale socket stays unless `remove_socket`."""
+        """Stop serving; the stale socket stays unless `remove_socket`. As upstream's broadcaster
+        does when the kubelet stops, every watch is closed as a dropped one is: its buffered events,
+        then RESOURCE_EXHAUSTED "watch client channel closed" (not counted in `dropped`)."""
         server, self._server = self._server, None
+        for watcher in self._watchers:
+            watcher.dropped = True
+            watcher.wakeup.set()
         self._watchers.clear()
         self._seen = None
         if server is not None:
-            await server.stop(grace=None)
+            # A moment for the streams to end in those words; a client not reading is cut off.
+            await server.stop(grace=STOP_GRACE)
         if remove_socket:
             self.socket_path.unlink(missing_ok=True)
 

@@ -1,0 +1,243 @@
+"""The agent's Pods API watch against upstream's server (kubelet-lite, `[real]`) and the fake kubelet
+(`[fake]`) alike: the first snapshot reports nothing, an admitted pod is read with pod-resources Get
+and reported once with its uid, its removal once, a kubelet restart only as kubelet.restarted with
+the watch live again; and the watch itself, dropped by upstream's broadcaster for reading slowly,
+re-diffs a fresh snapshot with nothing lost and nothing twice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from testkit.agent import AgentRun, agent_against, make_settings
+from testkit.changes import Changes
+from testkit.kubelet_driver import FakeDriver, KubeletDriver, LiteDriver
+from testkit.kubelet_lite import KubeletLite
+from testkit.peers import peer
+from watcher.backoff import Backoff
+from watcher.kubelet.pods_watch import PodChange, PodsWatch
+from watcher.sim.fake_kubelet import FakeKubelet
+
+pytestmark = pytest.mark.e2e
+
+GPU = "example.com/gpu"
+GPUS = {"gpu0": (0,), "gpu1": (0,), "gpu2": (1,), "gpu3": (1,)}
+
+
+@pytest.fixture(params=["real", "fake"])
+async def kubelet(request: pytest.FixtureRequest, short_tmp: Path) -> AsyncIterator[KubeletDriver]:
+    """kubelet-lite with one device plugin ([real]), or the fake kubelet serving the same devices
+    ([fake]); either under short_tmp/kubelet, where `make_settings(short_tmp)` looks."""
+    root = short_tmp / "kubelet"
+    if request.param == "real":
+        async with KubeletLite(peer("kubelet-lite"), peer("device-plugin"), root) as lite:
+            yield await LiteDriver.create(lite, GPU, GPUS)
+        return
+    async with FakeKubelet(root, FakeDriver.node(GPU, GPUS, 4), seed=11) as fake:
+        yield FakeDriver(fake, GPU)
+
+
+@asynccontextmanager
+async def _agent(short_tmp: Path, **overrides: object) -> AsyncIterator[AgentRun]:
+    """The agent with the Pods API (on by default), past its first look with the watch live. Only
+    the watch tells of pod changes: no state-file triggers, the timer an hour away."""
+    settings = make_settings(short_tmp, state_file_triggers=False, interval=3600.0, **overrides)
+    async with agent_against(settings) as run:
+        await run.recorder.until(lambda: "watcher.started" in run.recorder.kinds())
+        await _live(run)
+        await run.released()
+        yield run
+
+
+async def _live(run: AgentRun, timeout: float = 15.0) -> None:
+    watch = run.agent.pods_watch
+    assert watch is not None
+    await run.recorder.until(lambda: watch.state == "watching", timeout)
+
+
+def _warnings(logs: list[dict[str, object]]) -> list[str]:
+    return [str(entry["event"]) for entry in logs if entry["log_level"] in ("warning", "error")]
+
+
+async def test_the_first_snapshot_reports_nothing_beyond_started(
+    kubelet: KubeletDriver, short_tmp: Path
+) -> None:
+    held = await kubelet.admit("ml", "trainer", {"main": {GPU: 2}}, uid="uid-trainer")
+    async with _agent(short_tmp) as run:
+        await run.quiet_cycle()
+        assert run.recorder.kinds() == ["watcher.started"]
+        watch = run.agent.pods_watch
+        assert watch is not None
+        meta = watch.index.by_uid("uid-trainer")
+        assert meta is not None and (meta.namespace, meta.name, meta.phase) == ("ml", "trainer", "Running")
+        assert run.agent.inventory is not None
+        (pod,) = run.agent.inventory.pods
+        assert (
+            sorted(d.id for c in pod.containers for d in c.devices if d.resource == GPU) == held["main"][GPU]
+        )
+
+
+async def test_an_admitted_pod_is_read_with_get_and_reported_once_and_its_removal_once(
+    kubelet: KubeletDriver, short_tmp: Path
+) -> None:
+    async with _agent(short_tmp) as run:
+        mark, cycles = len(run.recorder.events), len(run.recorder.reasons)
+        held = await kubelet.admit("ml", "llm-1", {"main": {GPU: 2}}, uid="uid-llm-1")
+        assert await run.recorder.kinds_after(mark, 2) == ["allocation.added", "capacity.changed"]
+        added = run.recorder.events[mark]
+        assert (added.details["pod"], added.details["pod_uid"]) == ("llm-1", "uid-llm-1")
+        assert added.details["devices"] == {GPU: held["main"][GPU]}
+        assert any("pods-api" in r for r in run.recorder.reasons[cycles:])
+        await run.quiet_cycle()  # a whole List agrees with what Get built
+        assert run.recorder.kinds(mark) == ["allocation.added", "capacity.changed"]
+
+        mark, cycles = len(run.recorder.events), len(run.recorder.reasons)
+        await kubelet.remove("ml", "llm-1")
+        assert await run.recorder.kinds_after(mark, 2) == ["allocation.removed", "capacity.changed"]
+        # The DELETED pod left the watch's index before the cycle: the event names it by
+        # namespace and name only, as pod-resources does.
+        assert run.recorder.events[mark].details["pod"] == "llm-1"
+        assert any("pods-api" in r for r in run.recorder.reasons[cycles:])
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["allocation.removed", "capacity.changed"]
+
+
+async def test_a_kubelet_restart_gives_only_kubelet_restarted_and_the_watch_goes_back_to_watching(
+    kubelet: KubeletDriver, short_tmp: Path
+) -> None:
+    await kubelet.admit("ml", "kept", {"main": {GPU: 1}}, uid="uid-kept")
+    async with _agent(short_tmp, poll_interval=0.05) as run:
+        watch = run.agent.pods_watch
+        assert watch is not None
+        mark, connects = len(run.recorder.events), watch.connects
+        with capture_logs() as logs:
+            await kubelet.restart()
+            await run.recorder.until(lambda: watch.connects > connects and watch.state == "watching", 15)
+            await run.recorder.until(lambda: "kubelet.restarted" in run.recorder.kinds(mark), 15)
+            await run.released()
+        kinds = [k for k in run.recorder.kinds(mark) if not k.startswith("plugin.")]
+        assert kinds == ["kubelet.restarted"]
+        assert watch.index.by_uid("uid-kept") is not None
+        # A kubelet that stops is not a watch that fell behind: no warning says it was dropped.
+        assert [w for w in _warnings(logs) if "dropped" in w] == []
+
+
+# -- the watch alone: a slow reader dropped by upstream's broadcaster --
+
+
+class _Watched:
+    """PodsWatch on a socket, recording every change and state."""
+
+    def __init__(self, path: Path, on_batch: Callable[[], None] = lambda: None) -> None:
+        self.stop = asyncio.Event()
+        self.seen = Changes()
+        self.batches: list[tuple[list[PodChange], bool]] = []
+        self.states: list[str] = []
+        self.on_batch = on_batch
+        self.watch = PodsWatch(
+            path,
+            labels=(),
+            backoff=Backoff(base=0.02, cap=0.2),
+            stop=self.stop,
+            on_changes=self._changes,
+            on_state=lambda state, _detail: (self.states.append(state), self.seen.notify()),
+        )
+
+    def _changes(self, changes: Sequence[PodChange], resync: bool) -> None:
+        self.batches.append((list(changes), resync))
+        self.seen.notify()
+        self.on_batch()
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+        await self.seen.until(
+            predicate, timeout, describe=lambda: f"states {self.states}, {len(self.batches)} batches"
+        )
+
+
+def _control(control: Path, method: str, path: str, spec: object = None) -> None:
+    """One request to kubelet-lite's control socket from a thread (the event loop is held)."""
+    body = b"" if spec is None else json.dumps(spec).encode()
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.settimeout(15)
+        conn.connect(str(control))
+        head = f"{method} {path} HTTP/1.0\r\nHost: kubelet-lite\r\nContent-Length: {len(body)}\r\n\r\n"
+        conn.sendall(head.encode() + body)
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    assert reply.split(b" ", 2)[1] == b"200", reply[:200]
+
+
+async def test_a_slow_watch_dropped_by_upstream_re_diffs_nothing_lost_nothing_twice(
+    kubelet_lite: KubeletLite,
+) -> None:
+    """Upstream drops a watcher 100 events behind (RESOURCE_EXHAUSTED "watch client channel
+    closed"). The watch's loop is held in its callback while a thread changes the pods, as a reader
+    stuck behind a busy loop would be: pods of 1 MB each (admitted and removed at once, to keep
+    kubelet-lite's pods file small) fill what the transport holds (about 5 MB here), then 110
+    small pods' DELETED events fill the watcher's channel. The watch must then reconnect, warn once,
+    and report each pod's change exactly once."""
+    small = [f"small-{i:03d}" for i in range(110)]
+    late = [f"late-{i}" for i in range(3)]
+    huge = [{"name": "c-" + "x" * 1_000_000, "resources": {}}]
+    release = threading.Event()
+    holding = {"first": True}
+
+    def hold_the_loop() -> None:
+        if holding.pop("first", False):  # the first snapshot's batch: now read nothing meanwhile
+            threading.Thread(target=change_pods, daemon=True).start()
+            if not release.wait(60):
+                raise AssertionError("the pods did not change in time")
+
+    def change_pods() -> None:
+        control = kubelet_lite.control_socket
+        try:
+            for i in range(12):
+                _control(
+                    control,
+                    "POST",
+                    "/pods",
+                    {"namespace": "big", "name": f"big-{i}", "uid": f"u-big-{i}", "containers": huge},
+                )
+                _control(control, "DELETE", f"/pods/big/big-{i}")
+            for name in small:
+                _control(control, "DELETE", f"/pods/flood/{name}")
+            for name in late:
+                spec = {
+                    "namespace": "flood",
+                    "name": name,
+                    "uid": f"u-{name}",
+                    "containers": [{"name": "main"}],
+                }
+                _control(control, "POST", "/pods", spec)
+        finally:
+            release.set()
+
+    for name in small:
+        await kubelet_lite.admit("flood", name, {"main": {}}, uid=f"u-{name}")
+    w = _Watched(kubelet_lite.pods_api_socket, hold_the_loop)
+    task = asyncio.create_task(w.watch.run())
+    try:
+        with capture_logs() as logs:
+            await w.until(
+                lambda: w.watch.state == "watching" and {m.name for m in w.watch.index} == set(late)
+            )
+    finally:
+        w.stop.set()
+        await asyncio.wait_for(task, 10)
+    assert w.watch.connects == 2
+    assert [x for x in _warnings(logs) if "dropped" in x] == [
+        "the kubelet dropped the Pods API watch; reconnecting for a fresh snapshot"
+    ]
+    changes = [c for batch, _ in w.batches[1:] for c in batch if not c.uid.startswith("u-big-")]
+    assert sorted(c.uid for c in changes if c.after is None) == sorted(f"u-{n}" for n in small)  # once each
+    assert sorted(c.uid for c in changes if c.before is None) == sorted(f"u-{n}" for n in late)
+    assert any(resync for _, resync in w.batches[1:])  # what the drop cut off came by the re-diff

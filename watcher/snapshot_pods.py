@@ -1,0 +1,134 @@
+"""`snapshot`'s look at the kubelet's Pods API: ListPods once, each pod's uid, owner and allowlisted
+labels, and the kubelet's verdict on each device its pods hold (device plugins and DRA drivers, with
+the drivers' words), for a table or JSON. The Pods API is extra: when it cannot be read, the
+snapshot is printed as before with one line saying why."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from watcher import errors
+from watcher.kubelet.pod_decoding import pod_meta
+from watcher.kubelet.pods_api import PodsApiClient
+from watcher.model.pod_meta import HEALTHY, UNHEALTHY, DeviceVerdict, PodMeta
+from watcher.snapshot import patiently, table
+
+__all__ = ["PodsView", "default_pods_socket", "format_pods_json", "format_pods_table", "read_pods"]
+
+_RANK = {UNHEALTHY: 0, HEALTHY: 2}  # anything else (Unknown, a newer word) between the two
+
+
+@dataclass(frozen=True)
+class PodsView:
+    """What ListPods said once: the pods in namespace/name order, or why it was not read."""
+
+    pods: tuple[PodMeta, ...] = ()
+    unavailable: str | None = None  # why the Pods API was not read (None: it was)
+    skipped: int = 0  # pods that did not decode
+
+    def verdicts(self) -> list[tuple[PodMeta, DeviceVerdict]]:
+        """Every pod's device verdicts, the non-Healthy first (Unhealthy, then Unknown)."""
+        pairs = [(pod, v) for pod in self.pods for v in pod.verdicts]
+        return sorted(
+            pairs,
+            key=lambda p: (
+                _RANK.get(p[1].health, 1),
+                p[0].key,
+                p[1].container,
+                p[1].resource,
+                p[1].resource_id,
+            ),
+        )
+
+
+def default_pods_socket(pod_resources_socket: str) -> Path:
+    """The Pods API's socket under the kubelet root dir that holds `pod_resources_socket`
+    (`<root>/pod-resources/kubelet.sock` -> `<root>/pods-api/pods-api.sock`)."""
+    return Path(pod_resources_socket).parent.parent / "pods-api" / "pods-api.sock"
+
+
+async def read_pods(client: PodsApiClient, *, labels: Collection[str]) -> PodsView:
+    """ListPods once (a rate limit retried, as the pod-resources calls are); never raises for what
+    the kubelet answers: a refusal becomes the view's `unavailable` reason."""
+    try:
+        raws = await patiently(client.list_pods)
+    except errors.SocketMissingError:
+        return PodsView(
+            unavailable=f"no socket at {client.socket_path} (a kubelet before 1.37, or its PodsAPI gate off)"
+        )
+    except errors.KubeletError as err:
+        return PodsView(unavailable=str(err))
+    pods, skipped = [], 0
+    for raw in raws:
+        try:
+            pods.append(pod_meta(raw, labels=labels))
+        except errors.PodDecodeError:
+            skipped += 1
+    pods.sort(key=lambda p: (p.namespace, p.name, p.uid))
+    return PodsView(tuple(pods), None, skipped)
+
+
+def _owner(pod: PodMeta) -> str:
+    return f"{pod.owner.kind}/{pod.owner.name}" if pod.owner is not None else "-"
+
+
+def _resource(pod: PodMeta, v: DeviceVerdict) -> str:
+    obj = pod.claim_object(v.claim[0]) if v.is_claim else None
+    return f"{v.resource} (ResourceClaim {obj})" if obj else v.resource
+
+
+def format_pods_table(view: PodsView) -> list[str]:
+    """The table's lines for the Pods API (each line made printable by the caller)."""
+    if view.unavailable is not None:
+        return ["", f"note: Pods API not available: {view.unavailable}"]
+    out = ["", "PODS (Pods API)"]
+    rows = [
+        [pod.key, pod.uid, pod.phase or "-", _owner(pod), ", ".join(f"{k}={v}" for k, v in pod.labels) or "-"]
+        for pod in view.pods
+    ]
+    out += table(["POD", "UID", "PHASE", "OWNER", "LABELS"], rows) if rows else ["(none)"]
+    if view.skipped:
+        out.append(f"({view.skipped} pods did not decode and are left out)")
+    out += ["", "DEVICE HEALTH (the kubelet's verdicts, not Healthy first)"]
+    verdicts = [
+        [pod.key, v.container, _resource(pod, v), v.resource_id, v.health, v.message or "-"]
+        for pod, v in view.verdicts()
+    ]
+    header = ["POD", "CONTAINER", "RESOURCE", "DEVICE", "HEALTH", "MESSAGE"]
+    out += table(header, verdicts) if verdicts else ["(none)"]
+    return out
+
+
+def format_pods_json(view: PodsView) -> dict[str, Any]:
+    """The JSON document's `pods_api` field."""
+    return {
+        "available": view.unavailable is None,
+        "reason": view.unavailable,
+        "skipped": view.skipped,
+        "pods": [
+            {
+                "namespace": pod.namespace,
+                "name": pod.name,
+                "phase": pod.phase,
+                **pod.who(),
+            }
+            for pod in view.pods
+        ],
+        "devices": [
+            {
+                "namespace": pod.namespace,
+                "pod": pod.name,
+                "pod_uid": pod.uid,
+                "container": v.container,
+                "resource": v.resource,
+                "resource_id": v.resource_id,
+                "health": v.health,
+                "message": v.message,
+                "claim": pod.claim_object(v.claim[0]) if v.is_claim else None,
+            }
+            for pod, v in view.verdicts()
+        ],
+    }
