@@ -93,6 +93,10 @@ async def test_a_finished_pod_is_taken_out_without_a_call_and_a_deleted_one_too(
             "llm-pretrain-2",
             "llm-pretrain-3",
         ]
+        removed = [e for e in run.recorder.events[mark:] if e.kind == "allocation.removed"]
+        # Named as their arrival was, though the watch forgot the deleted one at once.
+        assert [e.details["owner"]["name"] for e in removed] == ["llm-pretrain", "llm-pretrain"]
+        assert all(e.details["pod_uid"] for e in removed)
         assert sum(fake.calls.values()) == calls  # the watch said it all: no kubelet call
         await run.quiet_cycle()  # and List agrees
         assert run.recorder.kinds(mark + 4) == []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import structlog
 
@@ -23,7 +23,7 @@ from watcher.model.device_taints import DeviceTaint
 from watcher.model.diff import diff
 from watcher.model.flapping import FlapRule
 from watcher.model.inventory import Inventory
-from watcher.model.pod_meta import PodIndex
+from watcher.model.pod_meta import PodIndex, PodMeta
 from watcher.model.settling import Settling
 from watcher.model.who import annotate
 from watcher.settings import Settings
@@ -75,6 +75,7 @@ def conclude(
     *,
     pods: PodIndex | None = None,
     taints: Collection[DeviceTaint] | None = None,
+    gone: Mapping[tuple[str, str], PodMeta] | None = None,
 ) -> CycleState:
     """Diff `before` against the inventory to report, add the changes to `changes` (after the
     lifecycle ones already there) and return the draft that holds `after`.
@@ -103,7 +104,7 @@ def conclude(
         diffs.extend(verdicts)
     flaps, damped = draft.flaps.damp(now, diffs, flap_rule(settings))
     incidents, grouped = draft.incidents.group(cycle, damped, settings.watch.incident_threshold)
-    changes.extend(annotate(grouped, pods) if pods is not None else grouped)
+    changes.extend(annotate(grouped, pods, gone) if pods is not None else grouped)
     draft = dataclasses.replace(
         draft, flaps=flaps, incidents=incidents, inventory=after, device_health=device_health
     )

@@ -20,6 +20,7 @@ from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.triggers import Trigger
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.build import build_pod
+from watcher.model.pod_meta import PodMeta
 from watcher.model.records import Pod
 from watcher.ratelimit import RateLimiter
 
@@ -50,6 +51,9 @@ class PodReads:
         # (namespace, name) -> True: read it with Get; False: it ended, take it out.
         self.pending: dict[PodKey, bool] = {}
         self.get_disabled: str | None = None  # why Get cannot be used (this kubelet disabled it)
+        # Pods the watch saw end (deleted, finished) since the last cycle took them: the watch's
+        # index forgets a deleted pod at once, and its allocation.removed should still name it.
+        self.gone: dict[PodKey, PodMeta] = {}
 
     def on_changes(self, changes: Sequence[PodChange], resync: bool) -> None:
         """The watch's callback: note what to read, fire the trigger (cheap; the stream goes on)."""
@@ -61,9 +65,11 @@ class PodReads:
             if not change.resources:
                 status = True
                 continue
+            ended = change.after is None or change.after.phase in TERMINAL_PHASES
+            if ended and change.before is not None:
+                self.gone[(meta.namespace, meta.name)] = change.before
             if resync:
                 continue  # a fresh snapshot's differences: the whole List way, below
-            ended = change.after is None or change.after.phase in TERMINAL_PHASES
             self.pending[(meta.namespace, meta.name)] = not ended
             reads = True
         if resync and any(c.resources for c in changes):
@@ -87,6 +93,11 @@ class PodReads:
         if len(reads) > READS_MAX or (reads and self.get_disabled is not None):
             return None
         return pending
+
+    def take_gone(self) -> dict[PodKey, PodMeta]:
+        """The pods that ended since the last call, for the cycle that reports their removal."""
+        gone, self.gone = self.gone, {}
+        return gone
 
     async def read(
         self, client: PodResourcesClient, limiter: RateLimiter, pods: Mapping[PodKey, bool]

@@ -286,7 +286,15 @@ class Reactor:
             draft = dataclasses.replace(draft, settling=settling)
             taints = self.slice_taints.taints if self.slice_taints is not None else None
             draft = conclude(
-                self.settings, draft, changes, cycle, before, after, pods=self._pods(), taints=taints
+                self.settings,
+                draft,
+                changes,
+                cycle,
+                before,
+                after,
+                pods=self._pods(),
+                taints=taints,
+                gone=self.pod_reads.take_gone(),
             )
         result = "changed" if after is not before else "unchanged"
         return result, functools.partial(commit, draft, before=before, baseline=before is None)

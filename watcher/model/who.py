@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from watcher.model.changes import Change
-from watcher.model.pod_meta import PodIndex
+from watcher.model.pod_meta import PodIndex, PodMeta
 from watcher.model.wording import printable
 
 __all__ = ["OWNER_LABELS", "annotate", "hit_pods", "owner_text"]
@@ -22,15 +22,29 @@ __all__ = ["OWNER_LABELS", "annotate", "hit_pods", "owner_text"]
 OWNER_LABELS = ("team", "app.kubernetes.io/part-of")
 
 
-def annotate(changes: Sequence[Change], pods: PodIndex) -> list[Change]:
+def annotate(
+    changes: Sequence[Change], pods: PodIndex, gone: Mapping[tuple[str, str], PodMeta] | None = None
+) -> list[Change]:
     """`changes` with what the index knows of the pods they name. A change about one pod (details
     `namespace` and `pod`) gains `pod_uid`, `owner` and `labels`; a change naming holders
     (`allocated_to`: "namespace/pod/container") gains `pods`, one entry per known pod, sorted.
-    Summaries stay as they are; a change with nothing to add is returned as it is."""
-    return [_annotated(change, pods) for change in changes]
+    `gone`: pods the watch saw end since the last look, by (namespace, name): their removal is
+    named as their arrival was (the index forgot them already). Summaries stay as they are; a
+    change with nothing to add is returned as it is."""
+    lookup = _Lookup(pods, gone or {})
+    return [_annotated(change, lookup) for change in changes]
 
 
-def _annotated(change: Change, pods: PodIndex) -> Change:
+class _Lookup:
+    def __init__(self, pods: PodIndex, gone: Mapping[tuple[str, str], PodMeta]) -> None:
+        self.pods, self.gone = pods, gone
+
+    def get(self, namespace: str, name: str) -> PodMeta | None:
+        meta = self.pods.get(namespace, name)
+        return meta if meta is not None else self.gone.get((namespace, name))
+
+
+def _annotated(change: Change, pods: _Lookup) -> Change:
     details = change.details
     more: dict[str, Any] = {}
     namespace, name = details.get("namespace"), details.get("pod")
