@@ -142,7 +142,7 @@ async def _episode(
     # Slack: the failure, then how the episode ended, after the hold-down.
     await rx.slack.wait_for(slack_before + 2, timeout=5)
     said = [json.dumps(r.parsed) for r in rx.slack.accepted[slack_before:]]
-    assert len(said) == 2 and device in said[0], said
+    assert len(said) == 2 and device.split("/")[-1] in said[0], said
     assert "stopped flapping" in said[1]
     slack_end_at = rx.slack.accepted[slack_before + 1].at
     first_at = rx.pager.accepted[0].at

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from watcher.config import field_meta
-from watcher.model.changes import Kind
+from watcher.model.changes import Kind, Severity
 from watcher.model.conditions import condition_of
 from watcher.model.events import Event
 from watcher.model.hold_down import HeldEnd, HeldEnds, Step, decide
@@ -189,6 +189,7 @@ class SlackSink(HttpSink):
             opened = set(told)
             held = await self.held.load()
             kept, held = self._sift(events, opened, held)
+            outcome = Outcome.ok()
             if kept:
                 outcome = await self._post(kept)
                 if not outcome.delivered:
@@ -196,15 +197,17 @@ class SlackSink(HttpSink):
             await self.held.save(held)
             if opened != told:
                 await self.store.kv_set(self._store_key, sorted(opened))
-        return Outcome.ok()
+        return outcome
 
     def _sift(
         self, events: Sequence[Event], opened: set[str], held: HeldEnds
     ) -> tuple[list[Event], HeldEnds]:
         """What of `events` to say now; `opened` and the held ends updated in place of the state."""
         hold_down = self.settings.resolve_hold_down
+        least = Severity(self.settings.min_severity).rank
         boot, now = self.held.clock()
         kept: list[Event] = []
+        withheld: set[str] = set()  # resources whose device changes wait or add nothing
         for event in events:
             condition = condition_of(event)
             if condition is None:
@@ -212,20 +215,30 @@ class SlackSink(HttpSink):
                 continue
             key = condition.key
             step = decide(condition.active, is_open=key in opened, hold_down=hold_down)
+            resource = str(event.details.get("resource", ""))
             if step is Step.HOLD:
                 held = held.hold(key, now=now, boot=boot, hold_down=hold_down, payload=event.to_dict())
+                withheld.add(resource)
                 continue
             if step is Step.UPDATE:
                 recovering = key in held.held
                 held = held.cancel(key)
                 if recovering or event.kind is Kind.DEVICE_FLAPPING:
+                    withheld.add(resource)
                     continue  # the reader knows it failed and was not told it recovered
             elif step is Step.OPEN:
                 opened.add(key)
             elif step is Step.END:
                 opened.discard(key)
+            elif event.severity.rank < least:
+                continue  # the end of a condition never told: only what the route asked for
             kept.append(event)
-        return kept, held
+        said = {str(e.details.get("resource", "")) for e in kept if condition_of(e) is not None}
+        # A capacity change is said with the device change that explains it, or not at all.
+        quiet = withheld - said
+        return [
+            e for e in kept if not (e.kind is Kind.CAPACITY_CHANGED and e.details.get("resource") in quiet)
+        ], held
 
     async def _say_held(self, key: str, end: HeldEnd) -> Outcome:
         """A held recovery, due: said, and the condition is no longer told (the timer holds the lock)."""
@@ -258,7 +271,7 @@ register(
         settings=SlackSinkSettings,
         factory=_slack_sink,
         required_secrets=("url",),
-        capabilities=Capabilities(notifies=True),
+        capabilities=Capabilities(notifies=True, resolves=True),
         order=30,
     )
 )
