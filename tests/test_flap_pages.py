@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit.agent import Running, make_settings, running_agent
-from testkit.receivers import PagerDutyReceiver, SlackReceiver
+from testkit.receivers import PagerDutyReceiver, SlackReceiver, WebhookReceiver
 from testkit.waiting import wait_until
 from watcher.settings import Settings
 from watcher.settings_file import parse_settings
@@ -31,6 +31,7 @@ GPU = "nvidia.com/gpu"
 DRIVER, POOL, DEVICE = "gpu.nvidia.com", "node-a", "gpu-3"
 PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 HOLD_DOWN = 2.0  # stands for the default 60 s
+RESTART_HOLD_DOWN = 4.0  # room to stop the agent inside it, on a loaded machine
 FLIPS = 10  # failures, each followed by a heal: 20 changes
 
 
@@ -38,6 +39,19 @@ FLIPS = 10  # failures, each followed by a heal: 20 changes
 class Receivers:
     slack: SlackReceiver
     pager: PagerDutyReceiver
+    am: WebhookReceiver  # Alertmanager's POST /api/v2/alerts, recorded
+
+    def alerts(self, device: str) -> list[tuple[float, dict[str, Any]]]:
+        """(arrival, alert) for every alert posted about `device`, in order."""
+        return [
+            (r.at, a)
+            for r in self.am.accepted
+            for a in json.loads(r.body)
+            if a["labels"].get("device") == device
+        ]
+
+    def am_resolves(self, device: str) -> list[float]:
+        return [at for at, a in self.alerts(device) if "resolved_by" in a["annotations"]]
 
     def pages(self) -> list[dict[str, Any]]:
         return self.pager.events
@@ -58,25 +72,24 @@ class Receivers:
         return [e["event_action"] for e in self.pages()]
 
 
-def _settings(
-    root: Path, slack: SlackReceiver, pager: PagerDutyReceiver, hold_down: float = HOLD_DOWN
-) -> Settings:
+def _settings(root: Path, rx: Receivers, hold_down: float = HOLD_DOWN) -> Settings:
     parsed = parse_settings(
         {
             "sinks": {
                 "slack": {
                     "type": "slack",
-                    "url": slack.url("/services/T0/B0/X"),
+                    "url": rx.slack.url("/services/T0/B0/X"),
                     "rate": 100.0,
                     "resolve_hold_down": hold_down,
                 },
                 "pager": {
                     "type": "pagerduty",
                     "routing_key": PD_KEY,
-                    "endpoint": pager.url("/v2/enqueue"),
+                    "endpoint": rx.pager.url("/v2/enqueue"),
                     "rate": 100.0,
                     "resolve_hold_down": hold_down,
                 },
+                "am": {"type": "alertmanager", "url": rx.am.url(""), "resolve_hold_down": hold_down},
             },
         }
     )
@@ -87,8 +100,8 @@ def _settings(
 
 @asynccontextmanager
 async def _receivers() -> AsyncIterator[Receivers]:
-    async with SlackReceiver(rate=1000.0) as slack, PagerDutyReceiver() as pager:
-        yield Receivers(slack, pager)
+    async with SlackReceiver(rate=1000.0) as slack, PagerDutyReceiver() as pager, WebhookReceiver() as am:
+        yield Receivers(slack, pager, am)
 
 
 async def _ready(run: Running, rx: Receivers) -> int:
@@ -128,11 +141,12 @@ async def _episode(
     took = await _flap(run, kinds, flip)
     assert took < 5.0
     # The first failure paged at once; the episode's resolve waits for the flap's end and the hold-down.
-    await rx.pager.wait_for(lambda _: "resolve" in rx.actions(), timeout=10)
-    resolved_at = next(r.at for r in rx.pager.accepted if r.parsed["event_action"] == "resolve")
+    await run.recorder.until(lambda: "device.flap_ended" in run.recorder.kinds(), timeout=10)
     flap_ended = next(e for e in run.recorder.events if e.kind == "device.flap_ended")
     assert flap_ended.details["present"] is True
-    assert rx.incidents_opened() == 1
+    await rx.pager.wait_for(lambda _: "resolve" in rx.actions(), timeout=10)
+    resolved_at = next(r.at for r in rx.pager.accepted if r.parsed["event_action"] == "resolve")
+    assert rx.incidents_opened() == 1, rx.actions()
     assert rx.actions()[0] == "trigger" and rx.actions().count("resolve") == 1
     # The one trigger's update: device.flapping, to the open incident (its dedup key), opens nothing.
     triggers = [e for e in rx.pages() if e["event_action"] == "trigger"]
@@ -147,6 +161,12 @@ async def _episode(
     slack_end_at = rx.slack.accepted[slack_before + 1].at
     first_at = rx.pager.accepted[0].at
     assert resolved_at - first_at >= HOLD_DOWN and slack_end_at - first_at >= HOLD_DOWN
+    # Alertmanager: one alert (the same labels throughout), resolved once, after the hold-down.
+    await rx.am.wait_for(lambda _: len(rx.am_resolves(device)) == 1, timeout=5)
+    alerts = rx.alerts(device)
+    assert len({json.dumps(a["labels"], sort_keys=True) for _, a in alerts}) == 1
+    assert "resolved_by" in alerts[-1][1]["annotations"]
+    assert rx.am_resolves(device)[0] - alerts[0][0] >= HOLD_DOWN
     # The audit log holds every change, at once.
     await wait_until(lambda: len(_audited(root, kinds, device)) == 2 * FLIPS, timeout=5)
     assert _audited(root, kinds, device) == [kinds[0], kinds[1]] * FLIPS
@@ -160,7 +180,10 @@ async def _episode(
     assert rx.actions()[-1] == "trigger" and rx.incidents_opened() == 2
     await rx.slack.wait_for(slack_count + 1, timeout=5)
     assert rx.slack.accepted[-1].at - failed_at < 1.0
-    assert rx.pager.violations == [] and rx.slack.violations == []
+    await rx.am.wait_for(lambda _: rx.alerts(device)[-1][0] > failed_at, timeout=5)
+    assert "resolved_by" not in rx.alerts(device)[-1][1]["annotations"]  # firing again, at once
+    assert rx.alerts(device)[-1][0] - failed_at < 1.0
+    assert rx.pager.violations == [] and rx.slack.violations == [] and rx.am.violations == []
 
 
 async def test_an_allocated_gpu_flapping_is_one_incident_two_slack_messages_and_every_change_audited(
@@ -168,7 +191,7 @@ async def test_an_allocated_gpu_flapping_is_one_incident_two_slack_messages_and_
 ) -> None:
     fake = FakeKubelet(short_tmp / "kubelet", seed=29)
     gpu = fake.node.pods[("ml", "trainer-0")].container("trainer").devices[GPU][0]
-    async with fake, _receivers() as rx, running_agent(_settings(short_tmp, rx.slack, rx.pager), fake) as run:
+    async with fake, _receivers() as rx, running_agent(_settings(short_tmp, rx), fake) as run:
         await _episode(
             run,
             rx,
@@ -200,7 +223,7 @@ async def test_a_dra_device_flapping_in_its_pod_status_is_one_incident_too(short
         else:
             fake.dra.set_health(DRIVER, POOL, DEVICE, "Unhealthy", "critical XID 79 reported by NVML")
 
-    async with fake, _receivers() as rx, running_agent(_settings(short_tmp, rx.slack, rx.pager), fake) as run:
+    async with fake, _receivers() as rx, running_agent(_settings(short_tmp, rx), fake) as run:
         await _episode(run, rx, short_tmp, f"{POOL}/{DEVICE}", ("device.unhealthy", "device.healthy"), flip)
 
 
@@ -208,7 +231,7 @@ async def test_an_agent_restarted_during_the_hold_down_resolves_once(short_tmp: 
     fake = FakeKubelet(short_tmp / "kubelet", seed=31)
     gpu = fake.node.pods[("ml", "trainer-0")].container("trainer").devices[GPU][0]
     async with fake, _receivers() as rx:
-        settings = _settings(short_tmp, rx.slack, rx.pager)
+        settings = _settings(short_tmp, rx, hold_down=RESTART_HOLD_DOWN)
         async with running_agent(settings, fake) as run:
             await _ready(run, rx)
             fake.make_unhealthy(GPU, gpu)
@@ -218,16 +241,18 @@ async def test_an_agent_restarted_during_the_hold_down_resolves_once(short_tmp: 
             healed_at = time.monotonic()
             await run.quiet_cycle()
         # Stopped within the hold-down: the resolve has not gone yet.
-        assert time.monotonic() - healed_at < HOLD_DOWN
+        assert time.monotonic() - healed_at < RESTART_HOLD_DOWN
         assert rx.actions() == ["trigger"]
         async with running_agent(settings, fake) as run:
-            await rx.pager.wait_for(2, timeout=HOLD_DOWN + 5)
+            await rx.pager.wait_for(2, timeout=RESTART_HOLD_DOWN + 5)
             assert rx.actions() == ["trigger", "resolve"]
-            assert rx.pager.accepted[1].at - healed_at >= HOLD_DOWN - 0.1  # when it was due, not before
+            # When it was due, not before.
+            assert rx.pager.accepted[1].at - healed_at >= RESTART_HOLD_DOWN - 0.1
+            await rx.am.wait_for(lambda _: len(rx.am_resolves(gpu)) == 1, timeout=5)
             await run.quiet_cycle()
         async with running_agent(settings, fake) as run:  # and a third start sends nothing more
             await run.recorder.kinds_after(0, 1)
             await run.quiet_cycle()
             await run.quiet_cycle()
-        assert rx.actions() == ["trigger", "resolve"]
+        assert rx.actions() == ["trigger", "resolve"] and len(rx.am_resolves(gpu)) == 1
         assert rx.pager.violations == []
