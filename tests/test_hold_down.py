@@ -119,3 +119,18 @@ async def test_slack_withholds_a_recovery_and_a_flip_back_but_never_another_fail
             assert (await sink.deliver([_event(Kind.DEVICE_ADDED, 5)])).delivered  # said at once now
             assert (await sink.deliver([_event(Kind.DEVICE_REMOVED, 6)])).delivered  # a new failure
             assert len(said()) == 4 and "GPU-0" in said()[3] and slack.violations == []
+
+
+async def test_send_test_resolves_its_test_page_at_once_whatever_the_hold_down(tmp_path: Path) -> None:
+    from watcher.cli import main
+
+    async with PagerDutyReceiver() as pd:
+        config = tmp_path / "config.toml"
+        config.write_text(
+            f'node = "node-a"\nstate_dir = "{tmp_path / "state"}"\n'
+            f'[sinks.pager]\ntype = "pagerduty"\nrouting_key = "{PD_KEY}"\n'
+            f'endpoint = "{pd.url("/v2/enqueue")}"\nresolve_hold_down = 600\n'
+        )
+        # The command runs its own event loop: in a thread, while this one serves the receiver.
+        assert await asyncio.to_thread(main, ["send-test", "pager", "--config", str(config)]) == 0
+        assert [e["event_action"] for e in pd.events] == ["trigger", "resolve"] and not pd.open
