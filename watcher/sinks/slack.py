@@ -187,14 +187,15 @@ class SlackSink(HttpSink):
         async with self.held.lock:
             told = set(await self.store.kv_get(self._store_key) or [])
             opened = set(told)
-            held = await self.held.load()
-            kept, held = self._sift(events, opened, held)
+            before = await self.held.load()
+            kept, held = self._sift(events, opened, before)
             outcome = Outcome.ok()
             if kept:
                 outcome = await self._post(kept)
                 if not outcome.delivered:
                     return outcome  # nothing saved: the batch is sifted afresh when retried
-            await self.held.save(held)
+            if held != before:
+                await self.held.save(held)
             if opened != told:
                 await self.store.kv_set(self._store_key, sorted(opened))
         return outcome
@@ -215,6 +216,8 @@ class SlackSink(HttpSink):
                 continue
             key = condition.key
             step = decide(condition.active, is_open=key in opened, hold_down=hold_down)
+            if step is Step.HOLD and event.kind is Kind.WATCHER_STARTED:
+                step = Step.END  # news of its own (the agent is back), said at once
             resource = str(event.details.get("resource", ""))
             if step is Step.HOLD:
                 held = held.hold(key, now=now, boot=boot, hold_down=hold_down, payload=event.to_dict())
