@@ -22,6 +22,8 @@ from typing import Any
 from testkit.agent import Running, make_settings, running_agent
 from testkit.receivers import PagerDutyReceiver, SlackReceiver, WebhookReceiver
 from testkit.waiting import wait_until
+from watcher.model.changes import Change, Kind, Severity
+from watcher.model.flapping import FlapRule, Flaps
 from watcher.settings import Settings
 from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -256,3 +258,22 @@ async def test_an_agent_restarted_during_the_hold_down_resolves_once(short_tmp: 
             await run.quiet_cycle()
         assert rx.actions() == ["trigger", "resolve"] and len(rx.am_resolves(gpu)) == 1
         assert rx.pager.violations == []
+
+
+def test_a_flapping_devices_capacity_change_is_marked_with_it_and_another_resources_is_not() -> None:
+    rule = FlapRule(limit=4, window=60, quiet=30)
+
+    def cycle(i: int) -> list[Change]:
+        kind = Kind.DEVICE_REMOVED if i % 2 == 0 else Kind.DEVICE_ADDED
+        return [
+            Change(kind, Severity.INFO, "gpu", {"resource": GPU, "device": "GPU-1"}),
+            Change(Kind.CAPACITY_CHANGED, Severity.INFO, "gpu capacity", {"resource": GPU}),
+            Change(Kind.CAPACITY_CHANGED, Severity.INFO, "nic capacity", {"resource": "intel.com/nic"}),
+        ]
+
+    flaps, marks = Flaps(), []
+    for i in range(6):
+        flaps, out = flaps.damp(float(i), cycle(i), rule)
+        marks.append([c.details.get("flapping", False) for c in out if c.kind is Kind.CAPACITY_CHANGED])
+    # Before it flaps nothing is marked; from then on the GPU's capacity change is, the NIC's never.
+    assert marks == [[False, False]] * 4 + [[True, False]] * 2
