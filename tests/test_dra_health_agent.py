@@ -70,11 +70,18 @@ async def _agent(
         sinks = parse_settings(
             {
                 "sinks": {
-                    "slack": {"type": "slack", "url": slack.url("/services/T0/B0/X"), "rate": 100.0},
+                    # Ends at once: the hold-down before them is tests/test_flap_pages.py's.
+                    "slack": {
+                        "type": "slack",
+                        "url": slack.url("/services/T0/B0/X"),
+                        "rate": 100.0,
+                        "resolve_hold_down": 0,
+                    },
                     "pager": {
                         "type": "pagerduty",
                         "routing_key": PD_KEY,
                         "endpoint": pager.url("/v2/enqueue"),
+                        "resolve_hold_down": 0,
                     },
                     "hook": {"type": "webhook", "url": hook.url("/hook")},
                 },

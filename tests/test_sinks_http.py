@@ -198,13 +198,20 @@ def signing_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOK_SIGNING_SECRET", SIGNING_SECRET)
 
 
+# These tests look at each service's rules, so ends go out at once; the hold-down before them
+# (resolve_hold_down) has its own tests (tests/test_flap_pages.py).
+AT_ONCE = {"resolve_hold_down": 0}
+
+
 def slack_config(rx: SlackReceiver, **extra: Any) -> SinkSettings:
-    return sink_config("slack", type="slack", url=rx.url("/services/T000/B000/XXXXXXXX"), **extra)
+    table = {**AT_ONCE, **extra}
+    return sink_config("slack", type="slack", url=rx.url("/services/T000/B000/XXXXXXXX"), **table)
 
 
 def pd_config(rx: PagerDutyReceiver, **extra: Any) -> SinkSettings:
+    table = {**AT_ONCE, **extra}
     return sink_config(
-        "pager", type="pagerduty", routing_key="${PD_ROUTING_KEY}", endpoint=rx.url("/v2/enqueue"), **extra
+        "pager", type="pagerduty", routing_key="${PD_ROUTING_KEY}", endpoint=rx.url("/v2/enqueue"), **table
     )
 
 
@@ -412,12 +419,15 @@ async def test_pagerduty_device_removed_triggers_and_device_added_resolves_with_
     assert payload["summary"] == event.summary
     details = payload["custom_details"]["details"]
     assert details["resource"] == GPU and details["device"] == "GPU-3" and details["allocated_to"] == [POD]
-    # Stable: another removal of the same device (another event id) has the same key.
+    # Stable: another removal of the same device (another event id) has the same key; sent while
+    # the incident is open, it adds nothing (no second trigger).
+    again = pagerduty_event(removed(2, "GPU-3"), PD_KEY, active_keys=set())
+    assert again is not None and again["dedup_key"] == key
     assert (await make_sink(pd_config(pagerduty)).deliver([removed(2, "GPU-3")])).delivered
-    assert pagerduty.events[1]["dedup_key"] == key
+    assert len(pagerduty.events) == 1
     # A new sink on the same store (an agent restart) still resolves what was triggered.
     assert (await make_sink(pd_config(pagerduty)).deliver([added(3, "GPU-3")])).delivered
-    resolve = pagerduty.events[2]
+    resolve = pagerduty.events[1]
     assert resolve == {"routing_key": PD_KEY, "event_action": "resolve", "dedup_key": key}
     assert not pagerduty.violations and not pagerduty.open
 
@@ -530,7 +540,7 @@ async def test_alertmanager_fires_and_resolves_a_dra_device_and_slack_shows_all_
     hook: WebhookReceiver, slack: SlackReceiver, make_sink: Any
 ) -> None:
     unhealthy, unknown, healthy = dra_story()
-    am = make_sink(sink_config("am", type="alertmanager", url=hook.url("")))
+    am = make_sink(sink_config("am", type="alertmanager", url=hook.url(""), **AT_ONCE))
     for event in (unhealthy, unknown, healthy):
         assert (await am.deliver([event])).delivered
     fired, ended = [a for req in hook.requests for a in json.loads(req.body)]  # the Unknown: none
@@ -1260,7 +1270,7 @@ async def test_a_resolve_refused_for_good_ends_the_condition_locally(
 async def test_alertmanager_resolve_refused_for_good_is_not_resent_forever(
     hook: WebhookReceiver, make_sink: Any, store: Store
 ) -> None:
-    sink = make_sink(sink_config("am", type="alertmanager", url=hook.url("")))
+    sink = make_sink(sink_config("am", type="alertmanager", url=hook.url(""), **AT_ONCE))
     assert (await sink.deliver([removed(1, "GPU-3")])).delivered
     assert len(await store.kv_get("alertmanager:am:active")) == 1
     hook.force(400, body="start time must be before end time")
@@ -1273,7 +1283,7 @@ async def test_alertmanager_ends_at_is_never_before_starts_at(
     hook: WebhookReceiver, make_sink: Any, store: Store
 ) -> None:
     """After a clock step back, the wall clock reads earlier than an alert's start."""
-    sink = make_sink(sink_config("am", type="alertmanager", url=hook.url("")))
+    sink = make_sink(sink_config("am", type="alertmanager", url=hook.url(""), **AT_ONCE))
     future = "2099-01-01T00:00:00.000Z"
     assert (await sink.deliver([dataclasses.replace(removed(1, "GPU-3"), time=future)])).delivered
     assert (await sink.deliver([added(2, "GPU-3")])).delivered

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 from watcher.cli.common import INTERRUPTED, PIPE, Subparsers, exit_codes, fail, settings_from
 from watcher.ops.logs import configure_logging
@@ -32,6 +34,11 @@ async def _send_test(settings: Settings, name: str) -> int:
         names = ", ".join(s.name for s in settings.sinks) or "none"
         return fail(f"no sink named {name!r} in the config (sinks: {names})", 2)
     cfg = chosen[0]
+    if hasattr(cfg, "resolve_hold_down"):
+        # The test's resolve goes at once: held, it would never go (no timer runs here), and the
+        # test incident would stay open.
+        at_once: dict[str, Any] = {"resolve_hold_down": 0.0}
+        cfg = dataclasses.replace(cfg, **at_once)
     safe = sink_type_of(cfg).for_send_test
     if safe is not None:
         cfg = safe(cfg)

@@ -67,11 +67,12 @@ class SinkWorker:
         self.outbox = outbox
         self.stop = stop
         s = sink.settings
-        # Paging sinks must see the end of every condition they started.
+        # Paging sinks (and Slack, which says "recovered") must see the end of every condition
+        # they started.
         caps = capabilities_of(s)
         self.route = route_of(
             s,
-            resolutions=caps.pages,
+            resolutions=caps.pages or caps.resolves,
             skip_flapping=caps.notifies,
             skip_incident_devices=caps.pages and not caps.each_device,
         )

@@ -3,8 +3,9 @@
 A device whose health changes (`device.removed` / `device.added`, or for a DRA device
 `device.unhealthy` / `device.healthy`) more than `limit` times within `window` seconds is flapping:
 one `device.flapping` event says so, with the count; its further health changes are marked
-`flapping` (the audit log and webhooks still get
-every one; notification sinks do not); and once it has not changed for `quiet` seconds one
+`flapping` (the audit log and webhooks still get every one; notification sinks do not), and so is
+a cycle's `capacity.changed` of a resource whose health changes in that cycle were all a flapping
+device's (it says nothing the flap does not); and once it has not changed for `quiet` seconds one
 `device.flap_ended` says how it ended (present or missing). Pure: the caller brings the time.
 """
 
@@ -85,6 +86,7 @@ class Flaps:
             else:
                 out.append(change)
             devices[key] = d
+        out = _capacity_marked(out)
         for key, d in list(devices.items()):
             if d.flapping_since is not None and d.times and now - d.times[-1] >= rule.quiet:
                 out.append(_flap_ended(key, d, rule))
@@ -92,6 +94,21 @@ class Flaps:
             elif d.flapping_since is None and (not d.times or now - d.times[-1] > rule.window):
                 del devices[key]  # forgotten: nothing recent
         return Flaps(tuple(sorted(devices.items()))), out
+
+
+def _capacity_marked(changes: list[Change]) -> list[Change]:
+    """`changes` with each capacity change marked whose resource's health changes were all marked."""
+    marked: dict[str, bool] = {}
+    for c in changes:
+        if c.kind in _HEALTH:
+            resource = str(c.details.get("resource", ""))
+            marked[resource] = marked.get(resource, True) and c.details.get("flapping") is True
+    return [
+        _marked(c)
+        if c.kind is Kind.CAPACITY_CHANGED and marked.get(str(c.details.get("resource", "")))
+        else c
+        for c in changes
+    ]
 
 
 def _source(change: Change) -> str | None:

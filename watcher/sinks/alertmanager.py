@@ -6,6 +6,10 @@ agent dies they expire by themselves), and a cleared condition is posted
 once with `endsAt` = now. Labels are fixed when a condition starts, so the
 resolve matches its alert exactly. Alertmanager then groups and de-duplicates
 across the cluster.
+
+A resolve waits `resolve_hold_down` (watcher.model.hold_down): meanwhile the alert stays active and
+re-sent, a device failing again within it (or flapping) updates that same alert, and the timer
+(watcher.sinks.hold_down) posts the held resolve when it is due, across restarts.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import structlog
 from watcher.config import field_meta
 from watcher.model.conditions import condition_of
 from watcher.model.events import Event, rfc3339
+from watcher.model.hold_down import HeldEnd, Step, decide
 from watcher.secrets import Secret
 from watcher.sinks.base import (
     BaseSinkSettings,
@@ -31,6 +36,7 @@ from watcher.sinks.base import (
     Outcome,
     SinkContext,
 )
+from watcher.sinks.hold_down import HOLD_DOWN_DOC, HeldStore
 from watcher.sinks.http import HttpClient, HttpSink
 from watcher.sinks.registry import SinkType, register
 
@@ -51,6 +57,7 @@ class AlertmanagerSinkSettings(BaseSinkSettings, HttpSinkSettings):
     bearer_token: Secret | None = field(
         default=None, metadata=field_meta("Sent as Authorization: Bearer (secret).", secret=True)
     )
+    resolve_hold_down: float = field(default=60.0, metadata=field_meta(HOLD_DOWN_DOC, min=0, max=86400))
     type: Literal["alertmanager"] = "alertmanager"
 
 
@@ -62,7 +69,14 @@ class AlertmanagerSink(HttpSink):
         self.store = store
         self.url = settings.url.rstrip("/") + "/api/v2/alerts"
         self.http = HttpClient.for_sink(settings)
-        self._lock = asyncio.Lock()
+        self.held = HeldStore(
+            store,
+            f"alertmanager:{self.name}:held",
+            settings.resolve_hold_down,
+            sink=self.name,
+            retry_cap=settings.retry_max_delay,
+        )
+        self._lock = self.held.lock  # deliver, the re-sends and the held resolves change the alerts
 
     @property
     def _store_key(self) -> str:
@@ -81,9 +95,12 @@ class AlertmanagerSink(HttpSink):
         return await self.send(self.url, json.dumps(alerts).encode(), self._headers())
 
     async def deliver(self, events: Sequence[Event]) -> Outcome:
+        hold_down = self.settings.resolve_hold_down
         async with self._lock:
             before: dict[str, dict[str, Any]] = dict(await self.store.kv_get(self._store_key) or {})
             active = dict(before)
+            held = await self.held.load()
+            boot, clock = self.held.clock()
             now = datetime.now(UTC)
             changed: list[dict[str, Any]] = []
             resolved: list[str] = []
@@ -91,6 +108,20 @@ class AlertmanagerSink(HttpSink):
                 condition = condition_of(event)
                 if condition is None:
                     continue
+                step = decide(condition.active, is_open=condition.key in active, hold_down=hold_down)
+                if step is Step.HOLD:  # the alert stays active (and re-sent) until the resolve is due
+                    held = held.hold(
+                        condition.key,
+                        now=clock,
+                        boot=boot,
+                        hold_down=hold_down,
+                        payload={"summary": event.summary},
+                    )
+                    await self.held.save(held)
+                    continue
+                if condition.key in held.held:  # active again within the hold-down: the same alert
+                    held = held.cancel(condition.key)
+                    await self.held.save(held)
                 if condition.active:
                     alert = active.get(condition.key) or {
                         "labels": dict(condition.labels),
@@ -143,13 +174,44 @@ class AlertmanagerSink(HttpSink):
                 error=outcome.error,
             )
 
+    async def _resolve_held(self, key: str, end: HeldEnd) -> Outcome:
+        """A held resolve, due: its alert posted ended, if still active (the timer holds the lock)."""
+        active: dict[str, dict[str, Any]] = dict(await self.store.kv_get(self._store_key) or {})
+        alert = active.get(key)
+        if alert is None:
+            return Outcome.ok()
+        annotations = {**alert.get("annotations", {}), "resolved_by": str(end.payload.get("summary", ""))}
+        ended = {
+            **alert,
+            "annotations": annotations,
+            "endsAt": _not_before(datetime.now(UTC), alert["startsAt"]),
+        }
+        outcome = await self._post([ended])
+        if outcome.delivered or not (outcome.retry or outcome.gone):
+            if not outcome.delivered:
+                log.error(
+                    "Alertmanager refused a held resolve for good; the alert ends here (it expires there)",
+                    sink=self.name,
+                    alert=key,
+                    status=outcome.status,
+                    error=outcome.error,
+                )
+            await self.store.kv_set(self._store_key, _without(active, [key]))
+        return outcome
+
     def background(self) -> Callable[[], Awaitable[None]] | None:
         async def resend_active_alerts() -> None:
             while True:
                 await asyncio.sleep(self.settings.resend_interval)
                 await self._resend()
 
-        return resend_active_alerts
+        async def alerts_and_held_resolves() -> None:
+            # Both loops are endless; a crash in one ends the other and reaches the supervisor.
+            async with asyncio.TaskGroup() as group:
+                group.create_task(resend_active_alerts())
+                group.create_task(self.held.run(self._resolve_held))
+
+        return alerts_and_held_resolves
 
 
 def _not_before(when: datetime, starts_at: str) -> str:

@@ -115,6 +115,8 @@ class Capabilities:
     out (its device.flapping and device.flap_ended say it once).
     `each_device`: a paging sink that still takes each device of a mass failure (the Kubernetes
     sink: every pod hit gets its own Event), besides the incident's one event.
+    `resolves`: it tells the end of every condition it told the start of, whatever its minimum
+    severity, as a paging sink does (Slack: "recovered" after "failed"), without being one.
     `batches`: it takes up to `max_batch` events in one delivery whatever its `group`
     (the audit log: one write, one fsync and one outbox transaction for them all).
     """
@@ -123,6 +125,7 @@ class Capabilities:
     notifies: bool = False
     batches: bool = False
     each_device: bool = False
+    resolves: bool = False
 
 
 SeverityName = Literal["info", "warning", "critical"]

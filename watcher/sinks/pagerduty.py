@@ -4,21 +4,29 @@ Conditions (watcher.model.conditions): a device gone from allocatable (node +
 resource + device) and the kubelet unreachable (node + kubelet). Keys that
 are open are remembered in the outbox, so a resolve goes only to what was
 triggered, and survives agent restarts.
+
+A resolve waits `resolve_hold_down` (watcher.model.hold_down): a device failing again within it
+keeps the incident open, with no second trigger; its device.flapping (and a flap that ends with the
+device missing) is sent as a trigger with the same dedup key, which PagerDuty adds to the open
+incident instead of opening another. Held resolves are kept with the open keys and sent by the
+sink's timer when due, across restarts (watcher.sinks.hold_down).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import structlog
 
 from watcher.config import field_meta
+from watcher.model.changes import Kind
 from watcher.model.conditions import condition_of
 from watcher.model.events import Event
+from watcher.model.hold_down import HeldEnd, Step, decide
 from watcher.model.who import owner_text
 from watcher.secrets import Secret
 from watcher.sinks.base import (
@@ -30,6 +38,7 @@ from watcher.sinks.base import (
     SeverityName,
     SinkContext,
 )
+from watcher.sinks.hold_down import HOLD_DOWN_DOC, HeldStore
 from watcher.sinks.http import HttpClient, HttpSink
 from watcher.sinks.registry import SinkType, register
 
@@ -48,6 +57,9 @@ MAX_SUMMARY = 1024
 MAX_DEDUP = 255
 MAX_EVENT_BYTES = 512 * 1024
 SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
+# What is sent to an incident already open: the news that it flaps, and how a flap ended (missing).
+# A plain failure again (within the hold-down) adds nothing to the page.
+UPDATES = (Kind.DEVICE_FLAPPING, Kind.DEVICE_FLAP_ENDED)
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ class PagerDutySinkSettings(BaseSinkSettings, HttpSinkSettings):
         default="warning", metadata=field_meta("Only conditions worth a page.")
     )
     rate: float = field(default=2.0, metadata=field_meta("Most messages per second.", min=0.001))
+    resolve_hold_down: float = field(default=60.0, metadata=field_meta(HOLD_DOWN_DOC, min=0, max=86400))
     type: Literal["pagerduty"] = "pagerduty"
 
 
@@ -125,42 +138,94 @@ class PagerDutySink(HttpSink):
         self.node = node
         self.store = store
         self.http = HttpClient.for_sink(settings)
+        self.held = HeldStore(
+            store,
+            f"pagerduty:{self.name}:held",
+            settings.resolve_hold_down,
+            sink=self.name,
+            retry_cap=settings.retry_max_delay,
+        )
 
     @property
     def _store_key(self) -> str:
         return f"pagerduty:{self.name}:open"
 
+    async def _open_keys(self) -> set[str]:
+        return set(await self.store.kv_get(self._store_key) or [])
+
     async def deliver(self, events: Sequence[Event]) -> Outcome:
         assert self.settings.routing_key is not None
-        open_keys = set(await self.store.kv_get(self._store_key) or [])
-        for event in events:
-            body = pagerduty_event(event, self.settings.routing_key.get(), active_keys=open_keys)
-            if body is None:
-                continue
-            outcome = await self.send(
-                self.settings.endpoint, json.dumps(body).encode(), {"Content-Type": "application/json"}
-            )
-            if not outcome.delivered:
-                if body["event_action"] == "resolve" and not outcome.retry and not outcome.gone:
-                    # Refused for good: the condition ends here all the same (logged; the event is
-                    # dead-lettered), rather than stay open forever.
-                    log.error(
-                        "PagerDuty refused a resolve for good; the condition ends here, resolve the "
-                        "incident by hand",
-                        sink=self.name,
-                        dedup_key=body["dedup_key"],
-                        status=outcome.status,
-                        error=outcome.error,
-                    )
-                    open_keys.discard(body["dedup_key"])
-                    await self.store.kv_set(self._store_key, sorted(open_keys))
-                return outcome
-            if body["event_action"] == "trigger":
-                open_keys.add(body["dedup_key"])
-            else:
-                open_keys.discard(body["dedup_key"])
-            await self.store.kv_set(self._store_key, sorted(open_keys))
+        hold_down = self.settings.resolve_hold_down
+        async with self.held.lock:
+            open_keys = await self._open_keys()
+            held = await self.held.load()
+            boot, now = self.held.clock()
+            for event in events:
+                condition = condition_of(event)
+                if condition is None:
+                    continue
+                key = dedup_key(condition.key)
+                step = decide(condition.active, is_open=key in open_keys, hold_down=hold_down)
+                if step is Step.PASS:
+                    continue
+                if step is Step.HOLD:
+                    held = held.hold(key, now=now, boot=boot, hold_down=hold_down, payload={"seq": event.seq})
+                    await self.held.save(held)
+                    continue
+                if key in held.held:  # it started again within the hold-down: the same incident
+                    held = held.cancel(key)
+                    await self.held.save(held)
+                if step is Step.UPDATE and event.kind not in UPDATES:
+                    continue
+                body = pagerduty_event(event, self.settings.routing_key.get(), active_keys=open_keys)
+                if body is None:
+                    continue
+                outcome = await self._send(body, open_keys)
+                if not outcome.delivered:
+                    return outcome
         return Outcome.ok()
+
+    async def _send(self, body: dict[str, Any], open_keys: set[str]) -> Outcome:
+        """Send one trigger or resolve; the open keys follow what PagerDuty was told."""
+        outcome = await self.send(
+            self.settings.endpoint, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        if not outcome.delivered:
+            if body["event_action"] == "resolve" and not outcome.retry and not outcome.gone:
+                # Refused for good: the condition ends here all the same (logged; the event is
+                # dead-lettered, or the held resolve dropped), rather than stay open forever.
+                log.error(
+                    "PagerDuty refused a resolve for good; the condition ends here, resolve the "
+                    "incident by hand",
+                    sink=self.name,
+                    dedup_key=body["dedup_key"],
+                    status=outcome.status,
+                    error=outcome.error,
+                )
+                open_keys.discard(body["dedup_key"])
+                await self.store.kv_set(self._store_key, sorted(open_keys))
+            return outcome
+        if body["event_action"] == "trigger":
+            open_keys.add(body["dedup_key"])
+        else:
+            open_keys.discard(body["dedup_key"])
+        await self.store.kv_set(self._store_key, sorted(open_keys))
+        return outcome
+
+    async def _resolve_held(self, key: str, _end: HeldEnd) -> Outcome:
+        """A held resolve, due: sent if the incident is still open (the timer holds the lock)."""
+        assert self.settings.routing_key is not None
+        open_keys = await self._open_keys()
+        if key not in open_keys:
+            return Outcome.ok()
+        body = {"routing_key": self.settings.routing_key.get(), "event_action": "resolve", "dedup_key": key}
+        return await self._send(body, open_keys)
+
+    def background(self) -> Callable[[], Awaitable[None]] | None:
+        def send_held_resolves() -> Awaitable[None]:
+            return self.held.run(self._resolve_held)
+
+        return send_held_resolves
 
 
 def _pagerduty_sink(settings: PagerDutySinkSettings, context: SinkContext) -> PagerDutySink:

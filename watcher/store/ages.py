@@ -16,37 +16,17 @@ the clock itself (boot id, boot clock, age clock) in every transaction that stam
 
 from __future__ import annotations
 
-import functools
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+
+from watcher.bootclock import boot_clock
 
 __all__ = ["AgeClock", "BootClock", "Clocks", "Reading", "boot_clock"]
 
 BootClock = Callable[[], tuple[str, float]]
 # (boot id, boot clock, age clock): what the outbox saves.
 Reading = tuple[str, float, float]
-
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-
-
-@functools.cache
-def _boot_id() -> str:
-    try:
-        return _BOOT_ID.read_text().strip() or str(uuid.uuid4())
-    except OSError:
-        # No boot id (not Linux): every start of the agent counts as a boot, which only ever
-        # leaves out the time it was stopped, never adds to an age.
-        return f"process-{uuid.uuid4()}"
-
-
-def boot_clock() -> tuple[str, float]:
-    """(this boot's id, seconds since boot) from the kernel."""
-    clock = getattr(time, "CLOCK_BOOTTIME", None)
-    seconds = time.clock_gettime(clock) if clock is not None else time.monotonic()
-    return _boot_id(), seconds
 
 
 @dataclass(frozen=True)
