@@ -6,9 +6,11 @@ their own; the API server they need (nfd reads every listed pod from it) is kube
     python bench/peer_beside.py [--changes 3] [--idle 120] [--sleep-interval 60] [--kubelets lite,fake]
 
 Per kubelet and tool (JSON on stdout):
-  allocation_s  a pod given a GPU, then removed: from the request to the kubelet to the tool's
-                output showing it (ours: the stdout sink's event line, written once the event is
-                stored; nfd: the first zones record whose available counts differ from before)
+  added_s       a pod given a GPU: from the request to the kubelet to the tool's output showing
+                it (ours: the stdout sink's event line, written once the event is stored; nfd: the
+                first zones record whose available counts differ from the one before); None: none
+                within its -sleep-interval + 15 s
+  removed_s     the same pod removed (kubelet-lite, like a kubelet, rewrites no state file then)
   unhealthy_s   an allocated GPU turning unhealthy: to ours' event; for nfd to its next zones
                 record (it rescans: the checkpoint was rewritten), with `unhealthy_shown` saying
                 whether that record differs at all
@@ -29,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -39,142 +40,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.nfd_peer import NFD, NfdOutput, kubelet_config, nfd_argv, outputs, scan_errors
+from bench.peer_kubelets import GPU, NAMESPACE, NODE, FakeChild, Lite
 from bench.stamped import StampedProcess, rss_mib
 from bench.steady import cpu_seconds
 from testkit.peers import PEERS_BIN
 from testkit.ports import free_port
 
-NODE = "bench-node"
-NAMESPACE = "bench"
-GPU = "example.com/gpu"
-DEVICES = ("gpu0", "gpu1", "gpu2", "gpu3")
 START_S = 60.0
 EVENT_S = 30.0
 NEEDED = ("kube-testcluster", "kubelet-lite", "device-plugin", "nfd-topology-updater")
-
-
-# --- the fake kubelet (a child process) ---
-
-
-def serve(root: Path) -> None:
-    """Four GPUs on NUMA node 0 and the host's CPUs 0-1; commands on stdin, one answer line each:
-    `add N DEV` (pod bench/gpu-N's container main given DEV), `remove N`, `health DEV 0|1`, `calls`."""
-    from grpc import aio
-
-    from watcher.sim.fake_kubelet import FakeKubelet
-    from watcher.sim.fake_node import FakeDevice, FakeNode
-
-    class Kubelet(FakeKubelet):
-        by_client: dict[str, Counter[str]]
-
-        async def _serve(
-            self,
-            method: str,
-            request: bytes,
-            context: aio.ServicerContext[bytes, bytes],
-            build: Callable[[bytes], Any],
-        ) -> bytes:
-            answer = await super()._serve(method, request, context, build)
-            agent = dict(context.invocation_metadata() or ()).get("user-agent", "")
-            self.by_client["nfd" if "grpc-go" in str(agent) else "ours"][method] += 1
-            return answer
-
-    async def main() -> None:
-        node = FakeNode(cpu_ids={0, 1})
-        for device in DEVICES:
-            node.add_device(FakeDevice(GPU, device, (0,)))
-        kubelet = Kubelet(root, node, seed=1, node_name=NODE)
-        kubelet.by_client = {"ours": Counter(), "nfd": Counter()}
-        await kubelet.start()
-        loop = asyncio.get_running_loop()
-        print("ready", flush=True)
-        while line := await loop.run_in_executor(None, sys.stdin.readline):
-            words = line.split()
-            if words[0] == "add":
-                kubelet.allocate(NAMESPACE, f"gpu-{words[1]}", "main", devices={GPU: [words[2]]})
-            elif words[0] == "remove":
-                kubelet.free(NAMESPACE, f"gpu-{words[1]}")
-            elif words[0] == "health":
-                kubelet.set_healthy(GPU, words[1], words[2] == "1")
-            print(json.dumps({k: dict(v) for k, v in kubelet.by_client.items()}), flush=True)
-        await kubelet.stop(remove_socket=True)
-
-    asyncio.run(main())
-
-
-class FakeChild:
-    """The fake kubelet's process, driven through its stdin."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        command = [sys.executable, __file__, "--serve", str(root)]
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def _ask(self, line: str) -> str:
-        assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self.proc.stdout.readline().strip()
-
-    async def start(self) -> None:
-        assert self.proc.stdout is not None
-        if await asyncio.to_thread(self.proc.stdout.readline) != "ready\n":
-            raise RuntimeError("the fake kubelet did not start")
-
-    async def admit(self, n: int) -> str:
-        device = DEVICES[n % len(DEVICES)]
-        await asyncio.to_thread(self._ask, f"add {n} {device}")
-        return device
-
-    async def remove(self, n: int) -> None:
-        await asyncio.to_thread(self._ask, f"remove {n}")
-
-    async def health(self, device: str, healthy: bool) -> None:
-        await asyncio.to_thread(self._ask, f"health {device} {int(healthy)}")
-
-    async def calls(self) -> dict[str, dict[str, int]] | None:
-        answer: dict[str, dict[str, int]] = json.loads(await asyncio.to_thread(self._ask, "calls"))
-        return answer
-
-    async def stop(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        await asyncio.to_thread(self.proc.wait, 30)
-
-
-class Lite:
-    """kubelet-lite with one device plugin serving the four GPUs (NUMA node 0)."""
-
-    def __init__(self, root: Path) -> None:
-        from testkit.kubelet_lite import DevicePlugin, KubeletLite
-
-        self.root = root
-        self.kubelet = KubeletLite(
-            PEERS_BIN / "kubelet-lite", PEERS_BIN / "device-plugin", root, numa_nodes=1
-        )
-        self.plugin: DevicePlugin | None = None
-
-    async def start(self) -> None:
-        await self.kubelet.start()
-        self.plugin = await self.kubelet.add_plugin(GPU, {d: [0] for d in DEVICES})
-
-    async def admit(self, n: int) -> str:
-        held = await self.kubelet.admit(NAMESPACE, f"gpu-{n}", {"main": {GPU: 1}})
-        return held["main"][GPU][0]
-
-    async def remove(self, n: int) -> None:
-        await self.kubelet.remove(NAMESPACE, f"gpu-{n}")
-
-    async def health(self, device: str, healthy: bool) -> None:
-        assert self.plugin is not None
-        await self.plugin.set_healthy(device, healthy)
-
-    async def calls(self) -> dict[str, dict[str, int]] | None:
-        return None  # kubelet-lite counts nothing
-
-    async def stop(self) -> None:
-        await self.kubelet.close()
 
 
 # --- the tools ---
@@ -285,7 +159,7 @@ async def _round(
     ours = Ours(root, kubelet.root)
     nfd = Nfd(root, kubelet.root, kubeconfig, plan.sleep_interval)
     figures: dict[str, dict[str, Any]] = {
-        t: {"warmup": [], "allocation_s": [], "unhealthy_s": [], "unhealthy_shown": []}
+        t: {"warmup": [], "added_s": [], "removed_s": [], "unhealthy_s": [], "unhealthy_shown": []}
         for t in ("ours", "nfd")
     }
     nfd_wait = plan.sleep_interval + 15.0  # a scan that missed the change: the timer's next one
@@ -331,14 +205,14 @@ async def _round(
             async def admit(i: int = i, held: list[str] = held) -> None:
                 held.append(await kubelet.admit(i))
 
-            await step(admit, {"allocation.added"}, f"gpu-{i}", "allocation_s")
+            await step(admit, {"allocation.added"}, f"gpu-{i}", "added_s")
             device = held[0]
             unhealthy = partial(kubelet.health, device, False)
             await step(unhealthy, {"device.removed", "device.unhealthy"}, device, "unhealthy_s")
             t0 = time.monotonic()
             await kubelet.health(device, True)
             await ours.seen(t0, {"device.added", "device.healthy"}, device)
-            await step(partial(kubelet.remove, i), {"allocation.removed"}, f"gpu-{i}", "allocation_s")
+            await step(partial(kubelet.remove, i), {"allocation.removed"}, f"gpu-{i}", "removed_s")
         await asyncio.sleep(2.0)  # what the last change started settles
         procs = {"ours": ours.process} | ({} if nfd.process.exited() else {"nfd": nfd.process})
         cpu0 = {t: cpu_seconds(p.pid) for t, p in procs.items()}
@@ -392,9 +266,11 @@ async def run(plan: argparse.Namespace) -> dict[str, Any]:
                 where.mkdir()
                 kubelet = Lite(where / "kubelet") if name == "lite" else FakeChild(where / "kubelet")
                 label = "kubelet-lite" if name == "lite" else "fake"
-                result["kubelets"][label] = await _round(
-                    kubelet, where, client, cluster.admin_kubeconfig, plan
-                )
+                try:
+                    figures = await _round(kubelet, where, client, cluster.admin_kubeconfig, plan)
+                except (RuntimeError, AssertionError, OSError) as err:  # this kubelet's round failed
+                    figures = {"error": f"{type(err).__name__}: {err}"[:600]}
+                result["kubelets"][label] = figures
             await client.close()
     return result
 
@@ -407,11 +283,7 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=120.0)
     parser.add_argument("--sleep-interval", type=float, default=60.0)
     parser.add_argument("--kubelets", default="lite,fake")
-    parser.add_argument("--serve", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve is not None:
-        serve(args.serve)
-        return
     result = asyncio.run(run(args))
     if NFD.is_file():
         version = subprocess.run([str(NFD), "-version"], capture_output=True, text=True, check=False)
