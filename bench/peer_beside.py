@@ -18,6 +18,7 @@ Per kubelet and tool (JSON on stdout):
   rss_mib       VmRSS at the window's end
   rpcs_per_min  pod-resources calls at the kubelet over the idle window, per method (the fake
                 only: it tells its clients apart by gRPC user-agent; kubelet-lite counts nothing)
+  calls         the same, over the whole round (start-up and changes included)
 Ours runs with default settings (`python -m watcher run`, the stdout sink); nfd with -no-publish,
 its -sleep-interval as given (its default is 60 s). A tool that fails is reported with its error.
 """
@@ -226,6 +227,7 @@ async def _round(
                 figures[tool]["rpcs_per_min"] = {
                     m: 60 * (n - calls0[tool].get(m, 0)) / (w1 - w0) for m, n in calls1[tool].items()
                 }
+                figures[tool]["calls"] = calls1[tool]  # the whole round's, start-up included
         if nfd.process.exited() and nfd.error is None:
             nfd.fail(RuntimeError("nfd-topology-updater exited"))
     finally:
