@@ -49,6 +49,9 @@ from testkit.ports import free_port
 
 START_S = 60.0
 EVENT_S = 30.0
+# Changes are spaced: what is measured is a change to output, not our own RPC cap (5 calls/s)
+# refilling after the change before.
+SPACING_S = 1.0
 NEEDED = ("kube-testcluster", "kubelet-lite", "device-plugin", "nfd-topology-updater")
 
 
@@ -179,6 +182,7 @@ async def _round(
         )
 
         async def step(change: Callable[[], Any], kinds: set[str], about: str, key: str) -> None:
+            await asyncio.sleep(SPACING_S)
             t0 = time.monotonic()
             await change()
             figures["ours"][key].append(await ours.seen(t0, kinds, about))
