@@ -126,8 +126,9 @@ def render(results: Results) -> list[str]:
         "GetAllocatableResources it reads once, at start. Delays run from the request to the "
         "kubelet to the tool's output: ours its event line, nfd the first zones record whose "
         "available counts differ from the one before (median / max). The changes are 1 s apart: "
-        "back to back, ours waited about 0.9 s for its own RPC cap (5 calls/s) to refill after the "
-        "change before, which is not what this compares. Idle: each process's own "
+        "back to back, ours' events came about 0.9 s late, which the spacing removes (its own RPC "
+        "cap, 5 calls/s, refilling after the change before, not what this compares). Idle: each "
+        "process's own "
         f"utime + stime (/proc/PID/stat) over {data['idle_s']:g} s with one GPU allocated, RSS at "
         "its end; kubelet calls per minute over the same window, at the fake (it tells the clients "
         "apart by gRPC user-agent; kubelet-lite counts nothing).",
