@@ -167,8 +167,8 @@ async def _round(
         for t in ("ours", "nfd")
     }
     nfd_wait = plan.sleep_interval + 15.0  # a scan that missed the change: the timer's next one
-    await kubelet.start()
     try:
+        await kubelet.start()  # inside: a kubelet that half started is stopped too
         await ours.process.start()
         await ours.process.until(
             lambda: any(e["kind"] == "watcher.started" for _, e in ours.events(0)), START_S, "watcher.started"
