@@ -88,9 +88,16 @@ docs: $(STAMP) ## regenerate docs/configuration.md from the settings' doc string
 # -buildvcs=false: the peers need no VCS stamp, and a clone owned by another user would fail it.
 PEERS_K8S := $(shell sed -n 's/^[[:space:]]*k8s.io\/kubernetes \(v[0-9.]*\)$$/\1/p' peers/go.mod)
 PEERS_LDFLAGS := $(foreach v,gitVersion=$(PEERS_K8S) gitMajor=$(word 1,$(subst ., ,$(PEERS_K8S:v%=%))) gitMinor=$(word 2,$(subst ., ,$(PEERS_K8S))) gitTreeState=clean,-X k8s.io/component-base/version.$(v))
-peers: ## build the Go test peers from k8s.io/kubernetes (kube-testcluster, kubelet-lite, device-plugin, kube-apiserver) into .peers/bin
+# nfd-topology-updater: its own module (peers/nfd: nfd pins its own Kubernetes), built as upstream's
+# Makefile builds it (its BUILD_FLAGS: pure-Go user and DNS lookups, stripped, its version stamped
+# in, host paths at /), so `nfd-topology-updater -version` names the release peers/nfd/go.mod pins.
+NFD_MODULE := sigs.k8s.io/node-feature-discovery
+NFD_VERSION := $(shell sed -n 's/^[[:space:]]*sigs.k8s.io\/node-feature-discovery \(v[0-9.]*\).*$$/\1/p' peers/nfd/go.mod)
+NFD_FLAGS := -tags osusergo,netgo -ldflags "-s -w -X $(NFD_MODULE)/pkg/version.version=$(NFD_VERSION) -X $(NFD_MODULE)/pkg/utils/hostpath.pathPrefix=/"
+peers: ## build the Go test peers (kube-testcluster, kubelet-lite, device-plugin, kube-apiserver from k8s.io/kubernetes; nfd-topology-updater from node-feature-discovery) into .peers/bin
 	@command -v go >/dev/null 2>&1 || { echo "peers: Go is not installed: install Go 1.26+ (Debian: apt-get install golang) and run make peers again"; exit 1; }
-	cd peers && go build -buildvcs=false -ldflags "$(PEERS_LDFLAGS)" -o $(CURDIR)/.peers/bin/ ./cmd/...
+	cd peers && nice -n 10 go build -buildvcs=false -ldflags "$(PEERS_LDFLAGS)" -o $(CURDIR)/.peers/bin/ ./cmd/...
+	cd peers/nfd && nice -n 10 go build -buildvcs=false $(NFD_FLAGS) -o $(CURDIR)/.peers/bin/ $(NFD_MODULE)/cmd/nfd-topology-updater
 
 e2e: peers tools ## the end-to-end tests against the Go test peers (the real kube-apiserver, kubelet-lite); builds them first
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -p no:cacheprovider -m e2e

@@ -21,6 +21,10 @@ Every figure comes from this run, on this machine. Sections (their --only names)
  11. pods-api: a one-pod change at 10,000 pods through the kubelet's Pods API and Get, beside the
      List path, in one run: change to event, kubelet calls per change, RSS after the watch's
      snapshot (bench/pods_path.py)
+ 12. peer: node-feature-discovery's nfd-topology-updater (make peers) beside our agent against the
+     same kubelet (kubelet-lite, then the fake), in one run: change to each tool's output, idle
+     CPU, RSS, kubelet calls per minute; NVSentinel's documented poll as a reference row
+     (bench/peer_beside.py)
 
     .venv/bin/python bench/run.py [--quick] [--only NAMES] [--list] [--output FILE]
 """
