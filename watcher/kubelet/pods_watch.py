@@ -30,7 +30,7 @@ from watcher.kubelet.identity import FileIdentity, is_replacement, probe_socket
 from watcher.kubelet.pod_alarms import DecodeWarnings, FloodWarnings
 from watcher.kubelet.pod_decoding import pod_meta, pod_uid
 from watcher.kubelet.pods_api import PodsApiClient
-from watcher.kubelet.watching import DirectoryWatch
+from watcher.kubelet.watching import DirectoryWatches
 from watcher.kubeletapi.v1alpha1 import pods_pb2
 from watcher.model.pod_meta import PodIndex, PodMeta
 from watcher.supervision import Scope, StoppedError, sleep_or_stop, unless_stopped, wait_any
@@ -90,8 +90,12 @@ class PodsWatch:
         on_changes: Callable[[Sequence[PodChange], bool], None],
         on_state: Callable[[str, str], None] | None = None,
         timeout: float = 5.0,
+        watches: DirectoryWatches | None = None,
     ) -> None:
         self.socket = socket
+        # The agent's one directory watch; without one given, this watch runs its own.
+        self._own_watches = watches is None
+        self.watches = watches if watches is not None else DirectoryWatches(stop=stop, step_ms=10)
         self.labels = frozenset(labels)
         self.backoff = backoff
         self.stop = stop
@@ -151,6 +155,17 @@ class PodsWatch:
     # -- the loop --
 
     async def run(self) -> None:
+        if not self._own_watches:
+            await self._run()
+            return
+        watching = asyncio.create_task(self.watches.run())
+        try:
+            await self._run()
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+
+    async def _run(self) -> None:
         while not self.stop.is_set():
             try:
                 await self._session()
@@ -225,18 +240,16 @@ class PodsWatch:
                     return
 
     async def _directory(self) -> AsyncGenerator[dict[str, set[str]], None]:
-        # A scope of its own: watchfiles sets the stop flag it is given when it is cancelled,
-        # and ending this watch must not stop the agent.
+        # A scope of its own: ending this subscription must not stop the agent.
         scope = Scope(self.stop)
-        watch = DirectoryWatch(
-            self.socket.parent, lambda name: name == self.socket.name, stop=scope, name="pods-api"
-        )
+        sub = self.watches.subscribe(self.socket.parent, lambda name: name == self.socket.name, "pods-api")
         try:
-            async with contextlib.aclosing(watch.batches()) as batches:
+            async with contextlib.aclosing(sub.batches(scope)) as batches:
                 async for batch in batches:
                     yield batch
         finally:
             scope.set()
+            sub.close()
 
     async def _wait_for_socket(self, *, within: float | None) -> None:
         """Until a socket other than the one last tried is at the path, or `within` seconds
