@@ -167,7 +167,7 @@ class WatchSettings:
         metadata=field_meta("Polling period when inotify is unavailable, seconds.", min=0.01, max=60),
     )
     step: float = field(
-        default=0.5,
+        default=0.1,
         metadata=field_meta(
             "Seconds the one directory watch waits between looks at what inotify queued, while "
             "the Pods API stream is live and the kubelet answers (its end tells of a restart at once).",

@@ -116,7 +116,7 @@ class DirectoryWatches:
         self,
         *,
         stop: StopFlag,
-        step_ms: int = 500,
+        step_ms: int = 100,
         hurry_step_ms: int = 10,
         debounce_ms: int = 30,
         force_polling: bool = False,
@@ -158,6 +158,7 @@ class DirectoryWatches:
             self._hurry.discard(reason)
         if bool(self._hurry) != before:
             self._interrupt.wanted = True
+            self._changed.set()
 
     def hurrying(self, reason: str) -> bool:
         return reason in self._hurry
@@ -313,6 +314,7 @@ class DirectoryWatches:
     async def _call(self, notify: RustNotify, step: int) -> object:
         assert self._thread is not None
         future = self._thread.submit(notify.watch, self.debounce_ms, step, 0, self._interrupt)
+        bridge = asyncio.create_task(self._bridge(step))
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -321,6 +323,27 @@ class DirectoryWatches:
             with contextlib.suppress(BaseException):
                 await asyncio.wrap_future(future)
             raise
+        finally:
+            bridge.cancel()
+            await asyncio.gather(bridge, return_exceptions=True)
+
+    async def _bridge(self, step: int) -> None:
+        """While a long step runs out after a hurry: look at the directories' mtimes on short
+        steps, so a socket that appears meanwhile is not seen a long step late."""
+        while not (self._hurry and self.hurry_step_ms < step):
+            await wait_any(self._changed, self.stop)  # set by hurry() too
+            if self.stop.is_set():
+                return
+            self._changed.clear()
+        seen = _mtimes(self._paths)
+        while True:
+            await asyncio.sleep(self.hurry_step_ms / 1000)
+            now = _mtimes(self._paths)
+            for path, subs in self._plan().items():
+                if now.get(path) != seen.get(path):
+                    for sub in subs:
+                        sub.offer({} if sub.waiting else sub.present())
+            seen = now
 
 
 def _mtimes(paths: list[Path]) -> dict[Path, int | None]:
