@@ -297,7 +297,10 @@ class DirectoryWatches:
                     if _mtimes([path]) != {path: mtimes.get(path)}:
                         for sub in subs:
                             sub.offer({} if sub.waiting else sub.present())
-            elif isinstance(result, set):  # not "timeout" (none is asked for), not "signal"
+            elif result == "timeout":  # polling only: it misses a file replaced in place
+                for sub in self.subscriptions:
+                    sub.offer({})
+            elif isinstance(result, set):  # not "signal": never in this thread
                 self._route(result)
 
     def _route(self, changes: set[tuple[int, str]]) -> None:
@@ -313,7 +316,10 @@ class DirectoryWatches:
 
     async def _call(self, notify: RustNotify, step: int) -> object:
         assert self._thread is not None
-        future = self._thread.submit(notify.watch, self.debounce_ms, step, 0, self._interrupt)
+        # Polling misses what inotify reports (a socket replaced in place keeps its mtime to the
+        # second): there, subscribers look again every second at least. With inotify: no timeout.
+        timeout = max(1000, self.poll_delay_ms) if self.polling else 0
+        future = self._thread.submit(notify.watch, self.debounce_ms, step, timeout, self._interrupt)
         bridge = asyncio.create_task(self._bridge(step))
         try:
             return await asyncio.wrap_future(future)
