@@ -135,6 +135,7 @@ class DirectoryWatches:
         self._changed = asyncio.Event()
         self._thread: ThreadPoolExecutor | None = None
         self._paths: list[Path] = []  # what the watch in place watches
+        self._mtimes: dict[Path, int | None] = {}  # theirs when the last look began
 
     # -- the subscribers' side --
 
@@ -269,6 +270,7 @@ class DirectoryWatches:
                     if sorted(self._plan()) != self._paths:
                         continue  # a directory came or went while it was being made
                     if self.installs > 1:  # made again: what changed meanwhile went unreported
+                        self._offer_moved()
                         for sub in self.subscriptions:
                             sub.seen = False
                     self._look_again(plan)
@@ -276,32 +278,37 @@ class DirectoryWatches:
         finally:
             self._thread.shutdown(wait=False)
             self._thread = None
-            self._paths = []
+            self._paths, self._mtimes = [], {}
 
     async def _watch(self, notify: RustNotify) -> None:
         """Route batches until the directories to watch change (or the stop flag)."""
         while not self.stop.is_set():
-            mtimes = _mtimes(self._paths)
+            self._mtimes = _mtimes(self._paths)
             result = await self._call(notify, self.current_step_ms)
+            if result == "stop" and not self.stop.is_set():
+                # Cut short (a new step, or directories to re-plan): what it gathered was dropped.
+                self._interrupt.wanted = False
+                self._offer_moved()
             plan = self._plan()
             if sorted(plan) != self._paths:
                 return  # a waited-for directory appeared, or a watched one went
             self._changed.clear()
             self._look_again(plan)  # new subscribers look once
-            if result == "stop":
-                if self.stop.is_set():
-                    return
-                # Cut short to change the step: what the call had gathered was dropped.
-                self._interrupt.wanted = False
-                for path, subs in plan.items():
-                    if _mtimes([path]) != {path: mtimes.get(path)}:
-                        for sub in subs:
-                            sub.offer({} if sub.waiting else sub.present())
-            elif result == "timeout":  # polling only: it misses a file replaced in place
+            if result == "timeout":  # polling only: it misses a file replaced in place
                 for sub in self.subscriptions:
                     sub.offer({})
             elif isinstance(result, set):  # not "signal": never in this thread
                 self._route(result)
+
+    def _offer_moved(self) -> None:
+        """Subscribers of a directory whose mtime moved since `_mtimes` get its names again: what
+        happened there meanwhile may not have been reported (a call cut short, a watch made again)."""
+        now = _mtimes(list(self._mtimes))
+        for sub in self.subscriptions:
+            path = sub.directory
+            if not sub.waiting and path in now and now[path] != self._mtimes[path]:
+                sub.offer({name: {"modified"} for name in sub.present()})
+        self._mtimes.update(now)
 
     def _route(self, changes: set[tuple[int, str]]) -> None:
         routed: dict[int, tuple[Subscription, Batch]] = {}
@@ -347,8 +354,8 @@ class DirectoryWatches:
             now = _mtimes(self._paths)
             for path, subs in self._plan().items():
                 if now.get(path) != seen.get(path):
-                    for sub in subs:
-                        sub.offer({} if sub.waiting else sub.present())
+                    for sub in subs:  # "modified": a look proves no name event
+                        sub.offer({} if sub.waiting else {n: {"modified"} for n in sub.present()})
             seen = now
 
 
