@@ -30,7 +30,7 @@ from watcher.kubelet.identity import FileIdentity, is_replacement, probe_socket
 from watcher.kubelet.pod_alarms import DecodeWarnings, FloodWarnings
 from watcher.kubelet.pod_decoding import pod_meta, pod_uid
 from watcher.kubelet.pods_api import PodsApiClient
-from watcher.kubelet.watching import DirectoryWatches
+from watcher.kubelet.watching import DirectoryWatches, Subscription
 from watcher.kubeletapi.v1alpha1 import pods_pb2
 from watcher.model.pod_meta import PodIndex, PodMeta
 from watcher.supervision import Scope, StoppedError, sleep_or_stop, unless_stopped, wait_any
@@ -115,6 +115,7 @@ class PodsWatch:
         self._troubles: set[type[BaseException]] = set()  # logged since the last "watching"
         self._stable = "off"  # the last state but syncing: what was last logged
         self._tried: FileIdentity | None = None  # the socket the last stream was opened on
+        self._sub: Subscription | None = None
 
     # -- states --
 
@@ -155,15 +156,17 @@ class PodsWatch:
     # -- the loop --
 
     async def run(self) -> None:
-        if not self._own_watches:
-            await self._run()
-            return
-        watching = asyncio.create_task(self.watches.run())
+        # Subscribed for the watch's life: a subscription per stream would have the one directory
+        # watch made again at every (re)connect.
+        self._sub = self.watches.subscribe(self.socket.parent, lambda n: n == self.socket.name, "pods-api")
+        watching = asyncio.create_task(self.watches.run()) if self._own_watches else None
         try:
             await self._run()
         finally:
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
+            self._sub.close()
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
 
     async def _run(self) -> None:
         while not self.stop.is_set():
@@ -240,16 +243,15 @@ class PodsWatch:
                     return
 
     async def _directory(self) -> AsyncGenerator[dict[str, set[str]], None]:
-        # A scope of its own: ending this subscription must not stop the agent.
-        scope = Scope(self.stop)
-        sub = self.watches.subscribe(self.socket.parent, lambda name: name == self.socket.name, "pods-api")
-        try:
-            async with contextlib.aclosing(sub.batches(scope)) as batches:
-                async for batch in batches:
-                    yield batch
-        finally:
-            scope.set()
-            sub.close()
+        """The socket directory's batches from now on (what came before was probed by the caller)."""
+        sub = self._sub
+        assert sub is not None, "run() subscribes"
+        sub.drain()
+        while not self.stop.is_set():
+            try:
+                yield await unless_stopped(self.stop, sub.next())
+            except StoppedError:
+                return
 
     async def _wait_for_socket(self, *, within: float | None) -> None:
         """Until a socket other than the one last tried is at the path, or `within` seconds

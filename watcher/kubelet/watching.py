@@ -67,6 +67,11 @@ class Subscription:
         except OSError:
             return {}
 
+    def drain(self) -> None:
+        """Forget what was offered and not read."""
+        self._pending = None
+        self._ready.clear()
+
     async def next(self) -> Batch:
         """The next batch (everything offered since the last one); waits for one."""
         await self._ready.wait()
@@ -348,7 +353,7 @@ class DirectoryWatches:
             if self.stop.is_set():
                 return
             self._changed.clear()
-        seen = _mtimes(self._paths)
+        seen = dict(self._mtimes)  # as the call began: a change since is not yet reported
         while True:
             await asyncio.sleep(self.hurry_step_ms / 1000)
             now = _mtimes(self._paths)
