@@ -89,11 +89,12 @@ async def stop_agent(agent: Agent, task: asyncio.Task[None]) -> None:
     await asyncio.wait_for(task, 20)
 
 
-async def watched_agent(root: Path) -> tuple[FakeKubelet, Agent, Watch, asyncio.Task[None]]:
-    """A started fake kubelet (limit high enough not to be measured) and an agent that has answered."""
+async def watched_agent(root: Path, **settings: Any) -> tuple[FakeKubelet, Agent, Watch, asyncio.Task[None]]:
+    """A started fake kubelet (limit high enough not to be measured) and an agent that has answered
+    (`settings`: its [watch] settings other than the defaults)."""
     fake = FakeKubelet(root / "kubelet", default_node(), rate=1000, burst=100)
     await fake.start()
-    agent = Agent(settings_for(root, fake))
+    agent = Agent(settings_for(root, fake, **settings))
     watch = Watch(agent)
     task = await run_agent(agent)
     await watch.until(lambda: bool(watch.successes), 20)

@@ -2,9 +2,10 @@
 changing, at the agent's step (10 ms) and at 100 ms, side by side in one run.
 
 watchfiles' watch loop (in its worker thread) wakes every `step` milliseconds to look for changes
-and at the stop flag, whether or not anything changed; the agent keeps three such watches (the
-socket's directory, the kubelet's state files, the device plugins' directory). This is the floor
-under the agent's steady-state CPU share (section 3 of BENCHMARKS.md).
+and at the stop flag, whether or not anything changed; the agent keeps one such watch for every
+directory (watcher/kubelet/watching.py), at `[watch] step` while the Pods API stream is live and
+`[watch] hurry_step` otherwise. This is the floor under the agent's steady-state CPU share
+(section 3 of BENCHMARKS.md; its idle curve measures the whole agent at several steps).
 
     .venv/bin/python bench/idle_watch.py
 """

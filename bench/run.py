@@ -5,7 +5,8 @@ Every figure comes from this run, on this machine. Sections (their --only names)
   2. change: a device health flip until the event is committed (state-file triggers vs timer)
   3. steady: the agent's whole CPU share at steady state, a real `python -m watcher run` over
      PRW_BENCH_STEADY_S seconds (default 300) (bench/steady.py); unchanged: CPU time per unchanged
-     cycle on a large node, ours vs a bare client, and where the decode's time goes (for reference)
+     cycle on a large node, ours vs a bare client, and where the decode's time goes (for reference);
+     idle_curve: the directory watch's step vs idle CPU vs reconnect p99, side by side
   4. changed: changed re-query (decode, hash, diff, events) on that node
   5. memory: RSS after start and after many unchanged cycles
   6. delivery: events/s through the outbox to a local webhook; change-to-receipt

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,10 +75,12 @@ def _metric(text: str, name: str) -> float:
     return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
-def _config(root: Path, port: int) -> Path:
-    """Defaults everywhere, except where the files are and a free loopback port for /metrics."""
+def _config(root: Path, port: int, watch: Mapping[str, float] | None = None) -> Path:
+    """Defaults everywhere, except where the files are, a free loopback port for /metrics and
+    `watch` (the idle curve's steps)."""
     path = root / "config.toml"
     kubelet = root / "kubelet"
+    table = "".join(f"{k} = {v!r}\n" for k, v in (watch or {}).items())
     path.write_text(
         f"""node = "bench-node"
 state_dir = "{root / "state"}"
@@ -86,7 +89,8 @@ socket = "{kubelet / "pod-resources" / "kubelet.sock"}"
 root_dir = "{kubelet}"
 [http]
 listen = "127.0.0.1:{port}"
-"""
+[watch]
+{table}"""
     )
     return path
 
@@ -114,13 +118,16 @@ def thread_cpu(pid: int) -> dict[str, float]:
 
 
 async def bench_steady(
-    seconds: float, scrape_every: float = SCRAPE_EVERY_S, settle_s: float = SETTLE_S
+    seconds: float,
+    scrape_every: float = SCRAPE_EVERY_S,
+    settle_s: float = SETTLE_S,
+    watch: Mapping[str, float] | None = None,
 ) -> Steady:
     with tempfile.TemporaryDirectory(prefix="prw-b3s-", dir="/tmp") as tmp:
         root = Path(tmp)
         with fake_kubelet_process(root / "kubelet", node="large"):
             port = free_port()
-            agent = _start(root, "run", "--config", str(_config(root, port)))
+            agent = _start(root, "run", "--config", str(_config(root, port, watch)))
             base = f"http://127.0.0.1:{port}"
             try:
                 async with aiohttp.ClientSession() as http:

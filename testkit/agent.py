@@ -148,6 +148,7 @@ def make_settings(root: Path, *, kubelet_root: Path | None = None, **overrides: 
         force_polling=overrides.pop("force_polling", False),
         poll_interval=overrides.pop("poll_interval", 0.1),
         state_file_triggers=overrides.pop("state_file_triggers", True),
+        step=overrides.pop("step", WatchSettings.step),
     )
     http = HttpSettings(listen="127.0.0.1:0", enabled=overrides.pop("http", True))
     if "pods_api" in overrides:  # the Pods API watch on (the default) or off

@@ -140,6 +140,9 @@ class Agent:
             retry_backoff=self.retry_backoff,
             stop=self.stop,
         )
+        self.reactor.observers.append(
+            lambda _: self.notifier.kubelet_answered(not self.committer.state.health.failing)
+        )
         # The kubelet's Pods API, when it is there: pod changes as they happen, and what pods are.
         self.pods_watch: PodsWatch | None = None
         if settings.pods.api:
@@ -149,7 +152,9 @@ class Agent:
                 backoff=Backoff(base=0.5, cap=30.0, rng=self.rng),
                 stop=self.stop,
                 on_changes=self.reactor.pod_reads.on_changes,
+                on_state=self.notifier.pods_api_state,  # its stream's end: a restart, at once
                 timeout=settings.kubelet.timeout,
+                watches=self.notifier.watches,
             )
             self.reactor.pods_watch = self.pods_watch
         # DRA device taints from the API server: only where a kubernetes sink gives us one.
@@ -239,6 +244,7 @@ class Agent:
         try:
             tasks: dict[str, Callable[[], Awaitable[None]]] = {
                 "query-loop": self.reactor.run,
+                "directory-watch": self.notifier.watches.run,
                 "socket-watch": self.notifier.watch_socket,
                 "state-watch": self.notifier.watch_state_files,
                 "delivery": self._deliver_once_open,

@@ -166,6 +166,24 @@ class WatchSettings:
         default=0.1,
         metadata=field_meta("Polling period when inotify is unavailable, seconds.", min=0.01, max=60),
     )
+    step: float = field(
+        default=0.1,
+        metadata=field_meta(
+            "Seconds the one directory watch waits between looks at what inotify queued, while "
+            "the Pods API stream is live and the kubelet answers (its end tells of a restart at once).",
+            min=0.005,
+            max=5,
+        ),
+    )
+    hurry_step: float = field(
+        default=0.01,
+        metadata=field_meta(
+            "The same, while a restart is awaited or nothing else would tell of one (no Pods API): "
+            "a new socket is seen one to two steps after it appears.",
+            min=0.005,
+            max=5,
+        ),
+    )
     snapshot_interval: float = field(
         default=0.0,
         metadata=field_meta(

@@ -34,10 +34,11 @@ class Reconnect:
     by_downtime: dict[float, Recovery]  # downtime (s) -> its restarts
 
 
-async def bench_reconnect(plan: dict[float, int]) -> Reconnect:
+async def bench_reconnect(plan: dict[float, int], **settings: float) -> Reconnect:
+    """`settings`: the agent's [watch] settings other than the defaults (the idle curve's steps)."""
     with tempfile.TemporaryDirectory(prefix="prw-b1-", dir="/tmp") as tmp:
         root = Path(tmp)
-        fake, agent, watch, task = await watched_agent(root)
+        fake, agent, watch, task = await watched_agent(root, **settings)
         # The baseline: a plain channel with gRPC's default reconnect backoff, polled every 100 ms.
         channel = aio.insecure_channel(f"unix://{fake.socket_path}")
         call: aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(ALLOC)

@@ -1,9 +1,11 @@
-"""The notifier: directory watches and the periodic timer, turned into re-query triggers.
+"""The notifier: the directory watch and the periodic timer, turned into re-query triggers.
 
 The socket's directory is watched so a kubelet restart (the socket replaced) is queried at
 once, on a fresh channel; the kubelet's checkpoint, CPU/memory manager state and device-plugin
 sockets are watched because they are rewritten when the inventory changes; a jittered timer is
-the safety net. A reload retires one configuration's watches and starts the next.
+the safety net. All of them are subscribers of one watch (`watches`, shared with the Pods API
+watch), which steps short only while a restart is awaited or nothing else would tell of one.
+A reload retires one configuration's subscriptions and starts the next.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import structlog
 
 from watcher.kubelet.identity import FileIdentity, SocketState, is_replacement, probe_socket
 from watcher.kubelet.triggers import Trigger
-from watcher.kubelet.watching import DirectoryWatch
-from watcher.settings import Settings
+from watcher.kubelet.watching import DirectoryWatches
+from watcher.settings import Settings, WatchSettings
 from watcher.supervision import Scope
 
-__all__ = ["CHECKPOINT_NAME", "Notifier", "PLUGIN_FOLLOW_UPS", "STATE_FILE_NAMES"]
+__all__ = ["CHECKPOINT_NAME", "NO_STREAM", "Notifier", "PLUGIN_FOLLOW_UPS", "STATE_FILE_NAMES"]
 
 log = structlog.get_logger("watcher.cycle.notifier")
 
@@ -35,6 +37,22 @@ CHECKPOINT_NAME = "kubelet_internal_checkpoint"
 # ListAndWatch answer arrives. The re-query the socket change triggers can come before either, so
 # without these the change would wait for the timer (seen against the kubelet's own device manager).
 PLUGIN_FOLLOW_UPS = (0.5, 2.0)
+# Why the watch steps short: no live Pods API stream to tell of a kubelet's end, or the kubelet is
+# down (its new socket is awaited).
+NO_STREAM, KUBELET_DOWN = "no-pods-api-stream", "kubelet-down"
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _configure(watches: DirectoryWatches, w: WatchSettings) -> None:
+    watches.configure(
+        step_ms=_ms(w.step),
+        hurry_step_ms=_ms(w.hurry_step),
+        force_polling=w.force_polling,
+        poll_delay_ms=_ms(w.poll_interval),
+    )
 
 
 class Notifier:
@@ -54,6 +72,9 @@ class Notifier:
         self._socket_seen: SocketState | None = None
         self._said_not_a_socket: FileIdentity | None = None
         self._generation = Scope(stop)
+        self.watches = DirectoryWatches(stop=stop)
+        _configure(self.watches, settings.watch)
+        self.watches.hurry(NO_STREAM)  # until a Pods API stream is live
         # The pending follow-up looks (monotonic), earliest first; the reactor drops the past ones.
         self.follow_ups: list[float] = []
 
@@ -70,26 +91,28 @@ class Notifier:
         if settings.kubelet.socket != self.settings.kubelet.socket:
             self._socket_seen = None
         self.settings = settings
+        _configure(self.watches, settings.watch)
         self._generation.set()
         self._generation = Scope(self.stop)
         self.trigger.fire("reload", urgent=True)
 
-    # -- the watches (supervised tasks) --
+    # -- what tells of a restart --
 
-    def _directory_watch(
-        self, directory: Path, match: Callable[[str], bool], name: str, generation: Scope
-    ) -> DirectoryWatch:
-        w = self.settings.watch
-        return DirectoryWatch(
-            directory,
-            match,
-            stop=generation,
-            force_polling=w.force_polling,
-            poll_delay_ms=round(w.poll_interval * 1000),
-            # Ticks re-check the socket's identity; never more often than polling would.
-            tick_s=max(1.0, w.poll_interval),
-            name=name,
-        )
+    def pods_api_state(self, state: str, detail: str) -> None:
+        """The Pods API watch's state: while its stream is live, its end tells of a kubelet that
+        stopped, so the watch may step long; when it ends, query at once (as a vanished socket)."""
+        live = state == "watching"
+        was_live = not self.watches.hurrying(NO_STREAM)
+        self.watches.hurry(NO_STREAM, not live)
+        if was_live and not live:
+            self.watches.hurry(KUBELET_DOWN)  # until a query says otherwise
+            self.trigger.fire("pods-api-ended", urgent=True)
+
+    def kubelet_answered(self, ok: bool) -> None:
+        """After each re-query: a kubelet that is down has its new socket awaited, on short steps."""
+        self.watches.hurry(KUBELET_DOWN, not ok)
+
+    # -- the subscriptions (supervised tasks; the watch itself is `watches.run`) --
 
     async def watch_socket(self) -> None:
         while not self.stop.is_set():
@@ -98,9 +121,9 @@ class Notifier:
     async def _watch_socket_once(self, generation: Scope) -> None:
         path = self.socket_path
         name = path.name
-        watch = self._directory_watch(path.parent, lambda n: n == name, "socket", generation)
+        sub = self.watches.subscribe(path.parent, lambda n: n == name, "socket")
         self._socket_seen = probe_socket(path)
-        async for batch in watch.batches():
+        async for batch in sub.batches(generation):
             if batch.get(name, set()) & {"added", "deleted"}:
                 self.name_events = True
             now = probe_socket(path)
@@ -151,7 +174,7 @@ class Notifier:
     async def _watch_dir(
         self, directory: Path, match: Callable[[str], bool], name: str, generation: Scope
     ) -> None:
-        async for batch in self._directory_watch(directory, match, name, generation).batches():
+        async for batch in self.watches.subscribe(directory, match, name).batches(generation):
             if batch:
                 if any(n.endswith(".sock") for n in batch):
                     now = time.monotonic()

@@ -30,7 +30,7 @@ from watcher.kubelet.identity import FileIdentity, is_replacement, probe_socket
 from watcher.kubelet.pod_alarms import DecodeWarnings, FloodWarnings
 from watcher.kubelet.pod_decoding import pod_meta, pod_uid
 from watcher.kubelet.pods_api import PodsApiClient
-from watcher.kubelet.watching import DirectoryWatch
+from watcher.kubelet.watching import DirectoryWatches, Subscription
 from watcher.kubeletapi.v1alpha1 import pods_pb2
 from watcher.model.pod_meta import PodIndex, PodMeta
 from watcher.supervision import Scope, StoppedError, sleep_or_stop, unless_stopped, wait_any
@@ -90,8 +90,12 @@ class PodsWatch:
         on_changes: Callable[[Sequence[PodChange], bool], None],
         on_state: Callable[[str, str], None] | None = None,
         timeout: float = 5.0,
+        watches: DirectoryWatches | None = None,
     ) -> None:
         self.socket = socket
+        # The agent's one directory watch; without one given, this watch runs its own.
+        self._own_watches = watches is None
+        self.watches = watches if watches is not None else DirectoryWatches(stop=stop, step_ms=10)
         self.labels = frozenset(labels)
         self.backoff = backoff
         self.stop = stop
@@ -112,6 +116,7 @@ class PodsWatch:
         self._stable = "off"  # the last state but syncing: what was last logged
         self._tried: FileIdentity | None = None  # the socket the last stream was opened on
         self._drop: tuple[FileIdentity | None] | None = None  # a closed stream's socket, until explained
+        self._sub: Subscription | None = None
 
     # -- states --
 
@@ -152,6 +157,19 @@ class PodsWatch:
     # -- the loop --
 
     async def run(self) -> None:
+        # Subscribed for the watch's life: a subscription per stream would have the one directory
+        # watch made again at every (re)connect.
+        self._sub = self.watches.subscribe(self.socket.parent, lambda n: n == self.socket.name, "pods-api")
+        watching = asyncio.create_task(self.watches.run()) if self._own_watches else None
+        try:
+            await self._run()
+        finally:
+            self._sub.close()
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
+
+    async def _run(self) -> None:
         while not self.stop.is_set():
             try:
                 await self._session()
@@ -251,18 +269,15 @@ class PodsWatch:
                     return
 
     async def _directory(self) -> AsyncGenerator[dict[str, set[str]], None]:
-        # A scope of its own: watchfiles sets the stop flag it is given when it is cancelled,
-        # and ending this watch must not stop the agent.
-        scope = Scope(self.stop)
-        watch = DirectoryWatch(
-            self.socket.parent, lambda name: name == self.socket.name, stop=scope, name="pods-api"
-        )
-        try:
-            async with contextlib.aclosing(watch.batches()) as batches:
-                async for batch in batches:
-                    yield batch
-        finally:
-            scope.set()
+        """The socket directory's batches from now on (what came before was probed by the caller)."""
+        sub = self._sub
+        assert sub is not None, "run() subscribes"
+        sub.drain()
+        while not self.stop.is_set():
+            try:
+                yield await unless_stopped(self.stop, sub.next())
+            except StoppedError:
+                return
 
     async def _wait_for_socket(self, *, within: float | None) -> None:
         """Until a socket other than the one last tried is at the path, or `within` seconds
