@@ -4,12 +4,12 @@ time from a change to what each tool prints about it: our agent's stdout sink, n
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from testkit.changes import Changes
+from testkit.peer_process import terminate
 
 __all__ = ["StampedProcess", "rss_mib"]
 
@@ -95,12 +95,6 @@ class StampedProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await terminate(proc)
         if self._reader is not None:
             await self._reader

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from testkit.changes import Changes
 
-__all__ = ["PeerProcess"]
+__all__ = ["PeerProcess", "terminate"]
 
 
 class PeerProcess:
@@ -67,12 +67,17 @@ class PeerProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await terminate(proc)
         if self._reader is not None:
             await self._reader
+
+
+async def terminate(proc: asyncio.subprocess.Process, grace: float = 10.0) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within `grace` seconds; then reaped."""
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
