@@ -14,6 +14,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 from google.protobuf.message import DecodeError
@@ -25,7 +26,6 @@ from watcher.cycle.committer import Committer
 from watcher.cycle.findings import conclude, flap_rule, settle
 from watcher.cycle.notifier import Notifier
 from watcher.cycle.pod_reads import PodReads
-from watcher.cycle.resource_slices import ResourceSliceTaints
 from watcher.cycle.state import CycleState
 from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.decoding import Decoder
@@ -41,6 +41,10 @@ from watcher.ops.metrics import Metrics
 from watcher.ratelimit import RateLimiter
 from watcher.settings import Settings
 from watcher.supervision import StoppedError, unless_stopped
+
+if TYPE_CHECKING:
+    # Only where a kubernetes sink is configured (the app imports it then).
+    from watcher.cycle.resource_slices import ResourceSliceTaints
 
 __all__ = ["Reactor", "CycleObserver"]
 
