@@ -51,6 +51,7 @@ from watcher.model.records import Pod
 __all__ = ["Decoder", "Outcome"]
 
 _POD_FIELDS = attrgetter("namespace", "name", "containers", "cpu_ids", "memory")
+_CONTAINER_FIELDS = attrgetter("name", "devices", "cpu_ids", "memory", "dynamic_resources")
 
 # The digest of a signature or key (see `_digest`): 16 bytes.
 _Digest = bytes
@@ -337,18 +338,15 @@ def _sorted(entries: Iterable[bytes] | Iterable[int]) -> tuple[Any, ...]:
 
 
 def _pod_key(p: views_pb2.PodView) -> _Digest:
-    containers = sorted(_container_key(views_pb2.ContainerView.FromString(c)) for c in p.containers)
-    return _digest((tuple(containers), _sorted(p.cpu_ids), _sorted(p.memory)))
-
-
-def _container_key(c: views_pb2.ContainerView) -> tuple[Any, ...]:
-    return (
-        c.name.encode(),
-        _sorted(c.devices),
-        _sorted(c.cpu_ids),
-        _sorted(c.memory),
-        _sorted(c.dynamic_resources),
-    )
+    """Order-free: each container's entries sorted, then the containers. (Lists, as in
+    `_signature`: this runs for every pod whose bytes and signature are new.)"""
+    parse, fields = views_pb2.ContainerView.FromString, _CONTAINER_FIELDS
+    containers = []
+    for encoded in p.containers:
+        name, devices, cpu_ids, memory, claims = fields(parse(encoded))
+        containers.append((name, sorted(devices), sorted(cpu_ids), sorted(memory), sorted(claims)))
+    containers.sort()
+    return _sha256(_dumps((containers, sorted(p.cpu_ids), sorted(p.memory)), 2)).digest()[:16]
 
 
 def _alloc_key(a: views_pb2.AllocatableView) -> _Digest:
