@@ -413,3 +413,18 @@ def test_pods_whose_bytes_repeat_are_not_parsed_and_one_change_moves_one_pod() -
     assert [p.key for p in gone] == [p.key for p in came] == ["ns-3/pod-3"]
     assert sum(a is not b for a, b in zip(first.pods, after.pods, strict=True)) == 1
     assert after.tally == Tally.of(after.pods)
+
+
+def test_a_pod_gone_and_back_with_the_same_bytes_is_a_change_both_times() -> None:
+    fake = FakeKubelet("/nonexistent", large_node(), seed=7)
+    fake.shuffle = False
+    decoder = Decoder()
+    alloc, lst = _answers(fake)
+    pods = [p.SerializeToString() for p in api_pb2.ListPodResourcesResponse.FromString(lst).pod_resources]
+    first, _ = decoder.decode(alloc, lst)
+    without, outcome = decoder.decode(alloc, b"".join(_entry(p) for p in pods[1:]))
+    assert outcome is Outcome.CHANGED
+    assert len(without.pods) == len(first.pods) - 1
+    back, outcome = decoder.decode(alloc, b"".join(_entry(p) for p in reversed(pods)))
+    assert outcome is Outcome.CHANGED
+    assert back == first == _full(alloc, lst)

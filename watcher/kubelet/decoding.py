@@ -182,7 +182,10 @@ class Decoder:
             )
             self.forget()
             return self._settle(inventory, last, raw)
-        if not walk.all_raw:  # some pod's bytes are new: remember them (only this answer's)
+        if not walk.all_raw or len(walk.raws) != len(self._by_raw):
+            # Remember this answer's pods' bytes, and only theirs: every entry taken by its bytes
+            # and as many entries as there were (none listed twice) is the same set, but a pod
+            # left remembered after it went would be taken as held still when it came back.
             self._by_raw = dict(zip(walk.raws, walk.chosen, strict=True))
         memo = self._pods
         if alloc_same and last is not None and memo is not None:
