@@ -1,7 +1,7 @@
 """Run N unchanged re-query cycles of a real Agent in this (otherwise idle) process and print
-its RSS after start, halfway and at the end as JSON. Used by the memory section
-(bench/sections/memory.py), so the figure is the agent's own footprint, not the benchmark
-harness's.
+its RSS after start (with its anonymous and file-backed parts), halfway and at the end as JSON.
+Used by the memory section (bench/sections/memory.py), so the figure is the agent's own
+footprint, not the benchmark harness's.
 
     python bench/cycles.py SOCKET STATE_DIR CYCLES
 """
@@ -24,11 +24,15 @@ from watcher.settings import HttpSettings, KubeletSettings, Settings, WatchSetti
 __all__ = ["agent_for_cycles", "rss_mib"]
 
 
-def rss_mib() -> float:
+def _status_mib(field: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def rss_mib() -> float:
+    return _status_mib("VmRSS")
 
 
 async def agent_for_cycles(sock: Path, state: Path, root: Path | None = None, **kubelet: Any) -> Agent:
@@ -56,7 +60,9 @@ async def main(sock: Path, state: Path, cycles: int) -> dict[str, float]:
     reasons = frozenset({"bench"})
     for _ in range(100):
         await agent.requery(reasons)
-    out = {"start": rss_mib()}
+    # RSS is the process's own memory (anonymous: heap, objects) and the pages of the files it
+    # maps (shared libraries' code), which depend on how the page cache holds those files.
+    out = {"start": rss_mib(), "start_anon": _status_mib("RssAnon"), "start_file": _status_mib("RssFile")}
     t0 = time.monotonic()
     for i in range(cycles):
         await agent.requery(reasons)

@@ -98,6 +98,7 @@ class AuditRun:
     max_queue: int
     batch: int
     fsync: str  # the file sink's fsync policy
+    cpu_s: float = float("nan")  # the process's CPU time (every thread) over `seconds`
 
 
 @dataclass(frozen=True)
@@ -188,12 +189,14 @@ class _Delivered:
     def __init__(self) -> None:
         self.count = 0
         self.last = 0.0
+        self.last_cpu = 0.0
         self.changed = asyncio.Event()
 
     def __call__(self, _sink: str, result: str, events: Sequence[Event], _seconds: float) -> None:
         if result == "delivered":
             self.count += len(events)
             self.last = time.monotonic()
+            self.last_cpu = time.process_time()
         self.changed.set()
 
 
@@ -233,14 +236,14 @@ async def _audit_run(root: Path, n: int, spread_s: float | None, budget_s: float
             if spread_s is None:
                 for start in range(1, n + 1, CHUNK):
                     await dispatcher.commit(bench_events(start, min(CHUNK, n + 1 - start)), None)
-                t0 = time.monotonic()
+                t0, cpu0 = time.monotonic(), time.process_time()
                 task = asyncio.create_task(dispatcher.run())
                 deepest = n
             else:
                 task = asyncio.create_task(dispatcher.run())
                 ticks = max(1, round(spread_s * 10))  # a commit every 100 ms
                 per_tick = -(-n // ticks)
-                t0 = time.monotonic()
+                t0, cpu0 = time.monotonic(), time.process_time()
                 for i, start in enumerate(range(1, n + 1, per_tick)):
                     await asyncio.sleep(max(0.0, t0 + i * spread_s / ticks - time.monotonic()))
                     await dispatcher.commit(bench_events(start, min(per_tick, n + 1 - start)), None)
@@ -275,6 +278,7 @@ async def _audit_run(root: Path, n: int, spread_s: float | None, budget_s: float
         max_queue=settings.max_queue,
         batch=dispatcher.workers["audit"].batch_size,
         fsync=settings.fsync,
+        cpu_s=delivered.last_cpu - cpu0 if count else float("nan"),
     )
 
 

@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from testkit.node_model import FAST
 from testkit.receivers import WebhookReceiver
 from watcher.cli import main
 from watcher.config import ConfigError
@@ -23,7 +26,8 @@ from watcher.model.events import Event, envelope
 from watcher.model.gaps import Gap
 from watcher.settings_file import parse_settings
 from watcher.sim.send_test import MemoryStore
-from watcher.sinks.audit import Head, head_path, make_record, record_hash
+from watcher.sinks.audit import Head, head_path, make_gap_record, make_record, record_hash
+from watcher.sinks.audit.chain import canonical_json, chain_hash
 from watcher.sinks.base import GapRecorder, Sink
 from watcher.sinks.registry import build_sinks
 
@@ -521,3 +525,32 @@ def test_record_hash_is_the_documented_algorithm() -> None:
     key = KEY.encode()
     assert record_hash(1, prev, event, key) == "hmac-sha256:" + hmac.new(key, canonical, "sha256").hexdigest()
     assert os.path.basename(head_path(Path("/x/audit.jsonl"))) == ".audit.jsonl.head"
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@FAST
+@given(
+    event=st.dictionaries(st.text(max_size=8), _JSON, max_size=6),
+    n=st.integers(min_value=1, max_value=2**63),
+    prev=st.text(max_size=80),
+    key=st.none() | st.binary(min_size=32, max_size=32),
+)
+def test_a_record_is_the_canonical_json_of_its_fields_hashed_as_documented(
+    event: dict[str, Any], n: int, prev: str, key: bytes | None
+) -> None:
+    """make_record splices its line around one encoding of the event: it must be byte for byte the
+    canonical JSON of the whole record, its hash that of the record without `hash`."""
+    line, digest = make_record(n, prev, event, key)
+    assert digest == record_hash(n, prev, event, key)
+    assert line.encode() == canonical_json({"n": n, "prev": prev, "event": event, "hash": digest})
+    gap = Gap(first=1, last=n, count=n, reasons=("max_queue", prev), time=prev)
+    gap_line, gap_digest = make_gap_record(n, prev, gap, key)
+    body = {"n": n, "prev": prev, "gap": gap.to_dict()}
+    assert gap_digest == chain_hash(body, key)
+    assert gap_line.encode() == canonical_json({**body, "hash": gap_digest})

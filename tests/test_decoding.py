@@ -23,8 +23,9 @@ from testkit.node_rendering import render, render_claim_resource, shuffled
 from watcher.kubelet.decoding import Decoder, Outcome
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.build import build
-from watcher.model.inventory import Inventory
+from watcher.model.inventory import Inventory, changed_pods
 from watcher.model.restore import from_canonical
+from watcher.model.tally import Tally
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeMemory, FakePod, default_node, large_node
 
@@ -331,3 +332,102 @@ def test_a_seeded_decoder_takes_the_saved_pods_as_they_are() -> None:
     after, outcome = decoder.decode(*_answers(fake))
     assert outcome is Outcome.CHANGED and after == _full(*_answers(fake))
     assert [p.key for p in after.pods if not any(p is q for q in saved.pods)] == ["ns-3/pod-3"]
+
+
+def _entry(pod: bytes) -> bytes:
+    """One pod as a List answer's repeated field 1 holds it: tag, length (a varint), bytes."""
+    size, head = len(pod), bytearray(b"\x0a")
+    while size > 0x7F:
+        head.append(size & 0x7F | 0x80)
+        size >>= 7
+    head.append(size)
+    return bytes(head) + pod
+
+
+@FAST
+@given(
+    model=models(),
+    rng=st.randoms(use_true_random=True),
+    steps=st.lists(st.integers(0, len(MUTATIONS)), max_size=8),
+)
+def test_pods_whose_bytes_repeat_decode_to_what_a_full_build_gives(
+    model: Model, rng: random.Random, steps: list[int]
+) -> None:
+    """As a kubelet that lists each pod's entries in a stable order sends it: a pod the node did
+    not change comes back as the very bytes it had (the decoder's unparsed fast path), a changed
+    one anew, the pods in a fresh order; now and then one pod left out (back in the next answer as
+    it was) or one listed twice, byte for byte. Each
+    answer must still be what a full build gives, tally included (carried over, not recounted)."""
+    decoder = Decoder()
+    kept: dict[tuple[str, str], tuple[object, bytes]] = {}  # pod -> (its model, its bytes)
+    last: Inventory | None = None
+    for step in [len(MUTATIONS), *steps, len(MUTATIONS)]:
+        changed = MUTATIONS[step](model) if step < len(MUTATIONS) else None
+        if changed is not None:
+            model = changed
+        alloc, lst = _kubelet_render(model, random.Random(rng.getrandbits(64)))
+        fresh = {
+            (p.namespace, p.name): p.SerializeToString()
+            for p in api_pb2.ListPodResourcesResponse.FromString(lst).pod_resources
+        }
+        pods = []
+        for key, pod in fresh.items():
+            was = kept.get(key)
+            pods.append(was[1] if was is not None and was[0] == model.pods[key] else pod)
+            kept[key] = (model.pods[key], pods[-1])
+        if pods and rng.random() < 0.25:  # one left out of this answer, back in the next as it was
+            pods.remove(rng.choice(pods))
+        if pods and rng.random() < 0.15:
+            pods.append(rng.choice(pods))
+        rng.shuffle(pods)
+        wire = (alloc, b"".join(_entry(p) for p in pods))
+        got, outcome = decoder.decode(*wire)
+        want = _full(*wire)
+        assert got == want
+        assert got.content_hash == want.content_hash
+        assert got.tally == Tally.of(want.pods)
+        if last is not None and want == last:
+            assert got is last, "the same node must come back as the same object"
+            assert outcome is not Outcome.CHANGED
+        elif last is not None:
+            assert outcome is Outcome.CHANGED
+        last = got
+
+
+def test_pods_whose_bytes_repeat_are_not_parsed_and_one_change_moves_one_pod() -> None:
+    fake = FakeKubelet("/nonexistent", large_node(), seed=7)
+    fake.shuffle = False  # each pod's entries in a stable order, as the kubelet lists them
+    decoder = Decoder()
+    alloc, lst = _answers(fake)
+    pods = [p.SerializeToString() for p in api_pb2.ListPodResourcesResponse.FromString(lst).pod_resources]
+    first, _ = decoder.decode(alloc, lst)
+    assert decoder.stats.pods_parsed == 250
+    random.Random(3).shuffle(pods)
+    again, outcome = decoder.decode(alloc, b"".join(_entry(p) for p in pods))
+    assert (again, outcome) == (first, Outcome.REORDERED)
+    assert decoder.stats.pods_parsed == 250, "a pod whose bytes repeat is not parsed"
+    fake.allocate("ns-3", "pod-3", "c2", cpu_ids=[300])
+    alloc, lst = _answers(fake)
+    after, outcome = decoder.decode(alloc, lst)
+    assert outcome is Outcome.CHANGED
+    assert after == _full(alloc, lst)
+    assert (decoder.stats.pods_parsed, decoder.stats.pods_rebuilt) == (251, 251)
+    gone, came = changed_pods(first, after)
+    assert [p.key for p in gone] == [p.key for p in came] == ["ns-3/pod-3"]
+    assert sum(a is not b for a, b in zip(first.pods, after.pods, strict=True)) == 1
+    assert after.tally == Tally.of(after.pods)
+
+
+def test_a_pod_gone_and_back_with_the_same_bytes_is_a_change_both_times() -> None:
+    fake = FakeKubelet("/nonexistent", large_node(), seed=7)
+    fake.shuffle = False
+    decoder = Decoder()
+    alloc, lst = _answers(fake)
+    pods = [p.SerializeToString() for p in api_pb2.ListPodResourcesResponse.FromString(lst).pod_resources]
+    first, _ = decoder.decode(alloc, lst)
+    without, outcome = decoder.decode(alloc, b"".join(_entry(p) for p in pods[1:]))
+    assert outcome is Outcome.CHANGED
+    assert len(without.pods) == len(first.pods) - 1
+    back, outcome = decoder.decode(alloc, b"".join(_entry(p) for p in reversed(pods)))
+    assert outcome is Outcome.CHANGED
+    assert back == first == _full(alloc, lst)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# Not the repository's text: virtualenv, caches, and .peers/ (the Go test peers `make peers` builds;
-# extensionless binaries would read as text).
+# Not the repository's text: virtualenvs (.bench/ holds the benchmarks' runtime-only one), caches, and
+# .peers/ (the Go test peers `make peers` builds; extensionless binaries would read as text).
 SKIP = {
     ".git",
     ".venv",
@@ -20,6 +20,7 @@ SKIP = {
     ".hypothesis",
     "node_modules",
     ".peers",
+    ".bench",
 }
 TEXT = {".md", ".py", ".toml", ".yaml", ".yml", ".json", ".txt", ".proto", ".service", ".env", ""}
 # A relative path that climbs: it must still land inside the repository, which is all a reader has.

@@ -108,7 +108,7 @@ def _copy_source(dest: Path) -> Path:
     """The source tree without build leftovers: setuptools' build/ of an earlier build would
     carry modules removed since into the wheel."""
     skip = shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
+        ".git", ".venv", ".bench", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
     )
     shutil.copytree(ROOT, dest, ignore=skip)
     return dest

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -21,7 +23,6 @@ from watcher.backoff import Backoff
 from watcher.cycle.committer import Committer, EventObserver
 from watcher.cycle.notifier import Notifier
 from watcher.cycle.reactor import CycleObserver, Reactor
-from watcher.cycle.resource_slices import ResourceSliceTaints
 from watcher.cycle.state import CycleState
 from watcher.delivery.dispatcher import DeliveryObserver, Dispatcher
 from watcher.kubelet.decoding import Decoder
@@ -37,13 +38,17 @@ from watcher.settings import HttpSettings, Settings, pods_api_socket
 from watcher.settings_file import config_warnings, parse_listen
 from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Sink
 from watcher.sinks.http import HTTP_SINK_CONNECTIONS
-from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
 from watcher.sinks.registry import build_sinks
 from watcher.status import AgentStatus
 from watcher.store.outbox import OUTBOX_FILE
 from watcher.store.store import Store
 from watcher.supervision import Supervisor, sleep_or_stop, wait_any
 from watcher.tls import ServerTls
+
+if TYPE_CHECKING:
+    # Imported where a kubernetes sink is configured, not before: the agent's RSS is budgeted.
+    from watcher.cycle.resource_slices import ResourceSliceTaints
+    from watcher.sinks.kubernetes import KubernetesSinkSettings
 
 __all__ = ["Agent", "http_options"]
 
@@ -55,6 +60,15 @@ SHUTDOWN_GRACE_S = 5.0
 RELOAD_QUIET_S = 0.2
 # ... but never longer than this after the first one, so a steady stream cannot starve it.
 RELOAD_MAX_WAIT_S = 2.0
+
+
+def _kubernetes_sinks(configs: Sequence[BaseSinkSettings]) -> list[KubernetesSinkSettings]:
+    """The kubernetes sinks among `configs`. Their settings class exists only once its module is
+    imported (the registry imports it for such a sink), so with none configured nothing is imported."""
+    module = sys.modules.get("watcher.sinks.kubernetes.settings")
+    if module is None:
+        return []
+    return [s for s in configs if isinstance(s, module.KubernetesSinkSettings)]
 
 
 def http_options(http: HttpSettings, sinks: Sequence[BaseSinkSettings] = ()) -> HttpOptions:
@@ -159,8 +173,11 @@ class Agent:
             self.reactor.pods_watch = self.pods_watch
         # DRA device taints from the API server: only where a kubernetes sink gives us one.
         self.slice_taints: ResourceSliceTaints | None = None
-        kube = [s for s in settings.sinks if isinstance(s, KubernetesSinkSettings)]
+        kube = _kubernetes_sinks(settings.sinks)
         if settings.pods.resource_slices and kube:
+            from watcher.cycle.resource_slices import ResourceSliceTaints
+            from watcher.sinks.kubernetes import KubernetesSink
+
             sink = next((s for s in sinks if isinstance(s, KubernetesSink) and s.name == kube[0].name), None)
             self.slice_taints = ResourceSliceTaints(
                 kube[0],

@@ -14,6 +14,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 from google.protobuf.message import DecodeError
@@ -25,7 +26,6 @@ from watcher.cycle.committer import Committer
 from watcher.cycle.findings import conclude, flap_rule, settle
 from watcher.cycle.notifier import Notifier
 from watcher.cycle.pod_reads import PodReads
-from watcher.cycle.resource_slices import ResourceSliceTaints
 from watcher.cycle.state import CycleState
 from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.decoding import Decoder
@@ -41,6 +41,9 @@ from watcher.ops.metrics import Metrics
 from watcher.ratelimit import RateLimiter
 from watcher.settings import Settings
 from watcher.supervision import StoppedError, unless_stopped
+
+if TYPE_CHECKING:
+    from watcher.cycle.resource_slices import ResourceSliceTaints
 
 __all__ = ["Reactor", "CycleObserver"]
 
@@ -80,7 +83,7 @@ class Reactor:
         self.decoder = Decoder()
         self.pod_reads = PodReads(notifier.trigger)  # what the Pods API watch named, if it runs
         self.pods_watch: PodsWatch | None = None  # set by the app when it runs one
-        self.slice_taints: ResourceSliceTaints | None = None  # likewise: the ResourceSlices' taints
+        self.slice_taints: ResourceSliceTaints | None = None  # likewise (only with a kubernetes sink)
         self.list_only: str | None = None  # why GetAllocatableResources is unavailable
         self.last_success: float | None = None  # monotonic
         self.last_reconnect_latency: float | None = None  # socket change seen -> first answer
@@ -113,9 +116,8 @@ class Reactor:
                         await self._maybe_unreachable(new_cycle_id())
 
     def _settle_look(self, state: CycleState) -> float | None:
-        # Settling looks again only while the kubelet answers: a kubelet that is down is retried
-        # on the failure backoff, and polls at a dead socket would spend the RPC budget the
-        # re-query of its replacement needs.
+        # Settling looks again only while the kubelet answers: a down one is retried on the failure
+        # backoff, and polls at a dead socket would spend the RPC budget its replacement's re-query needs.
         if state.health.failing:
             return None
         return state.settling.next_look(self.settings.kubelet.warmup_grace)
@@ -151,8 +153,7 @@ class Reactor:
         return deadlines
 
     def _wake_at(self) -> float:
-        # The unreachable report's moment wakes the loop too, but it re-queries nothing: the loop
-        # only reports the outage then (see run).
+        # The unreachable report's moment wakes the loop too: to report the outage (see run), not re-query.
         wake = min(self._requery_deadlines())
         if (due := self.committer.state.health.unreachable_at(self._grace)) is not None:
             wake = min(wake, due)

@@ -8,19 +8,25 @@ once, in C, into the views of `proto/v1/views.proto`, whose leaves stay encoded
 turn), and compares with the last answer, cheapest test first:
 
 1. the same bytes: nothing to do;
-2. per pod, its signature: its containers' and memory entries as sorted bytes and
-   its sorted CPU ids (plus the same for the allocatable side). All equal: the same
-   inventory, reordered; the last Inventory object is returned;
-3. a pod whose signature differs has its containers parsed into an order-free key
+2. per pod, in one pass over the answer: its bytes the bytes of a pod of the last
+   answer (a digest looked up; the kubelet lists containers in spec order, so a
+   pod's bytes often repeat): that pod, unparsed;
+3. else its signature: its containers' and memory entries as sorted bytes and its
+   sorted CPU ids, against the remembered pod of its name (plus the same for the
+   allocatable side). Every pod found so: the same inventory, reordered; the last
+   Inventory object is returned;
+4. a pod whose signature differs has its containers parsed into an order-free key
    (each container's entries sorted); an equal key means only a container's own
    entries were reordered;
-4. only the pods left, and the allocatable side if its signature changed, are
-   built again. Everything else is carried over as it is, including each pod's
-   cached hash, so hashing and diffing the result stay cheap.
+5. only the pods left, and the allocatable side if its signature changed, are
+   built again. With the allocatable side the same, the last inventory is carried
+   over with only those pods moved (`Inventory.with_pods`: its order, its pods'
+   hashes and its tally kept), so a changed cycle costs the pass and the changed
+   pods, not a second walk of every pod.
 
-Signatures and keys are remembered as digests (SHA-256 over their exact bytes, cut to 16
-bytes), never as the bytes themselves: what the decoder keeps between answers is a few
-dozen bytes per pod, not a copy of the answer, and nothing refers to the answers, their
+Signatures, keys and each pod's bytes are remembered as digests (SHA-256 over their exact
+bytes, cut to 16 bytes), never as the bytes themselves: what the decoder keeps between answers
+is some hundred bytes per pod, not a copy of the answer, and nothing refers to the answers, their
 parsed views or their bytes once `decode()` returns. Equal digests imply equal content
 (they cover every entry's exact bytes), so no shortcut can hide a change. The reverse
 need not hold: an entry the kubelet encodes differently each time (several ids in one
@@ -31,10 +37,9 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import itertools
 import marshal
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -46,6 +51,7 @@ from watcher.model.records import Pod
 __all__ = ["Decoder", "Outcome"]
 
 _POD_FIELDS = attrgetter("namespace", "name", "containers", "cpu_ids", "memory")
+_CONTAINER_FIELDS = attrgetter("name", "devices", "cpu_ids", "memory", "dynamic_resources")
 
 # The digest of a signature or key (see `_digest`): 16 bytes.
 _Digest = bytes
@@ -90,6 +96,7 @@ class DecoderStats:
     changed: int = 0
     pods_rebuilt: int = 0
     allocatable_rebuilt: int = 0
+    pods_parsed: int = 0  # pods whose bytes were not a remembered pod's (the rest were not parsed)
 
     @property
     def parsed(self) -> int:
@@ -112,6 +119,8 @@ class Decoder:
         self._alloc_key: _Digest | None = None
         # The digests of `_last`'s pods, or None when it was built without them (a pod listed twice).
         self._pods: _Memo | None = None
+        # The digest of each of the last answer's pods' bytes -> what is remembered of that pod.
+        self._by_raw: dict[_Digest, _Remembered] = {}
 
     def forget(self) -> None:
         """Drop what was remembered: the next answer is decoded in full."""
@@ -119,6 +128,7 @@ class Decoder:
         self._raw = None
         self._alloc_key = None
         self._pods = None
+        self._by_raw = {}
 
     def seed(self, inventory: Inventory) -> None:
         """Start from `inventory` (the saved state, after a restart) when nothing was decoded yet.
@@ -141,9 +151,12 @@ class Decoder:
         if last is None or inventory is last or inventory.content_hash != last.content_hash:
             return
         if self._pods is not None:
+            taken: dict[int, _Remembered] = {}  # the old remembered pod's id -> the new one
             for pod in inventory.pods:  # equal inventories hold pods of the same names
                 by_name = self._pods[pod.namespace]
-                by_name[pod.name] = (by_name[pod.name][0], pod)
+                old = by_name[pod.name]
+                by_name[pod.name] = taken[id(old)] = (old[0], pod)
+            self._by_raw = {raw: taken.get(id(r), r) for raw, r in self._by_raw.items()}
         self._last = inventory
 
     def decode(self, alloc_raw: bytes | None, list_raw: bytes) -> tuple[Inventory, Outcome]:
@@ -161,22 +174,28 @@ class Decoder:
         alloc_same = alloc_same and alloc_key == self._alloc_key
         # Split into its pods' encodings only; each pod is parsed as a view in its turn and its
         # view goes with it: the answer parsed whole would be twice its size again.
-        answer = views_pb2.ListChunks.FromString(list_raw)
-        # The fast test first, then (something changed) the pods one by one.
-        unchanged, digests = self._unchanged(answer) if alloc_same else (False, [])
-        if unchanged and last is not None:
-            self._raw = raw
-            self.stats.reordered += 1
-            return last, Outcome.REORDERED
-        chosen = self._pods_of(answer, digests)
-        del answer, digests  # nothing of the parsed answer is left past here
-        if chosen is None:  # the same pod listed twice: merge it the exact way, remember no keys
+        walk = self._walk(views_pb2.ListChunks.FromString(list_raw).pod_resources)
+        if walk.duplicate:  # the same pod listed twice: merge it the exact way, remember no keys
             inventory = build(
                 api_pb2.AllocatableResourcesResponse.FromString(alloc_raw) if alloc_raw is not None else None,
                 api_pb2.ListPodResourcesResponse.FromString(list_raw),
             )
             self.forget()
             return self._settle(inventory, last, raw)
+        if not walk.all_raw or len(walk.raws) != len(self._by_raw):
+            # Remember this answer's pods' bytes, and only theirs: every entry taken by its bytes
+            # and as many entries as there were (none listed twice) is the same set, but a pod
+            # left remembered after it went would be taken as held still when it came back.
+            self._by_raw = dict(zip(walk.raws, walk.chosen, strict=True))
+        memo = self._pods
+        if alloc_same and last is not None and memo is not None:
+            if not walk.updated and len(walk.consumed) == len(last.pods):
+                self._raw = raw
+                self.stats.reordered += 1
+                return last, Outcome.REORDERED
+            return self._settle(_moved(last, memo, walk), last, raw)
+        chosen = sorted(walk.chosen, key=_by_name)
+        del walk  # nothing of the parsed answer is left past here
         if alloc_same and last is not None:
             devices, cpu_ids, memory = last.devices, last.cpu_ids, last.memory
         elif alloc_raw is not None:
@@ -186,12 +205,12 @@ class Decoder:
             self.stats.allocatable_rebuilt += 1
         else:
             devices, cpu_ids, memory = (), (), ()
-        memo: _Memo = {}
+        fresh: _Memo = {}
         for remembered in chosen:
             pod = remembered[1]
-            by_name = memo.get(pod.namespace)
+            by_name = fresh.get(pod.namespace)
             if by_name is None:
-                memo[pod.namespace] = by_name = {}
+                fresh[pod.namespace] = by_name = {}
             by_name[pod.name] = remembered
         inventory = Inventory(
             devices=devices,
@@ -200,7 +219,7 @@ class Decoder:
             pods=tuple(pod for _, pod in chosen),
             allocatable_known=alloc_raw is not None,
         )
-        self._alloc_key, self._pods = alloc_key, memo
+        self._alloc_key, self._pods = alloc_key, fresh
         return self._settle(inventory, last, raw)
 
     def _settle(
@@ -217,57 +236,91 @@ class Decoder:
         self.stats.changed += 1
         return inventory, Outcome.CHANGED
 
-    def _unchanged(self, answer: views_pb2.ListChunks) -> tuple[bool, list[_Digest]]:
-        """Whether every pod of `answer` is a remembered pod with the same signature, and each
-        remembered pod is there once; and the signature digests made until the answer was known."""
-        old, last, entries = self._pods, self._last, answer.pod_resources
-        digests: list[_Digest] = []
-        if old is None or last is None or len(entries) != len(last.pods):
-            return False, digests
-        # The hot loop of an unchanged cycle (once per pod): one C-level parse and attribute
-        # fetch, and no sorting of the pod-level fields, which are nearly always empty.
-        fields, parse, signature, seen = _POD_FIELDS, views_pb2.PodView.FromString, _signature, set()
+    def _walk(self, entries: Iterable[bytes]) -> _Walk:
+        """One pass over the answer's pods, cheapest test first: a pod whose bytes are a remembered
+        pod's bytes is that pod, unparsed; else its view's signature, then its key, against the
+        remembered pod of its name; else it is built anew."""
+        old, by_raw, sha = self._pods or {}, self._by_raw, _sha256
+        walk = _Walk()
+        chosen, raws, consumed, updated = walk.chosen, walk.raws, walk.consumed, walk.updated
+        new_names: set[_Name] = set()
         for encoded in entries:
-            namespace, name, containers, cpu_ids, memory = fields(parse(encoded))
-            sig = signature(containers, cpu_ids, memory)
-            digests.append(sig)
-            cached = old.get(namespace, _NONE).get(name)
-            if cached is None or not cached[0].startswith(sig):
-                return False, digests
-            seen.add(id(cached))  # a pod listed twice would match one entry twice
-        return len(seen) == len(last.pods), digests
-
-    def _pods_of(self, answer: views_pb2.ListChunks, digests: list[_Digest]) -> list[_Remembered] | None:
-        """What to remember of each pod of `answer`, sorted by namespace and name: the remembered
-        pod where its signature or key is the same, else the pod built anew; None when a pod is
-        listed more than once. `digests`: the signatures of the first pods, made already."""
-        old = self._pods or {}
-        fields, parse, signature = _POD_FIELDS, views_pb2.PodView.FromString, _signature
-        chosen: list[_Remembered] = []
-        for i, encoded in enumerate(answer.pod_resources):
-            view = parse(encoded)
-            namespace, name, containers, cpu_ids, memory = fields(view)
-            sig = digests[i] if i < len(digests) else signature(containers, cpu_ids, memory)
-            cached = old.get(namespace, _NONE).get(name)
-            if cached is not None and cached[0].startswith(sig):
-                chosen.append(cached)
-                continue
-            # Its entries differ as bytes; parse the containers: if only their own
-            # entries were reordered, the pod is the same.
-            key = _pod_key(view)
-            if cached is not None and cached[0].endswith(key):
-                pod = cached[1]
+            raw = sha(encoded).digest()[:16]
+            raws.append(raw)
+            cached = by_raw.get(raw)
+            if cached is not None:
+                remembered = cached
             else:
-                pod = build_pod(namespace, name, [api_pb2.PodResources.FromString(encoded)])
-                self.stats.pods_rebuilt += 1
-                if cached is not None and cached[1] == pod:
-                    pod = cached[1]  # the same pod, regrouped: keep the object (and its hash)
-            chosen.append((sig + key, pod))
-        chosen.sort(key=_by_name)
-        for a, b in itertools.pairwise(chosen):
-            if _by_name(a) == _by_name(b):
-                return None
-        return chosen
+                walk.all_raw = False
+                remembered, cached = self._parsed(encoded, old)
+                if remembered is not cached:
+                    updated.append(remembered)
+            chosen.append(remembered)
+            # Each entry takes the remembered pod of its name, or a name none had: one taken twice
+            # is a pod listed twice.
+            if cached is None:
+                name = _by_name(remembered)
+                walk.duplicate = walk.duplicate or name in new_names
+                new_names.add(name)
+            elif id(cached) in consumed:
+                walk.duplicate = True
+            else:
+                consumed.add(id(cached))
+        return walk
+
+    def _parsed(self, encoded: bytes, old: _Memo) -> tuple[_Remembered, _Remembered | None]:
+        """What to remember of a pod whose bytes are new, and the remembered pod of its name."""
+        view = views_pb2.PodView.FromString(encoded)
+        self.stats.pods_parsed += 1
+        namespace, name, containers, cpu_ids, memory = _POD_FIELDS(view)
+        sig = _signature(containers, cpu_ids, memory)
+        cached = old.get(namespace, _NONE).get(name)
+        if cached is not None and cached[0].startswith(sig):
+            return cached, cached
+        # Its entries differ as bytes; parse the containers: if only their own entries were
+        # reordered, the pod is the same.
+        key = _pod_key(view)
+        if cached is not None and cached[0].endswith(key):
+            return (sig + key, cached[1]), cached
+        pod = build_pod(namespace, name, [api_pb2.PodResources.FromString(encoded)])
+        self.stats.pods_rebuilt += 1
+        if cached is not None and cached[1] == pod:
+            pod = cached[1]  # the same pod, regrouped: keep the object (and its hash)
+        return (sig + key, pod), cached
+
+
+@dataclass
+class _Walk:
+    """What one pass over an answer's pods found (see `Decoder._walk`), in the answer's order."""
+
+    chosen: list[_Remembered] = field(default_factory=list)  # what to remember of each entry's pod
+    raws: list[_Digest] = field(default_factory=list)  # each entry's bytes, digested
+    consumed: set[int] = field(default_factory=set)  # the remembered pods the entries are (their ids)
+    updated: list[_Remembered] = field(default_factory=list)  # entries not a remembered pod as it was
+    all_raw: bool = True  # every entry's bytes were a remembered pod's
+    duplicate: bool = False  # some pod is listed more than once
+
+
+def _moved(last: Inventory, memo: _Memo, walk: _Walk) -> Inventory:
+    """`last` with only the pods `walk` found different moved (its order, its pods' digests and its
+    tally carried over as they are: `Inventory.with_pods`); `memo`, what is remembered of `last`'s
+    pods, updated to match."""
+    replaced: dict[_Name, Pod | None] = {}
+    if len(walk.consumed) < len(last.pods):  # pods gone from the answer
+        for names in memo.values():
+            for remembered in names.values():
+                if id(remembered) not in walk.consumed:
+                    replaced[_by_name(remembered)] = None
+    for namespace, name in replaced:  # the gone ones, so far
+        del memo[namespace][name]
+    for remembered in walk.updated:
+        pod = remembered[1]
+        by_name = memo.setdefault(pod.namespace, {})
+        was = by_name.get(pod.name)
+        if was is None or was[1] is not pod:  # not just the same pod's digests, renewed
+            replaced[pod.namespace, pod.name] = pod
+        by_name[pod.name] = remembered
+    return last.with_pods(replaced)
 
 
 def _by_name(remembered: _Remembered) -> _Name:
@@ -288,18 +341,15 @@ def _sorted(entries: Iterable[bytes] | Iterable[int]) -> tuple[Any, ...]:
 
 
 def _pod_key(p: views_pb2.PodView) -> _Digest:
-    containers = sorted(_container_key(views_pb2.ContainerView.FromString(c)) for c in p.containers)
-    return _digest((tuple(containers), _sorted(p.cpu_ids), _sorted(p.memory)))
-
-
-def _container_key(c: views_pb2.ContainerView) -> tuple[Any, ...]:
-    return (
-        c.name.encode(),
-        _sorted(c.devices),
-        _sorted(c.cpu_ids),
-        _sorted(c.memory),
-        _sorted(c.dynamic_resources),
-    )
+    """Order-free: each container's entries sorted, then the containers. (Lists, as in
+    `_signature`: this runs for every pod whose bytes and signature are new.)"""
+    parse, fields = views_pb2.ContainerView.FromString, _CONTAINER_FIELDS
+    containers = []
+    for encoded in p.containers:
+        name, devices, cpu_ids, memory, claims = fields(parse(encoded))
+        containers.append((name, sorted(devices), sorted(cpu_ids), sorted(memory), sorted(claims)))
+    containers.sort()
+    return _sha256(_dumps((containers, sorted(p.cpu_ids), sorted(p.memory)), 2)).digest()[:16]
 
 
 def _alloc_key(a: views_pb2.AllocatableView) -> _Digest:
