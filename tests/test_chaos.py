@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from testkit.agent import make_settings, running_agent
+from testkit.agent import Running, make_settings, running_agent
 from watcher.model.build import build
 from watcher.model.events import Event
 from watcher.model.inventory import Inventory
@@ -85,6 +85,14 @@ def _replay(first: Inventory, events: list[Event]) -> tuple[set[tuple[str, str]]
 
 
 @pytest.mark.timeout(600)
+async def _pods_watch_live(run: Running) -> None:
+    """Until the Pods API watch streams again after its snapshot (a restart ends its stream)."""
+    watch = run.agent.pods_watch
+    assert watch is not None
+    await run.recorder.until(lambda: watch.state == "watching", 15)
+    await run.quiet_cycle()
+
+
 async def test_kubelet_chaos(short_tmp: Path) -> None:
     rng = random.Random(20261130)
     fake = FakeKubelet(short_tmp / "kubelet", seed=rng.randrange(1 << 30))
@@ -96,6 +104,7 @@ async def test_kubelet_chaos(short_tmp: Path) -> None:
         fake.plugins.warmup = Warmup(plugin_delay=(0.0, 0.3), pods_delay=(0.0, 0.2))
         first = run.agent.inventory
         assert first is not None
+        await _pods_watch_live(run)  # its tasks differ while it connects: count them live
         fds_before, tasks_before = _fds(), len(asyncio.all_tasks())
         mark = len(run.recorder.events)
         extra = 0
@@ -137,6 +146,7 @@ async def test_kubelet_chaos(short_tmp: Path) -> None:
         assert devices == _devices(last)
         assert holdings == _holdings(last)
         # Nothing accumulates: a few fds of slack for sockets mid-close.
+        await _pods_watch_live(run)
         fds_after, tasks_after = _fds(), len(asyncio.all_tasks())
         assert fds_after <= fds_before + 5
         assert tasks_after <= tasks_before + 2
