@@ -6,10 +6,11 @@ are open are remembered in the outbox, so a resolve goes only to what was
 triggered, and survives agent restarts.
 
 A resolve waits `resolve_hold_down` (watcher.model.hold_down): a device failing again within it
-keeps the incident open, with no second trigger; its device.flapping (and a flap that ends with the
-device missing) is sent as a trigger with the same dedup key, which PagerDuty adds to the open
-incident instead of opening another. Held resolves are kept with the open keys and sent by the
-sink's timer when due, across restarts (watcher.sinks.hold_down).
+keeps the incident open, with no second trigger: a flapping episode is one trigger and one
+resolve. With `flap_updates` on, its device.flapping (and a flap that ends with the device missing)
+is also sent, as a trigger with the same dedup key, which PagerDuty adds to the open incident's log
+instead of opening another. Held resolves are kept with the open keys and sent by the sink's timer
+when due, across restarts (watcher.sinks.hold_down).
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ MAX_SUMMARY = 1024
 MAX_DEDUP = 255
 MAX_EVENT_BYTES = 512 * 1024
 SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
-# What is sent to an incident already open: the news that it flaps, and how a flap ended (missing).
-# A plain failure again (within the hold-down) adds nothing to the page.
+# What `flap_updates` sends to an incident already open: the news that it flaps, and how a flap
+# ended (missing). A plain failure again (within the hold-down) adds nothing to the page.
 UPDATES = (Kind.DEVICE_FLAPPING, Kind.DEVICE_FLAP_ENDED)
 
 
@@ -76,6 +77,14 @@ class PagerDutySinkSettings(BaseSinkSettings, HttpSinkSettings):
     )
     rate: float = field(default=2.0, metadata=field_meta("Most messages per second.", min=0.001))
     resolve_hold_down: float = field(default=60.0, metadata=field_meta(HOLD_DOWN_DOC, min=0, max=86400))
+    flap_updates: bool = field(
+        default=False,
+        metadata=field_meta(
+            "Also tell an open incident that its device flaps (device.flapping, and a flap ended with "
+            "the device missing): a second trigger with the same dedup_key, which PagerDuty adds to "
+            "the incident's log without a new incident. Off: one trigger and one resolve per episode."
+        ),
+    )
     type: Literal["pagerduty"] = "pagerduty"
 
 
@@ -175,7 +184,7 @@ class PagerDutySink(HttpSink):
                 if key in held.held:  # it started again within the hold-down: the same incident
                     held = held.cancel(key)
                     await self.held.save(held)
-                if step is Step.UPDATE and event.kind not in UPDATES:
+                if step is Step.UPDATE and not (self.settings.flap_updates and event.kind in UPDATES):
                     continue
                 body = pagerduty_event(event, self.settings.routing_key.get(), active_keys=open_keys)
                 if body is None:
