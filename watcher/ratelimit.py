@@ -73,6 +73,12 @@ class RateLimiter:
         for _ in range(min(calls, len(self._recent))):
             self._recent.pop()
 
+    def forget(self) -> None:
+        """A new server behind the socket (its kubelet restarted): the calls the old one saw do not
+        count against the new one's limit, which starts full. Its first re-query goes at once
+        instead of waiting out the slots the dying kubelet's last answers took."""
+        self._recent.clear()
+
     def answered(self, calls: int) -> None:
         """The last `calls` calls were answered just now. Their slots count from now rather than
         from when they were taken: the server saw them somewhere in between (later, when the loop

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-from watcher.kubelet.identity import FileIdentity, SocketState, is_replacement, probe_socket
+from watcher.kubelet.identity import FileIdentity, SocketState, is_replacement, probe_socket, replaced_since
 from watcher.kubelet.triggers import Trigger
 from watcher.kubelet.watching import DirectoryWatches
 from watcher.settings import Settings, WatchSettings
@@ -70,6 +70,7 @@ class Notifier:
         # When a new socket was seen, for the reconnect latency; the reactor takes it too.
         self.socket_changed_at: float | None = None
         self._socket_seen: SocketState | None = None
+        self._replaced = asyncio.Event()  # set whenever the watch sees the socket appear or replaced
         self._said_not_a_socket: FileIdentity | None = None
         self._generation = Scope(stop)
         self.watches = DirectoryWatches(stop=stop)
@@ -107,6 +108,15 @@ class Notifier:
         if was_live and not live:
             self.watches.hurry(KUBELET_DOWN)  # until a query says otherwise
             self.trigger.fire("pods-api-ended", urgent=True)
+
+    async def until_replaced(self, seen: FileIdentity | None) -> None:
+        """Return once another socket than `seen` is at the path (a cycle's calls are then given
+        up: watcher.cycle.asking)."""
+        while True:
+            self._replaced.clear()
+            if replaced_since(seen, self.socket_path):
+                return
+            await self._replaced.wait()
 
     def kubelet_answered(self, ok: bool) -> None:
         """After each re-query: a kubelet that is down has its new socket awaited, on short steps."""
@@ -149,6 +159,7 @@ class Notifier:
                 # Appeared or replaced: query at once on a fresh channel.
                 self.socket_changed_at = time.monotonic()
                 self.trigger.fire("socket", urgent=True)
+                self._replaced.set()
 
     async def watch_state_files(self) -> None:
         """Re-query when the kubelet's checkpoint, CPU/memory state or plugin sockets change.

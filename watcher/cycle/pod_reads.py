@@ -27,7 +27,7 @@ from watcher.ratelimit import RateLimiter
 if TYPE_CHECKING:  # the watch itself runs beside the reactor, not under it
     from watcher.kubelet.pods_watch import PodChange
 
-__all__ = ["PodReads", "POD_READS", "POD_STATUS", "RESYNC", "READS_MAX", "TERMINAL_PHASES"]
+__all__ = ["PodAnswers", "PodReads", "POD_READS", "POD_STATUS", "RESYNC", "READS_MAX", "TERMINAL_PHASES"]
 
 log = structlog.get_logger("watcher.cycle.pod_reads")
 
@@ -41,6 +41,7 @@ READS_MAX = 4
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 PodKey = tuple[str, str]  # (namespace, name)
+PodAnswers = dict[PodKey, Pod | None]  # a read's answers (None: the kubelet no longer has it)
 
 
 class PodReads:
@@ -101,7 +102,7 @@ class PodReads:
 
     async def read(
         self, client: PodResourcesClient, limiter: RateLimiter, pods: Mapping[PodKey, bool]
-    ) -> dict[PodKey, Pod | None] | None:
+    ) -> PodAnswers | None:
         """Each pod to read, as Get answers it now (None: the kubelet no longer has it, or it
         ended); None when the cycle must List instead (this kubelet has Get disabled, and later
         cycles List too; or an answer did not parse). Raises the kubelet's other errors as List would."""

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,10 +22,11 @@ from google.protobuf.message import DecodeError
 from watcher import errors
 from watcher.backoff import Backoff
 from watcher.cycle.answers import gc_paused, inventory_from_answers
+from watcher.cycle.asking import Replaced, query_answers, unless_replaced
 from watcher.cycle.committer import Committer
 from watcher.cycle.findings import conclude, flap_rule, settle
 from watcher.cycle.notifier import Notifier
-from watcher.cycle.pod_reads import PodReads
+from watcher.cycle.pod_reads import PodAnswers, PodKey, PodReads
 from watcher.cycle.state import CycleState
 from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.decoding import Decoder
@@ -50,8 +51,6 @@ __all__ = ["Reactor", "CycleObserver"]
 log = structlog.get_logger("watcher.cycle.reactor")
 
 CycleObserver = Callable[[frozenset[str]], None]
-# Calls that reached no kubelet: no socket, or nobody listening on it.
-_UNANSWERED = (errors.KubeletUnavailableError, errors.SocketMissingError)
 
 
 def _client(settings: Settings) -> PodResourcesClient:
@@ -198,29 +197,22 @@ class Reactor:
 
     # -- one cycle --
 
+    async def _ask(
+        self, reads: Mapping[PodKey, bool] | None
+    ) -> tuple[PodAnswers | None, bytes | None, bytes | None]:
+        """The pods the Pods API named, read alone (`reads`); or, if not or if that fails, List (and
+        GetAllocatableResources): (read pods, allocatable bytes, List bytes)."""
+        read = await self.pod_reads.read(self.client, self.limiter, reads) if reads is not None else None
+        if read is not None:
+            return read, None, None
+        alloc_raw, list_raw = await self._query()
+        return None, alloc_raw, list_raw
+
     async def _query(self) -> tuple[bytes | None, bytes]:
         """(allocatable bytes or None in List-only mode, List bytes)."""
-        calls = [self.client.list_raw]
-        if self.list_only is None:
-            calls.append(self.client.allocatable_raw)
-        for _ in calls:
-            await self.limiter.acquire()
-        results = await asyncio.gather(*(call() for call in calls), return_exceptions=True)
-        # Calls nobody answered (the kubelet is down, its socket stale) did not reach its rate
-        # limiter, so they do not spend ours: the re-query its return asks for goes at once.
-        unanswered = sum(isinstance(r, _UNANSWERED) for r in results)
-        self.limiter.refund(unanswered)
-        self.limiter.answered(len(results) - unanswered)
-        pods, alloc = results[0], results[1] if len(results) > 1 else None
-        if isinstance(alloc, errors.MethodDisabledError | errors.MethodNotImplementedError):
-            self.list_only = str(alloc)
-            alloc = None
-        # List's failure says more about the kubelet than the other's: raise it first.
-        for result in (pods, alloc):
-            if isinstance(result, BaseException):
-                raise result
-        assert isinstance(pods, bytes)
-        assert alloc is None or isinstance(alloc, bytes)
+        asked = self.list_only is None
+        alloc, pods, not_served = await query_answers(self.client, self.limiter, with_allocatable=asked)
+        self.list_only = not_served or self.list_only
         return alloc, pods
 
     async def _cycle(self, reasons: frozenset[str]) -> tuple[str, Callable[[], Awaitable[None]]]:
@@ -233,17 +225,17 @@ class Reactor:
         before = state.inventory
         usable = before is not None and not restarted and not draft.health.failing
         reads = self.pod_reads.serve(reasons, usable=usable and not draft.settling.holding)
-        read = alloc_raw = list_raw = None
+        replaced = functools.partial(self.notifier.until_replaced, draft.socket)
         try:
-            if reads is not None:  # the pods the Pods API named, alone (None: List after all)
-                read = await self.pod_reads.read(self.client, self.limiter, reads)
-            if read is None:
-                alloc_raw, list_raw = await self._query()
-            if not restarted and replaced_since(draft.socket, self.socket_path):
+            asked = await unless_replaced(self._ask(reads), replaced)
+            if isinstance(asked, Replaced) or (
+                not restarted and replaced_since(draft.socket, self.socket_path)
+            ):
                 # Replaced while we asked (probed absent or old): the answer may be the new kubelet's
                 # warm-up with its restart unseen. Drop it; the next cycle sees the restart first.
                 self.notifier.trigger.fire("replaced-while-asking", urgent=True)
                 return "superseded", functools.partial(commit, draft)
+            read, alloc_raw, list_raw = asked
         except errors.RateLimitedError:
             now = time.monotonic()
             delay = self.rate_backoff.delay(draft.health.attempt)
@@ -322,8 +314,11 @@ class Reactor:
         if old is not None:
             seen_by = "directory watch" if "socket" in reasons else "identity check"
             changes.append(lifecycle.restarted(self.socket_path, seen_by=seen_by))
-        # A replaced kubelet may have been upgraded: ask for everything again.
+        # A replaced kubelet may have been upgraded: ask for everything again, at once (its rate
+        # limit is its own, fresh: the old one's calls do not count against it).
         self.list_only = None
+        if old is not None:
+            self.limiter.forget()
         await self.client.reconnect()
         self.metrics.reconnects.inc()
         self.notifier.socket_changed_at = self.notifier.socket_changed_at or time.monotonic()
