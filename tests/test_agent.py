@@ -23,6 +23,7 @@ from structlog.testing import capture_logs
 
 from testkit.agent import Running, make_settings, running_agent
 from testkit.processes import fake_kubelet_process
+from testkit.waiting import wait_until
 from watcher.kubelet.identity import FileIdentity, is_replacement, probe_socket, replaced_since
 from watcher.sim.fake_kubelet import FakeKubelet
 
@@ -67,6 +68,31 @@ async def test_each_kubelet_restart_is_reported_once_and_requeried_at_once(
         assert fake.first_call_at - fake.started_at < 1.0
         await run.quiet_cycle()
         assert run.recorder.kinds(mark) == ["kubelet.restarted"]
+
+
+async def test_a_new_socket_while_the_old_kubelet_hangs_in_a_query_is_asked_at_once(
+    fake: FakeKubelet, short_tmp: Path
+) -> None:
+    # The old kubelet still up but hung in List (its shutdown), the new one's socket renamed into
+    # place: the hung call is given up at once, not after its 10 s deadline, and the new kubelet
+    # asked with its own rate budget.
+    async with await _started(fake, short_tmp, pods_api=False, max_rpc_rate=2.0) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+        fake.faults.set_delay("List", 60)
+        run.agent.wake("hung")
+        await wait_until(lambda: fake.faults.held == 1, 5, what="a List held by the old kubelet")
+        successor = FakeKubelet(short_tmp / "kubelet", seed=42)
+        try:
+            started = time.monotonic()
+            await successor.start()
+            assert await run.recorder.kinds_after(mark, 1) == ["kubelet.restarted"]
+            await run.recorder.until(lambda: successor.first_call_at is not None, 5)
+            assert successor.first_call_at is not None and successor.first_call_at - started < 2.0
+            assert fake.faults.held == 0  # the old call was cancelled, not waited for
+        finally:
+            await successor.stop(remove_socket=True)
 
 
 async def test_delete_and_create_in_one_batch_is_a_restart(fake: FakeKubelet, short_tmp: Path) -> None:

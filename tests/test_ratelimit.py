@@ -48,3 +48,18 @@ async def test_refunded_calls_free_their_slots_and_answered_counts_only_what_is_
     limiter.answered(5)  # more than it holds: the one it holds
     await limiter.acquire()
     assert limiter.delay() == 1.0
+
+
+async def test_a_new_kubelet_starts_with_a_full_budget() -> None:
+    # The calls the old kubelet answered count against its limiter, which died with it.
+    clock = _Clock()
+    limiter = RateLimiter(5, clock=clock)
+    for _ in range(5):
+        await limiter.acquire()
+    limiter.answered(5)
+    assert limiter.delay() == 1.0
+    limiter.forget()
+    assert limiter.delay() == 0.0
+    for _ in range(5):
+        await limiter.acquire()
+    assert limiter.delay() == 1.0  # and the new one's window holds as before

@@ -37,6 +37,7 @@ class MethodFaults:
         self.delays: dict[str, float] = {}
         self.garbage: set[str] = set()
         self.substitutions: list[tuple[bytes, bytes]] = []  # applied to every answer's bytes
+        self.held = 0  # calls a delay is holding now
 
     def disable(self, method: str) -> None:
         """Feature gate off: the method answers UNKNOWN "... disabled"."""
@@ -73,7 +74,11 @@ class MethodFaults:
             await context.abort(grpc.StatusCode.UNKNOWN, DISABLED_TEXTS[method])
         delay = self.delays.get(method, 0.0)
         if delay > 0:
-            await asyncio.sleep(delay)
+            self.held += 1
+            try:
+                await asyncio.sleep(delay)
+            finally:
+                self.held -= 1
 
     def substitute(self, old: bytes, new: bytes) -> None:
         """Put `new` where `old` stands in every answer, e.g. bytes that are not UTF-8 into a
