@@ -3,6 +3,7 @@ change in each of them still reaches the re-query loop (and the Pods API watch).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from testkit.agent import make_settings, running_agent
+from testkit.waiting import wait_until
+from watcher.kubelet.watching import DirectoryWatches
 from watcher.sim.fake_kubelet import FakeKubelet
 
 
@@ -78,3 +81,22 @@ async def test_the_sockets_directory_and_the_pods_api_directory_see_a_restart(
         assert await run.recorder.kinds_after(mark, 1) == ["kubelet.restarted"]
         await run.recorder.until(lambda: pods.connects > connects and pods.state == "watching")
         assert run.agent.notifier.watches.installs == 1  # the same watch throughout
+
+
+async def test_after_a_hurry_an_idle_watch_steps_long_again(short_tmp: Path) -> None:
+    # Nothing changes in the directory: the look begun on the short step must still end, or an
+    # idle agent ticks at the short step (ten times the CPU) until some file happens to change.
+    stop = asyncio.Event()
+    watches = DirectoryWatches(stop=stop, step_ms=200, hurry_step_ms=10)
+    (short_tmp / "quiet").mkdir()
+    watches.subscribe(short_tmp / "quiet", lambda _name: True, "quiet")
+    task = asyncio.create_task(watches.run())
+    try:
+        await wait_until(lambda: watches.stepping_ms == 200, 5, what="the long step")
+        watches.hurry("restart-awaited")
+        await wait_until(lambda: watches.stepping_ms == 10, 5, what="the short step")
+        watches.hurry("restart-awaited", on=False)
+        await wait_until(lambda: watches.stepping_ms == 200, 5, what="the long step again")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)

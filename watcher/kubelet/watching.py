@@ -136,6 +136,7 @@ class DirectoryWatches:
         self.poll_delay_ms = poll_delay_ms
         self.subscriptions: list[Subscription] = []
         self.installs = 0  # notifier instances made (one, unless directories came and went)
+        self.stepping_ms: int | None = None  # the step of the look running now (None: none runs)
         self._hurry: set[str] = set()
         self._interrupt = _Interrupt(stop)
         self._changed = asyncio.Event()
@@ -165,8 +166,9 @@ class DirectoryWatches:
         else:
             self._hurry.discard(reason)
         if bool(self._hurry) != before:
-            # No interrupt: a call cut short drops what it gathered. A long step running out after
-            # a hurry is bridged by mtime looks (`_bridge`); a short one just ends.
+            # No interrupt: a call cut short drops what it gathered. The call running ends within
+            # STEP_TIMEOUT_MS if nothing changes (at once if something does); a hurry meanwhile
+            # is bridged by mtime looks (`_bridge`).
             self._changed.set()
 
     def hurrying(self, reason: str) -> bool:
@@ -292,36 +294,45 @@ class DirectoryWatches:
         """Route batches until the directories to watch change (or the stop flag)."""
         while not self.stop.is_set():
             self._mtimes, self._mtimes_at = _mtimes(self._paths), time.time_ns()
-            result = await self._call(notify, self.current_step_ms)
+            self.stepping_ms = self.current_step_ms
+            try:
+                result = await self._call(notify, self.stepping_ms)
+            finally:
+                self.stepping_ms = None
             if result == "stop" and not self.stop.is_set():
                 # Cut short (a new step, or directories to re-plan): what it gathered was dropped.
                 self._interrupt.wanted = False
                 self._offer_moved()
+            elif result == "timeout" and not self.polling:
+                # Nothing gathered, but watchfiles clears its set as it times out: a change in
+                # that instant would be lost. The mtimes tell (it would be a second after the
+                # call began: no need to count recent ones, which the last batch reported).
+                self._offer_moved(recent=False)
             plan = self._plan()
             if sorted(plan) != self._paths:
                 return  # a waited-for directory appeared, or a watched one went
             self._changed.clear()
             self._look_again(plan)  # new subscribers look once
-            if result == "timeout":  # polling only: it misses a file replaced in place
+            if result == "timeout" and self.polling:  # polling misses a file replaced in place
                 for sub in self.subscriptions:
                     sub.offer({})
             elif isinstance(result, set):  # not "signal": never in this thread
                 self._route(result)
 
-    def _offer_moved(self) -> None:
+    def _offer_moved(self, *, recent: bool = True) -> None:
         """Subscribers of a directory whose mtime moved since `_mtimes` get its names again: what
         happened there meanwhile may not have been reported (a call cut short, a watch made again)."""
         now = _mtimes(list(self._mtimes))
         # The kernel stamps mtimes from a coarse clock (a few ms): a change in the same tick as the
         # look began leaves the mtime as it was. So a directory changed that recently counts as
         # moved too: a needless look costs a re-query, a missed one a change until the timer.
-        recent = self._mtimes_at - _COARSE_NS
+        since = self._mtimes_at - _COARSE_NS if recent else None
         for sub in self.subscriptions:
             path = sub.directory
             if sub.waiting or path not in now:
                 continue
             mtime = now[path]
-            if mtime != self._mtimes[path] or (mtime is not None and mtime >= recent):
+            if mtime != self._mtimes[path] or (mtime is not None and since is not None and mtime >= since):
                 sub.offer({name: {"modified"} for name in sub.present()})
         self._mtimes.update(now)
 
@@ -339,8 +350,12 @@ class DirectoryWatches:
     async def _call(self, notify: RustNotify, step: int) -> object:
         assert self._thread is not None
         # Polling misses what inotify reports (a socket replaced in place keeps its mtime to the
-        # second): there, subscribers look again every second at least. With inotify: no timeout.
-        timeout = max(1000, self.poll_delay_ms) if self.polling else 0
+        # second): there, subscribers look again every second at least. With inotify, a call ends
+        # after a second without changes too (it drops nothing then), so a new step takes over
+        # within a second: a call without a timeout would keep its step until something in the
+        # directories changed, at idle perhaps never (ten times the CPU after a hurry, or the
+        # mtime bridge on the event loop for good after a hurry began).
+        timeout = max(STEP_TIMEOUT_MS, self.poll_delay_ms) if self.polling else STEP_TIMEOUT_MS
         future = self._thread.submit(notify.watch, self.debounce_ms, step, timeout, self._interrupt)
         bridge = asyncio.create_task(self._bridge(step))
         try:
@@ -356,7 +371,7 @@ class DirectoryWatches:
             await asyncio.gather(bridge, return_exceptions=True)
 
     async def _bridge(self, step: int) -> None:
-        """While a long step runs out after a hurry: look at the directories' mtimes on short
+        """While a long-step call runs out after a hurry: look at the directories' mtimes on short
         steps, so a socket that appears meanwhile is not seen a long step late."""
         while not (self._hurry and self.hurry_step_ms < step):
             await wait_any(self._changed, self.stop)  # set by hurry() too
@@ -374,6 +389,9 @@ class DirectoryWatches:
             seen = now
 
 
+# How long a call waits for a change before it ends, so the step is chosen again: the longest a
+# step change waits (bridged meanwhile when it is a hurry), at the cost of one call a second.
+STEP_TIMEOUT_MS = 1000
 # More than the kernel's coarse clock tick (1-10 ms, by CONFIG_HZ), with room for a busy machine.
 _COARSE_NS = 50_000_000
 
