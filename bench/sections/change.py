@@ -5,6 +5,7 @@ state (rendered in section 7, bench/sections/storm.py)."""
 from __future__ import annotations
 
 import asyncio
+import random
 import tempfile
 import time
 from collections.abc import Awaitable
@@ -19,7 +20,7 @@ from watcher.model.changes import Kind
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
 
-__all__ = ["CHANGE", "ChangePlan", "ChangeToEvent", "bench_change_to_event"]
+__all__ = ["CHANGE", "TRIGGERS", "ChangePlan", "ChangeToEvent", "bench_change_to_event"]
 
 TRIGGERS = "state-file triggers"
 TIMER = "timer only (interval 30 s)"
@@ -39,16 +40,24 @@ class ChangeToEvent:
     steady_window_s: float
 
 
-async def bench_change_to_event(n_trigger: int, n_timer: int, steady_window: float) -> ChangeToEvent:
+async def bench_change_to_event(
+    n_trigger: int, n_timer: int, steady_window: float, **settings: float
+) -> ChangeToEvent:
+    """`settings`: the agent's [watch] settings other than the defaults (the idle curve's steps)."""
     latency: dict[str, tuple[float, ...]] = {}
     calls_per_min = 0.0
+    # Each flip at a random moment of the watch's step (a flip a fixed time after the last event
+    # would fall at the same point of the step every time, its best or its worst).
+    rng = random.Random(2)
     for mode, n in ((TRIGGERS, n_trigger), (TIMER, n_timer)):
+        if n == 0:
+            continue
         with tempfile.TemporaryDirectory(prefix="prw-b2-", dir="/tmp") as tmp:
             root = Path(tmp)
             fake = FakeKubelet(root / "kubelet", default_node())
             await fake.start()
             triggers = mode == TRIGGERS
-            agent = Agent(settings_for(root, fake, state_file_triggers=triggers))
+            agent = Agent(settings_for(root, fake, state_file_triggers=triggers, **settings))
             watch = Watch(agent)
             task = await run_agent(agent)
             await watch.until(lambda: bool(watch.events), 20)
@@ -56,7 +65,7 @@ async def bench_change_to_event(n_trigger: int, n_timer: int, steady_window: flo
             lat: list[float] = []
             for i in range(n):
                 # Spaced so that our own RPC cap (5/s) is not what is measured.
-                await asyncio.sleep(1.0 if triggers else 0.0)
+                await asyncio.sleep(1.0 + rng.uniform(0.0, 0.5) if triggers else 0.0)
                 mark = len(watch.events)
                 t0 = time.monotonic()
                 if i % 2 == 0:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from bench.figures import ms, pct, verdict
 from bench.registry import Results, Section, part, section
+from bench.sections.change import TRIGGERS, bench_change_to_event
 from bench.sections.reconnect import bench_reconnect
 from bench.steady import Steady, bench_steady, steady_seconds
 from watcher.settings import WatchSettings
@@ -87,6 +88,7 @@ class CurvePlan:
     steps: tuple[float, ...]  # [watch] step values, seconds
     window_s: float  # each steady-state window
     restarts: dict[float, int]  # section 1's plan: downtime (s) -> restarts
+    flips: int  # section 2's device health flips
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class CurvePoint:
     step: float
     steady: Steady
     reconnect: dict[float, tuple[float, ...]]  # downtime (s) -> seconds to the first good query
+    change: tuple[float, ...]  # section 2's flips (state-file triggers): seconds to each event
 
 
 async def _curve(plan: CurvePlan) -> list[CurvePoint]:
@@ -101,7 +104,9 @@ async def _curve(plan: CurvePlan) -> list[CurvePoint]:
     for step in plan.steps:
         steady = await bench_steady(plan.window_s, watch={"step": step})
         r = await bench_reconnect(plan.restarts, step=step)
-        points.append(CurvePoint(step, steady, {d: rec.ours for d, rec in r.by_downtime.items()}))
+        c = await bench_change_to_event(plan.flips, 0, 0.0, step=step)
+        reconnect = {d: rec.ours for d, rec in r.by_downtime.items()}
+        points.append(CurvePoint(step, steady, reconnect, c.latency[TRIGGERS]))
     return points
 
 
@@ -111,8 +116,8 @@ CURVE = section(
         title="the directory watch's step vs idle CPU vs reconnect p99, side by side",
         order=31,
         # Fixed windows: PRW_BENCH_STEADY_S (300 s in `make bench`) times four would be 20 minutes.
-        full=CurvePlan((0.05, 0.1, 0.2, 0.5), 60.0, {0.0: 5, 1.0: 5}),
-        quick=CurvePlan((0.05, 0.1, 0.5), 20.0, {0.0: 3, 1.0: 3}),
+        full=CurvePlan((0.02, 0.05, 0.1, 0.2, 0.5), 60.0, {0.0: 5, 1.0: 5}, 10),
+        quick=CurvePlan((0.05, 0.1, 0.5), 20.0, {0.0: 3, 1.0: 3}, 4),
         run=_curve,
     )
 )
@@ -131,15 +136,18 @@ def render_curve(results: Results) -> list[str]:
         "at what inotify queued, so the step is what idle costs. `[watch] step` applies while the "
         "Pods API stream is live (its end tells of a kubelet that stopped, at once); while a restart "
         f"is awaited the watch steps `[watch] hurry_step` ({w.hurry_step * 1000:g} ms), and looks at "
-        "the directories' mtimes every short step until the long step runs out. Each row: the "
-        "steady-state share above (the large node, a real process, its /proc stat) over a "
-        f"{points[0].steady.wall_s:.0f} s window, then section 1's restarts (downtime 0 s: rename "
-        "in place; 1 s) against the in-process agent, both with that step.",
+        "the directories' mtimes every short step until the long-step look ends (within a "
+        "second). A change in a watched directory (a state file rewritten) reaches the agent one to "
+        "two steps after it happens. Each row: the steady-state share above (the large node, a real "
+        f"process, its /proc stat) over a {points[0].steady.wall_s:.0f} s window, section 1's "
+        "restarts (downtime 0 s: rename in place; 1 s) and section 2's device health flips (state-"
+        "file triggers, each at a random moment of the step) against the in-process agent, all "
+        "with that step.",
         "",
         "| step | idle CPU | share of one core | "
         + " | ".join(f"reconnect p50 / p99 (n), {d:g} s down" for d in points[0].reconnect)
-        + " | goal |",
-        "|---|---|---|" + "---|" * len(points[0].reconnect) + "---|",
+        + " | change to event p50 / p99 (n) | goal |",
+        "|---|---|---|" + "---|" * len(points[0].reconnect) + "---|---|",
     ]
     for p in points:
         worst = max(pct(ts, 99) for ts in p.reconnect.values())
@@ -148,15 +156,17 @@ def render_curve(results: Results) -> list[str]:
         cells = " | ".join(
             f"{ms(pct(ts, 50))} / {ms(pct(ts, 99))} ({len(ts)})" for ts in p.reconnect.values()
         )
+        change = f"{ms(pct(p.change, 50))} / {ms(pct(p.change, 99))} ({len(p.change)})"
         lines.append(
             f"| {p.step * 1000:g} ms{default} | {p.steady.cpu_s:.2f} s | {p.steady.share * 100:.3f} % | "
-            f"{cells} | {verdict(ok)} |"
+            f"{cells} | {change} | {verdict(ok)} |"
         )
     return [
         *lines,
         "",
         f"Goal: <= {STEADY_GOAL * 100:.1f} % of one core (stretch {STRETCH_GOAL * 100:.1f} %) with "
-        f"reconnect p99 <= {RECONNECT_GOAL * 1000:.0f} ms. CPU is counted in 1/{points[0].steady.clk_tck} s "
+        f"reconnect p99 <= {RECONNECT_GOAL * 1000:.0f} ms (section 2's change-to-event goal, "
+        f"p99 <= 100 ms, is the other side of the trade: shown, not judged here). CPU is counted in 1/{points[0].steady.clk_tck} s "
         "ticks: over a short window one tick is a visible share. Reproduce: "
         "`PRW_BENCH_STEADY_S=60 .venv/bin/python bench/run.py --only idle_curve`.",
         "",
