@@ -76,8 +76,12 @@ def render(results: Results) -> list[str]:
             "state files, the device plugins' and the Pods API socket's): watchfiles runs it in a "
             "worker thread that wakes every `[watch] step` "
             f"({w.step * 1000:g} ms while the Pods API stream is live) to look at what inotify "
-            "queued, changes or not; the event loop's own timers, gRPC's event-engine threads and the "
-            "scrapes make the rest (the threads above). The idle curve below shows the step's price.",
+            "queued, changes or not (each wake costs about 0.1 ms of CPU on this machine, whatever "
+            "it finds: a plain Python thread sleeping and waking costs the same); gRPC's own "
+            "threads (event_engine, grpc_global_timer, lifeguard: timers of the library, about 0.1 % "
+            "here, with the Pods API stream open), the scrapes (about 5 ms each on the large node) "
+            "and the event loop's timers make the rest (the threads above). The idle curve below "
+            "shows the step's price.",
             "",
         ]
     return lines
