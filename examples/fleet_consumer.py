@@ -15,11 +15,13 @@ import json
 import sqlite3
 import sys
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig
+
+T = TypeVar("T")
 
 SCHEMA = "pod-resources-watcher.event/v1"
 TABLES = """
@@ -132,14 +134,31 @@ async def say(err: Exception) -> None:  # one line per connection error, not nat
     print(f"nats: {err!r}", file=sys.stderr)
 
 
+async def patiently(call: Callable[[], Awaitable[T]], what: str, tries: int = 5) -> T:
+    """A JetStream API request, tried again when the cluster is slow to answer (a busy or
+    electing cluster times requests out; that is no reason to give up)."""
+    for attempt in range(1, tries + 1):
+        try:
+            return await call()
+        except TimeoutError:
+            if attempt == tries:
+                raise
+            print(f"{what}: no answer yet, asking again ({attempt}/{tries - 1})", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 async def consume(args: argparse.Namespace, db: sqlite3.Connection, auth: dict[str, Any]) -> tuple[int, int]:
     # --once fails within seconds when no server answers; a long-running consumer keeps trying.
     tries = 2 if args.once else -1
     nc = await nats.connect(args.servers.split(","), error_cb=say, max_reconnect_attempts=tries, **auth)
     try:
         config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=args.ack_wait)
-        sub = await nc.jetstream().pull_subscribe(
-            f"{args.prefix}.>", durable=args.durable, stream=args.stream, config=config
+        js = nc.jetstream()
+        sub = await patiently(
+            lambda: js.pull_subscribe(
+                f"{args.prefix}.>", durable=args.durable, stream=args.stream, config=config
+            ),
+            "subscribing",
         )
         applied = skipped = 0
         shown = time.monotonic() - args.interval  # the first table once the first batch is in
@@ -158,7 +177,9 @@ async def consume(args: argparse.Namespace, db: sqlite3.Connection, auth: dict[s
                 await asyncio.gather(*(m.ack_sync() for m in msgs), return_exceptions=True)
                 applied, skipped = applied + done[0], skipped + done[1]
             if args.once and (not msgs or msgs[-1].metadata.num_pending == 0):
-                info = await sub.consumer_info()  # caught up: nothing left, nothing out unacked
+                info = await patiently(
+                    sub.consumer_info, "consumer info"
+                )  # caught up: nothing left, nothing out unacked
                 if info.num_pending == 0 and info.num_ack_pending == 0:
                     return applied, skipped
             elif not args.once and time.monotonic() - shown >= args.interval:
