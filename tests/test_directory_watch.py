@@ -87,7 +87,7 @@ async def test_after_a_hurry_an_idle_watch_steps_long_again(short_tmp: Path) -> 
     # Nothing changes in the directory: the look begun on the short step must still end, or an
     # idle agent ticks at the short step (ten times the CPU) until some file happens to change.
     stop = asyncio.Event()
-    watches = DirectoryWatches(stop=stop, step_ms=200, hurry_step_ms=10)
+    watches = DirectoryWatches(stop=stop, step_ms=200, hurry_step_ms=10, look_ms=1500, hurry_look_ms=500)
     (short_tmp / "quiet").mkdir()
     watches.subscribe(short_tmp / "quiet", lambda _name: True, "quiet")
     task = asyncio.create_task(watches.run())

@@ -127,13 +127,18 @@ class DirectoryWatches:
         debounce_ms: int = 30,
         force_polling: bool = False,
         poll_delay_ms: int = 100,
+        look_ms: int = 10_000,
+        hurry_look_ms: int = 1_000,
     ) -> None:
+        """`look_ms`, `hurry_look_ms`: how long a call on the long or the short step waits for a
+        change before it ends and the step is chosen again."""
         self.stop = stop
         self.step_ms = step_ms
         self.hurry_step_ms = hurry_step_ms
         self.debounce_ms = debounce_ms
         self.polling = force_polling
         self.poll_delay_ms = poll_delay_ms
+        self.look_ms, self.hurry_look_ms = look_ms, hurry_look_ms
         self.subscriptions: list[Subscription] = []
         self.installs = 0  # notifier instances made (one, unless directories came and went)
         self.stepping_ms: int | None = None  # the step of the look running now (None: none runs)
@@ -167,7 +172,7 @@ class DirectoryWatches:
             self._hurry.discard(reason)
         if bool(self._hurry) != before:
             # No interrupt: a call cut short drops what it gathered. The call running ends within
-            # STEP_TIMEOUT_MS if nothing changes (at once if something does); a hurry meanwhile
+            # `look_ms` if nothing changes (at once if something does); a hurry meanwhile
             # is bridged by mtime looks (`_bridge`).
             self._changed.set()
 
@@ -350,12 +355,16 @@ class DirectoryWatches:
     async def _call(self, notify: RustNotify, step: int) -> object:
         assert self._thread is not None
         # Polling misses what inotify reports (a socket replaced in place keeps its mtime to the
-        # second): there, subscribers look again every second at least. With inotify, a call ends
-        # after a second without changes too (it drops nothing then), so a new step takes over
-        # within a second: a call without a timeout would keep its step until something in the
-        # directories changed, at idle perhaps never (ten times the CPU after a hurry, or the
-        # mtime bridge on the event loop for good after a hurry began).
-        timeout = max(STEP_TIMEOUT_MS, self.poll_delay_ms) if self.polling else STEP_TIMEOUT_MS
+        # second): there, subscribers look again every second at least. With inotify a call ends
+        # after a while without changes too (it drops nothing then), so a new step takes over: a
+        # call without a timeout would keep its step until something in the directories changed,
+        # at idle perhaps never (ten times the CPU after a hurry, or the mtime bridge on the event
+        # loop for good after a hurry began). A short step's call ends within a second, a long
+        # one's within ten: each end wakes the event loop, and a hurry is bridged meanwhile.
+        if self.polling:
+            timeout = max(self.hurry_look_ms, self.poll_delay_ms)
+        else:
+            timeout = self.hurry_look_ms if step < self.step_ms else self.look_ms
         future = self._thread.submit(notify.watch, self.debounce_ms, step, timeout, self._interrupt)
         bridge = asyncio.create_task(self._bridge(step))
         try:
@@ -389,9 +398,6 @@ class DirectoryWatches:
             seen = now
 
 
-# How long a call waits for a change before it ends, so the step is chosen again: the longest a
-# step change waits (bridged meanwhile when it is a hurry), at the cost of one call a second.
-STEP_TIMEOUT_MS = 1000
 # More than the kernel's coarse clock tick (1-10 ms, by CONFIG_HZ), with room for a busy machine.
 _COARSE_NS = 50_000_000
 
