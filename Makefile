@@ -71,7 +71,7 @@ chaos: $(STAMP) ## the long suites: 200 kubelet restarts, 50 warm-ups, 70 receiv
 	PATH="$(CURDIR)/.tools/bin:$$PATH" PRW_CHAOS_REPORT=$${PRW_CHAOS_REPORT:-/dev/null} PRW_SINK_CHAOS_REPORT=$${PRW_SINK_CHAOS_REPORT:-/dev/null} \
 	$(BIN)/pytest -p no:cacheprovider -m chaos
 
-bench: $(STAMP) ## measure the speed claims side by side and write BENCHMARKS.md (~31 min; bench/run.py --only NAME for one section)
+bench: $(STAMP) ## measure the speed claims side by side and write BENCHMARKS.md (~45 min; bench/run.py --only NAME for one section)
 	$(BIN)/python bench/run.py
 
 proto: $(STAMP) ## regenerate watcher/kubeletapi from proto/
