@@ -130,14 +130,13 @@ class DirectoryWatches:
         look_ms: int = 10_000,
         hurry_look_ms: int = 1_000,
     ) -> None:
-        """`look_ms`, `hurry_look_ms`: how long a call on the long or the short step waits for a
-        change before it ends and the step is chosen again."""
         self.stop = stop
         self.step_ms = step_ms
         self.hurry_step_ms = hurry_step_ms
         self.debounce_ms = debounce_ms
         self.polling = force_polling
         self.poll_delay_ms = poll_delay_ms
+        # How long a call on the long (short) step waits for a change before the step is chosen again.
         self.look_ms, self.hurry_look_ms = look_ms, hurry_look_ms
         self.subscriptions: list[Subscription] = []
         self.installs = 0  # notifier instances made (one, unless directories came and went)
@@ -356,11 +355,9 @@ class DirectoryWatches:
         assert self._thread is not None
         # Polling misses what inotify reports (a socket replaced in place keeps its mtime to the
         # second): there, subscribers look again every second at least. With inotify a call ends
-        # after a while without changes too (it drops nothing then), so a new step takes over: a
-        # call without a timeout would keep its step until something in the directories changed,
-        # at idle perhaps never (ten times the CPU after a hurry, or the mtime bridge on the event
-        # loop for good after a hurry began). A short step's call ends within a second, a long
-        # one's within ten: each end wakes the event loop, and a hurry is bridged meanwhile.
+        # after a while without changes too (dropping nothing), so a new step takes over: without
+        # a timeout it would keep its step until some change, at idle perhaps never (ten times the
+        # CPU after a hurry). Each end wakes the event loop; a hurry is bridged meanwhile.
         if self.polling:
             timeout = max(self.hurry_look_ms, self.poll_delay_ms)
         else:
