@@ -314,8 +314,12 @@ async def test_a_pod_over_16_mib_ends_the_stream_with_one_warning_and_the_watch_
                 FakePod("big", "blob", [FakeContainer("main")], labels={"blob": "b" * (17 << 20)})
             )
             await w.until_state("syncing")
-            await wait_until(lambda: w.watch.attempts >= 3, what="retries")
-            assert "receive limit" in w.watch.detail
+            # Between two attempts the detail says what the watch does now (reading the snapshot
+            # again); after each failed one, why: wait for a retry's detail, not for a moment.
+            await wait_until(
+                lambda: w.watch.attempts >= 3 and "receive limit" in w.watch.detail,
+                what="retries, the detail naming the limit",
+            )
             kubelet.free("big", "blob")
             await w.until_state("watching")
             assert list(w.watch.index) == held and len(w.batches) == 1
