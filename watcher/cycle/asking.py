@@ -37,6 +37,9 @@ async def unless_replaced(call: Awaitable[T], replaced: Callable[[], Awaitable[N
     watching = asyncio.ensure_future(replaced())
     try:
         await asyncio.wait((asking, watching), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the cycle itself is cancelled (the agent stops): no call left behind
+        asking.cancel()
+        raise
     finally:
         watching.cancel()
     if asking.done():

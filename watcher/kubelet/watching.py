@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import math
 import os
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -330,13 +331,13 @@ class DirectoryWatches:
         # The kernel stamps mtimes from a coarse clock (a few ms): a change in the same tick as the
         # look began leaves the mtime as it was. So a directory changed that recently counts as
         # moved too: a needless look costs a re-query, a missed one a change until the timer.
-        since = self._mtimes_at - _COARSE_NS if recent else None
+        since = self._mtimes_at - _COARSE_NS if recent else math.inf
         for sub in self.subscriptions:
             path = sub.directory
             if sub.waiting or path not in now:
                 continue
             mtime = now[path]
-            if mtime != self._mtimes[path] or (mtime is not None and since is not None and mtime >= since):
+            if mtime != self._mtimes[path] or (mtime is not None and mtime >= since):
                 sub.offer({name: {"modified"} for name in sub.present()})
         self._mtimes.update(now)
 
