@@ -211,16 +211,21 @@ class Metrics:
             "Unix time of the last successful re-query.",
             registry=r,
         )
+        # The inventory's gauges are most of a large node's page (hundreds of device series) and
+        # change only with the inventory: they live in a registry of their own whose text is kept
+        # between scrapes, so a scrape renders the few live figures only.
+        inv = self._inventory_registry = CollectorRegistry()
+        self._inventory_page: bytes | None = None  # None: render it again at the next scrape
         self.resource = _per_state(
-            r,
+            inv,
             "resource_{}",
             "Devices (or CPUs) {} per resource and NUMA node (numa=all: the total).",
             "resource",
         )
-        self.memory = _per_state(r, "memory_{}_bytes", "Memory {} per type and NUMA node(s).", "type")
+        self.memory = _per_state(inv, "memory_{}_bytes", "Memory {} per type and NUMA node(s).", "type")
         self._shown: Inventory | None = None  # what the inventory gauges show
         self.device_health = _DeviceHealthCollector()
-        r.register(self.device_health)
+        inv.register(self.device_health)
         self.outbox = _OutboxCollector()
         r.register(self.outbox)
         self.http_connections = Gauge(f"{P}_http_connections", "HTTP connections open now.", registry=r)
@@ -244,6 +249,7 @@ class Metrics:
         shown, self._shown = self._shown, inv
         if inv is shown or (shown is not None and _same_figures(inv, shown)):
             return  # a pod's change that moved no figure (most of them): the gauges are right
+        self._inventory_page = None
         for g in (*self.resource.values(), *self.memory.values()):
             g.clear()
         # Per-NUMA pairs, like device_healthy's devices, are bounded by [http] max_device_series:
@@ -340,10 +346,15 @@ class Metrics:
         full = f"{P}_{name}"
         return sum(
             s.value
-            for family in self.registry.collect()
+            for registry in (self.registry, self._inventory_registry)
+            for family in registry.collect()
             for s in family.samples
             if s.name == full and all(s.labels.get(k) == v for k, v in labels.items())
         )
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition page: the live figures rendered now, then the inventory's as last shown
+        (the two registries share no metric name, so the page is one valid exposition)."""
+        if self._inventory_page is None:
+            self._inventory_page = generate_latest(self._inventory_registry)
+        return generate_latest(self.registry) + self._inventory_page
