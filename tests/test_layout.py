@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "watcher"
 LAYERS: list[tuple[set[str], bool]] = [
     (
         {"__init__", "errors", "config", "secrets", "files", "tls", "backoff", "ratelimit"}
-        | {"supervision", "kubeletapi", "allocator", "bootclock"},
+        | {"supervision", "kubeletapi", "allocator", "heap", "bootclock"},
         False,
     ),
     ({"model"}, True),

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from watcher import heap
 from watcher.backoff import Backoff
 from watcher.cycle.state import CycleState, SavedState, state_from_store, state_record
 from watcher.delivery.dispatcher import Dispatcher
@@ -191,6 +192,8 @@ class Committer:
             # the saved inventory, and the gauges must show it all the same (a failed GPU's 0).
             self.metrics.set_inventory(after)
         self.state = dataclasses.replace(draft, seq=seq, started_reported=True)
+        if not current.started_reported:
+            heap.settle("the first inventory")  # the node's view, built whole: watcher.heap
         await self.dispatcher.hand_over()
         for event in events:
             self.metrics.events.labels(str(event.kind)).inc()

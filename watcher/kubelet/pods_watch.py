@@ -24,7 +24,7 @@ from pathlib import Path
 
 import structlog
 
-from watcher import errors
+from watcher import errors, heap
 from watcher.backoff import Backoff
 from watcher.kubelet.identity import FileIdentity, is_replacement, probe_socket
 from watcher.kubelet.pod_alarms import DecodeWarnings, FloodWarnings
@@ -327,6 +327,7 @@ class PodsWatch:
                     deadline.reschedule(None)
                     self._resync(snapshot)
                     snapshot = None
+                    heap.settle("the Pods API's snapshot")  # every pod read afresh: watcher.heap
                     self._attempt = 0
                     self._set_state("watching", f"watching the Pods API on {self.socket}")
         except TimeoutError:
