@@ -13,6 +13,9 @@ Figures (JSON on stdout), per path:
   rpcs         pod-resources calls per change (List, GetAllocatableResources, Get), at the kubelet
   rss_mib      the agent's RSS once it holds the node (for the Pods API path: after the watch's
                10,000-pod snapshot), and its floor (modules imported, nothing read)
+  tail         what the slow changes met, for the profile of a p99: the garbage collector's
+               pauses over 10 ms (gc callbacks) and the commits over 50 ms (the agent's
+               state_commit_duration_seconds: one transaction and its fsync) while changes ran
 The change alternates: a pod with one exclusive CPU admitted, then removed (allocation.added,
 allocation.removed).
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import subprocess
 import sys
@@ -161,6 +165,17 @@ async def _measure(root: Path, child: Child, changes: int, *, pods_api: bool, fi
     await asyncio.sleep(0.5)
     rss = _rss_mib()
     before = child.calls()
+    commits = _slow_commits(agent)
+    pauses: list[float] = []
+    began: list[float] = []
+
+    def on_gc(phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            began.append(time.perf_counter())
+        elif began and (held := time.perf_counter() - began.pop()) > 0.010:
+            pauses.append(held)
+
+    gc.callbacks.append(on_gc)
     latency: list[float] = []
     for i in range(changes):
         n = first + i // 2
@@ -173,13 +188,23 @@ async def _measure(root: Path, child: Child, changes: int, *, pods_api: bool, fi
         at = next(t for t, e in arrived[mark:] if e.kind == kind)
         latency.append(at - signal)
         await asyncio.sleep(0.25)  # spaced: our own RPC cap is not what is measured
+    gc.callbacks.remove(on_gc)
+    slow, total = (a - b for a, b in zip(_slow_commits(agent), commits, strict=True))
+    tail = {"gc_pauses_s": pauses, "slow_commits": slow, "commits": total}
     after = child.calls()
     agent.stop.set()
     await asyncio.wait_for(task, 60)
     rpcs = {
         m: (after.get(m, 0) - before.get(m, 0)) / changes for m in ("List", "GetAllocatableResources", "Get")
     }
-    return {"latency_s": latency, "rpcs": rpcs, "rss_mib": rss}
+    return {"latency_s": latency, "rpcs": rpcs, "rss_mib": rss, "tail": tail}
+
+
+def _slow_commits(agent: Any) -> tuple[float, float]:
+    """The agent's commits so far over 50 ms, and all of them."""
+    name = "state_commit_duration_seconds"
+    total = agent.metrics.value(f"{name}_count")
+    return total - agent.metrics.value(f"{name}_bucket", le="0.05"), total
 
 
 def main() -> None:

@@ -106,6 +106,27 @@ def render(results: Results) -> list[str]:
         f"is {p.floor_mib:.1f} MiB. Get calls per change are 0.5: an admitted pod is read, a removed "
         "one (DELETED) is taken out without a call.",
         "",
+        *_tail(watch, listed),
         rerun("pods-api"),
         "",
     ]
+
+
+def _tail(*paths: dict[str, Any]) -> list[str]:
+    """What the slow changes of each path met: the GC's pauses and the disk's slow commits."""
+    lines = []
+    for label, r in zip(("Pods API + Get", "List"), paths, strict=True):
+        t = r.get("tail")
+        if t is None:
+            continue
+        pauses = t["gc_pauses_s"]
+        over = sum(1 for x in r["latency_s"] if x > GOAL_P99_S)
+        longest = f", longest {max(pauses) * 1000:.0f} ms" if pauses else ""
+        lines.append(
+            f"- {label}: {over} of {len(r['latency_s'])} changes over 20 ms (the Pods API path's goal); while they ran, "
+            f"{len(pauses)} garbage-collector pauses over 10 ms{longest}, and {t['slow_commits']:g} of "
+            f"{t['commits']:g} commits over 50 ms (one transaction and its fsync: the disk)."
+        )
+    if lines:
+        lines = ["What the tail met (the profile of each p99):", "", *lines, ""]
+    return lines

@@ -180,7 +180,8 @@ class Committer:
                 await self.outbox.reopen()  # the last commit failed: the disk may be back
                 if await self._database_is_ahead(draft):
                     return True
-            await self.dispatcher.commit(events, state_record(saved))
+            with self.metrics.commit_duration.time():
+                await self.dispatcher.commit(events, state_record(saved))
         except Exception as err:  # disk full, read-only, corrupt: never crash, never advance
             self._failed(err)
             return False

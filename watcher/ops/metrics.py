@@ -202,6 +202,13 @@ class Metrics:
             "Cycles whose events and state could not be stored (state directory full, read-only, broken).",
             registry=r,
         )
+        self.commit_duration = Histogram(
+            f"{P}_state_commit_duration_seconds",
+            "Time to store a cycle's events and state durably (one transaction and its fsync): "
+            "a slow disk shows here, and every event waits for it.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=r,
+        )
         self.state_writable = Gauge(
             f"{P}_state_writable", "0 while the last attempt to store events and state failed.", registry=r
         )
