@@ -59,6 +59,7 @@ class Watch(Changes):
         super().__init__()
         self.events: list[tuple[float, Event]] = []
         self.successes: list[float] = []
+        self.cycles: list[tuple[float, frozenset[str]]] = []  # each re-query's end and its reasons
         agent.subscribe(self._on_event)
         agent.subscribe_cycles(self._on_cycle)
         self.agent = agent
@@ -68,12 +69,18 @@ class Watch(Changes):
         self.events.append((time.monotonic(), event))
         self.notify()
 
-    def _on_cycle(self, _: frozenset[str]) -> None:
+    def _on_cycle(self, reasons: frozenset[str]) -> None:
+        self.cycles.append((time.monotonic(), reasons))
         last = self.agent.reactor.last_success  # moves on every answered re-query
         if last is not None and last != self._last_success:
             self._last_success = last
             self.successes.append(last)
         self.notify()
+
+    def reasons_at(self, at: float) -> frozenset[str]:
+        """The reasons of the re-query whose events were stored at `at` (the first to end then or
+        after: its observers run once its events are stored)."""
+        return next((r for t, r in self.cycles if t >= at), frozenset())
 
     def saw(self, kind: Kind, since: int) -> bool:
         """Whether an event of `kind` came after the first `since` events."""
