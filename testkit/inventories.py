@@ -1,5 +1,6 @@
 """Small inventories written as a few names: which GPUs a node has and which pods hold them (device
-plugins' GPUs, or DRA claims' devices), and the Pods API's view of a pod's verdict on one."""
+plugins' GPUs, or DRA claims' devices), the Pods API's view of a pod's verdict on one, and the
+fake kubelet's Job pod holding one DRA GPU."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Mapping, Sequence
 from watcher.model.inventory import Inventory
 from watcher.model.pod_meta import DeviceVerdict, PodMeta
 from watcher.model.restore import from_canonical
+from watcher.sim.fake_node import FakeClaim, FakeClaimDevice, FakeContainer, FakeOwner, FakePod
 
-__all__ = ["GPU", "DRIVER", "ClaimHoldings", "inventory_of", "claim_inventory", "verdict_pod"]
+__all__ = ["GPU", "DRIVER", "ClaimHoldings", "inventory_of", "claim_inventory", "verdict_pod", "dra_job_pod"]
 
 GPU = "nvidia.com/gpu"
 DRIVER = "gpu.nvidia.com"
@@ -116,4 +118,18 @@ def verdict_pod(
         "Running",
         verdicts=tuple(DeviceVerdict(container, pod_claim, rid, h, m) for rid, h, m in verdicts),
         claims=tuple(claims),
+    )
+
+
+def dra_job_pod(pool: str, device: str, *, labels: Mapping[str, str] | None = None) -> FakePod:
+    """Job ml/llm-pretrain's pod, its container "trainer" holding DRIVER's `device` of `pool`
+    through claim llm-pretrain-0-gpu (request "gpu"), for the fake kubelet."""
+    gpu = FakeClaimDevice(DRIVER, pool, device, [f"nvidia.com/gpu={device}"])
+    claim = FakeClaim("ml", "llm-pretrain-0-gpu", [gpu], request="gpu")
+    return FakePod(
+        "ml",
+        "llm-pretrain-0-abcde",
+        [FakeContainer("trainer", claims=[claim])],
+        labels=dict(labels or {}),
+        owners=[FakeOwner("Job", "llm-pretrain", api_version="batch/v1")],
     )

@@ -16,33 +16,19 @@ from typing import Any
 import pytest
 
 from testkit.agent import Running, make_settings, running_agent
+from testkit.inventories import dra_job_pod
 from testkit.receivers import PagerDutyReceiver, SlackReceiver, WebhookReceiver
 from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import (
-    FakeClaim,
     FakeClaimDevice,
-    FakeContainer,
     FakeOwner,
-    FakePod,
     dra_backed_gpu_pod,
 )
 
 DRIVER, POOL, DEVICE = "gpu.nvidia.com", "node-a", "gpu-3"
 XID = "critical XID 79 reported by NVML"
 PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
-
-
-def _job_pod() -> FakePod:
-    gpu = FakeClaimDevice(DRIVER, POOL, DEVICE, [f"nvidia.com/gpu={DEVICE}"])
-    claim = FakeClaim("ml", "llm-pretrain-0-gpu", [gpu], request="gpu")
-    return FakePod(
-        "ml",
-        "llm-pretrain-0-abcde",
-        [FakeContainer("trainer", claims=[claim])],
-        labels={"team": "research"},
-        owners=[FakeOwner("Job", "llm-pretrain", api_version="batch/v1")],
-    )
 
 
 @dataclasses.dataclass
@@ -105,7 +91,7 @@ async def test_a_dra_gpu_failing_pages_once_naming_the_job_claim_and_message_and
     short_tmp: Path,
 ) -> None:
     fake = FakeKubelet(short_tmp / "kubelet", seed=11)
-    fake.node.add_pod(_job_pod())
+    fake.node.add_pod(dra_job_pod(POOL, DEVICE, labels={"team": "research"}))
     async with fake, _agent(short_tmp, fake) as (run, rx):
         await _ready(run)
         changed_at = time.monotonic()
@@ -148,7 +134,7 @@ async def test_a_dra_gpu_failing_pages_once_naming_the_job_claim_and_message_and
 
 async def test_unknown_is_one_warning_after_the_grace_and_never_a_page(short_tmp: Path) -> None:
     fake = FakeKubelet(short_tmp / "kubelet", seed=12)
-    fake.node.add_pod(_job_pod())
+    fake.node.add_pod(dra_job_pod(POOL, DEVICE, labels={"team": "research"}))
     async with fake, _agent(short_tmp, fake, grace=0.5) as (run, rx):
         await _ready(run)
         mark = len(run.recorder.events)

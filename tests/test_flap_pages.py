@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit.agent import Running, make_settings, running_agent
+from testkit.inventories import dra_job_pod
 from testkit.receivers import PagerDutyReceiver, SlackReceiver, WebhookReceiver
 from testkit.waiting import wait_until
 from watcher.model.changes import Change, Kind, Severity
@@ -27,7 +28,6 @@ from watcher.model.flapping import FlapRule, Flaps
 from watcher.settings import Settings
 from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
-from watcher.sim.fake_node import FakeClaim, FakeClaimDevice, FakeContainer, FakeOwner, FakePod
 
 GPU = "nvidia.com/gpu"
 DRIVER, POOL, DEVICE = "gpu.nvidia.com", "node-a", "gpu-3"
@@ -217,20 +217,9 @@ async def test_an_allocated_gpu_flapping_is_one_incident_two_slack_messages_and_
         )
 
 
-def _job_pod() -> FakePod:
-    gpu = FakeClaimDevice(DRIVER, POOL, DEVICE, [f"nvidia.com/gpu={DEVICE}"])
-    claim = FakeClaim("ml", "llm-pretrain-0-gpu", [gpu], request="gpu")
-    return FakePod(
-        "ml",
-        "llm-pretrain-0-abcde",
-        [FakeContainer("trainer", claims=[claim])],
-        owners=[FakeOwner("Job", "llm-pretrain", api_version="batch/v1")],
-    )
-
-
 async def test_a_dra_device_flapping_in_its_pod_status_is_one_incident_too(short_tmp: Path) -> None:
     fake = FakeKubelet(short_tmp / "kubelet", seed=30)
-    fake.node.add_pod(_job_pod())
+    fake.node.add_pod(dra_job_pod(POOL, DEVICE))
 
     def flip(healthy: bool) -> None:
         if healthy:
