@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -30,6 +30,7 @@ import aiohttp
 from testkit.ports import free_port
 from testkit.processes import fake_kubelet_process
 from testkit.waiting import wait_until
+from watcher.settings import WatchSettings
 
 __all__ = ["STEADY_ENV", "Steady", "bench_steady", "cpu_seconds", "steady_seconds"]
 
@@ -53,6 +54,9 @@ class Steady:
     requeries: float
     clk_tck: int
     threads: dict[str, float]  # CPU seconds by thread (name and id), the busiest first
+    # Baselines in the same window (bench/idle_floor.py): one gRPC channel held open, and
+    # watchfiles' watch at the agent's step, each alone in a process: their share of one core.
+    floors: dict[str, float] = field(default_factory=dict)
 
 
 def steady_seconds(default: float = 300.0) -> float:
@@ -102,6 +106,17 @@ def _start(root: Path, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-m", "watcher", *args], stdout=out, stderr=err, cwd=ROOT)
 
 
+def _floor(root: Path, *args: str) -> subprocess.Popen[str]:
+    """bench/idle_floor.py ARGS, once it said it is set up."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "idle_floor.py"), *args], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"the baseline {args[0]} did not start")
+    return proc
+
+
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds per thread of `pid`, by thread name and id ("python" is the event loop's thread
     and every other thread Python started)."""
@@ -129,6 +144,7 @@ async def bench_steady(
             port = free_port()
             agent = _start(root, "run", "--config", str(_config(root, port, watch)))
             base = f"http://127.0.0.1:{port}"
+            floors: dict[str, subprocess.Popen[str]] = {}
             try:
                 async with aiohttp.ClientSession() as http:
 
@@ -145,7 +161,18 @@ async def bench_steady(
                             return False
 
                     await wait_until(ready, 60, interval=0.2, what="the agent's /readyz")
+                    step_ms = str(round(1000 * (watch or {}).get("step", WatchSettings.step)))
+                    floors |= {
+                        "grpc": _floor(
+                            root,
+                            "grpc",
+                            str(root / "kubelet" / "pod-resources" / "kubelet.sock"),
+                            str(root / "kubelet" / "pods-api" / "pods-api.sock"),
+                        ),
+                        "watch": _floor(root, "watch", str(root / "kubelet"), step_ms),
+                    }
                     await asyncio.sleep(settle_s)
+                    floor0 = {k: cpu_seconds(p.pid) for k, p in floors.items()}
                     scrapes: list[str] = []
                     threads0 = thread_cpu(agent.pid)
                     cpu0, t0 = cpu_seconds(agent.pid), time.monotonic()
@@ -158,10 +185,14 @@ async def bench_steady(
                         k += 1
                     await asyncio.sleep(max(0.0, t0 + seconds - time.monotonic()))
                     cpu1, t1 = cpu_seconds(agent.pid), time.monotonic()
+                    floor1 = {k: cpu_seconds(p.pid) for k, p in floors.items()}
                     threads1 = thread_cpu(agent.pid)
                     async with http.get(f"{base}/metrics") as r:
                         last = await r.text()
             finally:
+                for proc in floors.values():
+                    proc.kill()
+                    proc.communicate()  # reaps it and closes its pipe
                 if agent.poll() is None:
                     agent.send_signal(signal.SIGTERM)
                 try:
@@ -178,6 +209,7 @@ async def bench_steady(
         scrapes=len(scrapes),
         requeries=_metric(last, requeries) - _metric(scrapes[0], requeries),
         clk_tck=_CLK_TCK,
+        floors={k: (floor1[k] - floor0[k]) / wall for k in floor0},
         threads={
             name: cpu - threads0.get(name, 0.0)
             for name, cpu in sorted(threads1.items(), key=lambda kv: -(kv[1] - threads0.get(kv[0], 0.0)))

@@ -62,6 +62,7 @@ def render(results: Results) -> list[str]:
         "|---|---|---|---|---|---|",
         f"| {s.wall_s:.0f} s | {s.requeries:.0f} | {s.scrapes} | {s.cpu_s:.2f} s | "
         f"{s.share * 100:.3f} % | {verdict(s.share <= STEADY_GOAL)} |",
+        *_floor_rows(s),
         "",
         f"Goal: <= {STEADY_GOAL * 100:.1f} % of one core (stretch {STRETCH_GOAL * 100:.1f} %). Where it went, by thread (name and id; "
         f"\"python\" threads are the event loop's, the one whose id is the process's, and those "
@@ -71,20 +72,37 @@ def render(results: Results) -> list[str]:
         "",
     ]
     if s.share > STRETCH_GOAL:
+        floor = sum(s.floors.values())
         lines += [
-            "What limits it: one directory watch (one inotify instance for the socket's directory, the "
-            "state files, the device plugins' and the Pods API socket's): watchfiles runs it in a "
-            "worker thread that wakes every `[watch] step` "
-            f"({w.step * 1000:g} ms while the Pods API stream is live) to look at what inotify "
-            "queued, changes or not (each wake costs about 0.1 ms of CPU on this machine, whatever "
-            "it finds: a plain Python thread sleeping and waking costs the same); gRPC's own "
-            "threads (event_engine, grpc_global_timer, lifeguard: timers of the library, about 0.1 % "
-            "here, with the Pods API stream open), the scrapes (about 5 ms each on the large node) "
-            "and the event loop's timers make the rest (the threads above). The idle curve below "
-            "shows the step's price.",
+            "What limits it: the two baselines above, each alone in a process of its own in the same "
+            f"window, take {floor * 100:.3f} % together"
+            + (f", {floor / s.share:.0%} of the agent's share" if s.share > 0 else "")
+            + ". The directory watch (one inotify instance for the socket's directory, the state "
+            "files, the device plugins' and the Pods API socket's) runs in a worker thread that "
+            f"wakes every `[watch] step` ({w.step * 1000:g} ms while the Pods API stream is live) to "
+            "look at what inotify queued, changes or not: each wake costs about 0.1 ms of CPU on this "
+            "machine whatever it finds. gRPC's threads (event_engine, grpc_global_timer, lifeguard) "
+            "wake on their own while any channel is open, and the Pods API stream keeps one open; "
+            "they stop only when every channel is closed. The rest is the event loop: the timer's "
+            "re-queries and the scrapes (the inventory's series are rendered once per inventory, so "
+            "a scrape renders the live figures only). The idle curve below shows the step's price.",
             "",
         ]
     return lines
+
+
+_FLOORS = {
+    "grpc": "gRPC alone: a channel to the same kubelet (one call made) and the Pods API's watch stream open",
+    "watch": "watchfiles' watch of one directory at the same step, called as the agent calls it",
+}
+
+
+def _floor_rows(s: Steady) -> list[str]:
+    """The baselines beside the agent in the same window (bench/idle_floor.py)."""
+    return [
+        f"| baseline, same window: {_FLOORS[k]} | | | | {share * 100:.3f} % | |"
+        for k, share in s.floors.items()
+    ]
 
 
 @dataclass(frozen=True)
@@ -127,6 +145,10 @@ CURVE = section(
 )
 
 
+def _share(x: float | None) -> str:
+    return "" if x is None else f"{x * 100:.3f} %"
+
+
 @part((3, 2))
 def render_curve(results: Results) -> list[str]:
     points = results.get(CURVE)
@@ -146,12 +168,13 @@ def render_curve(results: Results) -> list[str]:
         f"process, its /proc stat) over a {points[0].steady.wall_s:.0f} s window, section 1's "
         "restarts (downtime 0 s: rename in place; 1 s) and section 2's device health flips (state-"
         "file triggers, each at a random moment of the step) against the in-process agent, all "
-        "with that step.",
+        'with that step. "watchfiles alone": the watch at that step in a process of its own, in '
+        "the same window (bench/idle_floor.py).",
         "",
-        "| step | idle CPU | share of one core | "
+        "| step | idle CPU | share of one core | watchfiles alone | "
         + " | ".join(f"reconnect p50 / p99 (n), {d:g} s down" for d in points[0].reconnect)
         + " | change to event p50 / p99 (n) | goal |",
-        "|---|---|---|" + "---|" * len(points[0].reconnect) + "---|---|",
+        "|---|---|---|---|" + "---|" * len(points[0].reconnect) + "---|---|",
     ]
     for p in points:
         worst = max(pct(ts, 99) for ts in p.reconnect.values())
@@ -163,7 +186,7 @@ def render_curve(results: Results) -> list[str]:
         change = f"{ms(pct(p.change, 50))} / {ms(pct(p.change, 99))} ({len(p.change)})"
         lines.append(
             f"| {p.step * 1000:g} ms{default} | {p.steady.cpu_s:.2f} s | {p.steady.share * 100:.3f} % | "
-            f"{cells} | {change} | {verdict(ok)} |"
+            f"{_share(p.steady.floors.get('watch'))} | {cells} | {change} | {verdict(ok)} |"
         )
     return [
         *lines,
