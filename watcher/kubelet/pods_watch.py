@@ -239,7 +239,10 @@ class PodsWatch:
         refusing or replaced closed it as it stopped."""
         if self._drop is None:
             return
-        (old,), now, self._drop = self._drop, self._tried, None
+        (old,), self._drop = self._drop, None
+        # The socket as it is now, not as probed before connecting: a kubelet replacing it in
+        # between answers on the new one, and that is a restart, not a drop.
+        now = probe_socket(self.socket).identity if answered else self._tried
         if (
             answered
             and old is not None
