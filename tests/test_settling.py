@@ -19,6 +19,7 @@ from watcher.model.build import build
 from watcher.model.changes import Kind
 from watcher.model.inventory import Inventory
 from watcher.model.settling import DEPARTURE_S, PODS_STABLE_S, Settling
+from watcher.ratelimit import TokenBucket
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
 from watcher.sim.fake_plugins import Warmup, plugin_socket_name
@@ -237,3 +238,37 @@ async def test_a_real_failure_during_another_resources_warm_up_is_reported_at_on
         (removed,) = [e for e in run.recorder.events[mark:] if e.kind == "device.removed"]
         assert removed.details["device"] == nic
         assert run.agent.settling.held_resources() == {GPU}
+
+
+async def test_a_restart_seen_on_a_rate_limited_look_still_holds_the_warm_up(
+    kubelet: FakeKubelet, short_tmp: Path
+) -> None:
+    """The kubelet's limiter is shared by every client on the node: when the first look after a
+    restart is refused, the restart is known (the socket was replaced) and its warm-up must be
+    held all the same, not diffed raw at the next answer: exactly `kubelet.restarted`."""
+    async with running_agent(make_settings(short_tmp), kubelet) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+        # Plugins back after 1-2 s: the agent's retry after the refusal comes well within it.
+        kubelet.plugins.warmup = Warmup(plugin_delay=(1.0, 2.0), pods_delay=(0.0, 0.5))
+        # The new kubelet's limiter as another client's burst leaves it: one call, then refusals.
+        kubelet.rate, kubelet.burst = 0.5, 1
+        await kubelet.restart()
+        metrics = run.agent.metrics
+        await run.recorder.until(lambda: metrics.value("requeries_total", result="rate_limited") > 0)
+        kubelet.bucket = TokenBucket(100.0, 10)  # the other client is done
+        await run.settled()
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["kubelet.restarted"]
+        assert run.agent.inventory == build(kubelet.allocatable_response(), kubelet.list_response())
+
+
+def test_a_restart_held_before_any_answer_times_its_hold_from_the_first_answer() -> None:
+    settled, empty, sockets = _node_inventories()
+    s = Settling(sockets=sockets).kubelet_restarted(0.0, settled)
+    # The first answer comes 100 s after the restart was seen (the kubelet refused till then):
+    # the warm-up it shows is held, the grace counting from here.
+    s, changes = s.observe(100.0, settled, empty, frozenset(), grace=30)
+    assert changes == [] and s.held_resources() == {d.resource for d in settled.devices}
+    assert s.present(settled, empty) == settled

@@ -28,13 +28,21 @@ from watcher.model.settling import Settling
 from watcher.model.who import annotate
 from watcher.settings import Settings
 
-__all__ = ["settle", "conclude"]
+__all__ = ["restarted", "settle", "conclude"]
 
 log = structlog.get_logger("watcher.cycle.findings")
 
 
+def restarted(settling: Settling, before: Inventory | None) -> Settling:
+    """The kubelet was seen restarting: hold its warm-up from now, on every path of the cycle
+    (answered or not: a refused look must not leave the next answer's warm-up to be diffed raw)."""
+    if before is None:
+        return settling
+    return settling.kubelet_restarted(time.monotonic(), before)
+
+
 def settle(
-    settings: Settings, settling: Settling, before: Inventory | None, answer: Inventory, *, restarted: bool
+    settings: Settings, settling: Settling, before: Inventory | None, answer: Inventory
 ) -> tuple[Settling, list[Change], Inventory]:
     """Hold what the kubelet's warm-up explains (see watcher.model.settling): the next settling
     state, the plugin lifecycle changes, and the inventory to report."""
@@ -42,8 +50,6 @@ def settle(
         return settling, [], answer
     now = time.monotonic()
     grace = settings.kubelet.warmup_grace
-    if restarted:
-        settling = settling.kubelet_restarted(now, before)
     sockets = plugin_sockets(settings.kubelet.root_dir / "device-plugins")
     after, changes = settling.observe(now, before, answer, sockets, grace)
     if after.holding and not settling.holding:

@@ -24,7 +24,7 @@ from watcher.backoff import Backoff
 from watcher.cycle.answers import gc_paused, inventory_from_answers
 from watcher.cycle.asking import Replaced, query_answers, unless_replaced
 from watcher.cycle.committer import Committer
-from watcher.cycle.findings import conclude, flap_rule, settle
+from watcher.cycle.findings import conclude, flap_rule, restarted, settle
 from watcher.cycle.notifier import Notifier
 from watcher.cycle.pod_reads import PodAnswers, PodKey, PodReads
 from watcher.cycle.state import CycleState
@@ -220,16 +220,18 @@ class Reactor:
         cycle = new_cycle_id()
         state = self.committer.state
         changes: list[Change] = []
-        draft, took_name_events, restarted = await self._check_socket_identity(reasons, state, changes)
+        draft, took_name_events, was_restarted = await self._check_socket_identity(reasons, state, changes)
         commit = functools.partial(self._commit, changes, cycle, took_name_events=took_name_events)
         before = state.inventory
-        usable = before is not None and not restarted and not draft.health.failing
+        if was_restarted:
+            draft = dataclasses.replace(draft, settling=restarted(draft.settling, before))
+        usable = before is not None and not was_restarted and not draft.health.failing
         reads = self.pod_reads.serve(reasons, usable=usable and not draft.settling.holding)
         replaced = functools.partial(self.notifier.until_replaced, draft.socket)
         try:
             asked = await unless_replaced(self._ask(reads), replaced)
             if isinstance(asked, Replaced) or (
-                not restarted and replaced_since(draft.socket, self.socket_path)
+                not was_restarted and replaced_since(draft.socket, self.socket_path)
             ):
                 # Replaced while we asked (probed absent or old): the answer may be the new kubelet's
                 # warm-up with its restart unseen. Drop it; the next cycle sees the restart first.
@@ -267,7 +269,7 @@ class Reactor:
                 # The answers are decoded: their bytes (the largest thing a cycle holds) go now,
                 # not when the cycle ends, so they are not alive with the diff and the commit.
                 del alloc_raw, list_raw
-            settling, held, after = settle(self.settings, draft.settling, before, answer, restarted=restarted)
+            settling, held, after = settle(self.settings, draft.settling, before, answer)
             draft = self._answered(draft, changes, list_only=list_only)  # lifecycle changes first
             if set(repaired) - draft.invalid_text:  # once, until an answer comes without any
                 changes.append(lifecycle.invalid_text(repaired))

@@ -52,6 +52,10 @@ class Settling:
     # Each plugin socket seen gone and since when, while it stays away (see DEPARTURE_S), sorted.
     departed: tuple[tuple[str, float], ...] = ()
     last_look: float = 0.0
+    # False from a kubelet restart's detection until the first answer after it: the restart may be
+    # seen on a look the kubelet refused (rate-limited by another client, failing, too large), and
+    # the hold must then last from the first answer, not from the refusal.
+    restart_answered: bool = True
 
     @property
     def holding(self) -> bool:
@@ -75,9 +79,18 @@ class Settling:
         return min(self.last_look + POLL_S, began + grace)
 
     def kubelet_restarted(self, now: float, settled: Inventory) -> Settling:
-        """Hold every resource that had devices, and the pods, until the node settles again."""
+        """Hold every resource that had devices, and the pods, until the node settles again. Called
+        when the restart is seen, whether or not that look was answered: the hold's grace then
+        counts from the first answer after it."""
         held = tuple((r, now) for r in sorted(_resources(settled)))
-        return dataclasses.replace(self, held=held, kubelet_restart=True, pods_since=now, pods_changed_at=now)
+        return dataclasses.replace(
+            self,
+            held=held,
+            kubelet_restart=True,
+            pods_since=now,
+            pods_changed_at=now,
+            restart_answered=False,
+        )
 
     def observe(
         self,
@@ -91,6 +104,15 @@ class Settling:
         are back (or whose grace ran out) are released. Returns the plugin lifecycle changes."""
         changes: list[Change] = []
         state = self
+        if not state.restart_answered:
+            # The first answer since the restart: the warm-up is seen from here.
+            state = dataclasses.replace(
+                state,
+                held=tuple((r, now) for r, _ in state.held),
+                pods_since=now if state.pods_since is not None else None,
+                pods_changed_at=now,
+                restart_answered=True,
+            )
         if state.pods_since is not None:  # the pod list is watched only while pods are held
             keys = frozenset((p.namespace, p.name) for p in answer.pods)
             if keys != state.pod_keys:

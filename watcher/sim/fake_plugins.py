@@ -33,6 +33,9 @@ class Warmup:
     plugin_delay: tuple[float, float] = (0.2, 1.5)  # each plugin re-registers after this
     pods_delay: tuple[float, float] = (0.0, 0.0)  # each pod shows in List after this
     never: frozenset[str] = field(default_factory=frozenset)  # resources whose plugin never returns
+    # A real plugin serves its socket and registers first, and its devices reach allocatable only
+    # once the kubelet's ListAndWatch stream has them: this long after its socket is back.
+    devices_lag: tuple[float, float] = (0.02, 0.2)
 
 
 def plugin_socket_name(resource: str) -> str:
@@ -115,8 +118,9 @@ class Plugins:
 
     def register(self, resource: str) -> None:
         """The plugin of `resource` registers now (after `restart_plugin(resource, None)`, say):
-        its socket is back and its devices are allocatable again."""
-        self._register(resource)
+        its socket is back and its devices are allocatable again, both at once."""
+        self._touch(resource)
+        self._devices_in(resource)
 
     async def wait_settled(self) -> None:
         """Until every plugin that will come back has registered and List shows every pod."""
@@ -129,9 +133,17 @@ class Plugins:
     # -- inside --
 
     def _register(self, resource: str) -> None:
+        """Serve and Register: the socket first; the devices follow when the stream has them."""
+        self._touch(resource)
+        lag = self.rng.uniform(*self.warmup.devices_lag) if self.warmup is not None else 0.0
+        if lag > 0:
+            self._later(lag, functools.partial(self._devices_in, resource))
+        else:
+            self._devices_in(resource)
+
+    def _devices_in(self, resource: str) -> None:
         self.down.discard(resource)
         self.registrations += 1
-        self._touch(resource)
         self.on_change()  # the kubelet rewrites its checkpoint as the plugin's devices come in
         if self.on_register is not None:
             self.on_register(resource)
