@@ -1,6 +1,7 @@
 """`snapshot` with the kubelet's Pods API (the fake kubelet serves it on a real unix socket): each
 pod's uid, owner and labels, the kubelet's device verdicts with the drivers' words, the non-Healthy
-first, in the table and in JSON; without the API, the snapshot as before and one line saying why."""
+first, in the table and in JSON; without the API, or with an answer that is not protobuf, the
+snapshot as before and one line saying why; pods that are not Pod messages named, the others shown."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import grpc
 import pytest
 
 from watcher.cli import main
+from watcher.kubeletapi.k8s import core_v1_pb2
 from watcher.sim.fake_kubelet import FakeKubelet
 
 XID = "critical XID 79 reported by NVML"
@@ -108,3 +110,58 @@ async def test_a_kubelet_refusing_the_api_or_another_socket_given_is_said_in_one
     out, _ = await _snapshot(kubelet, capfd)
     (note,) = [line for line in out.splitlines() if "Pods API not available" in line]
     assert "UNIMPLEMENTED" in note and "unknown service v1alpha1.Pods" in note
+
+
+async def test_a_list_pods_answer_that_is_not_protobuf_is_one_line_and_the_rest_is_printed(
+    kubelet: FakeKubelet, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert kubelet.pods_api is not None
+    kubelet.pods_api.answer_garbage("ListPods")
+    out, _ = await _snapshot(kubelet, capfd)
+    doc = json.loads((await _snapshot(kubelet, capfd, "-o", "json"))[0])
+    (note,) = [line for line in out.splitlines() if "Pods API" in line]
+    assert note.startswith("note: Pods API not available: ") and "not protobuf" in note
+    assert str(kubelet.pods_api.socket_path) in note
+    assert "ml/trainer-0" in out and "DEVICE HEALTH" not in out  # pod-resources' part as before
+    api = doc["pods_api"]
+    assert api["available"] is False and "not protobuf" in api["reason"] and api["pods"] == []
+    assert doc["inventory"]["pods"]
+
+
+async def test_pods_that_are_not_pod_messages_are_each_named_and_the_others_shown(
+    kubelet: FakeKubelet, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert kubelet.pods_api is not None
+    real = len(kubelet.node.pods)
+    kubelet.pods_api.add_raw_pods(b"\xff\xff garbage", core_v1_pb2.Pod().SerializeToString())
+    out, _ = await _snapshot(kubelet, capfd)
+    doc = json.loads((await _snapshot(kubelet, capfd, "-o", "json"))[0])
+    lines = out.splitlines()
+    said = lines.index("(2 pods did not decode and are left out)")
+    assert "ml/trainer-0" in "\n".join(lines[:said])  # the readable pods are listed
+    first, second = lines[said + 1 : said + 3]
+    assert first.startswith(f"  pod {real + 1} of {real + 2} in ListPods' answer: ")
+    assert "is not a Pod message (10 bytes: " in first
+    assert second.startswith(f"  pod {real + 2} of {real + 2} in ListPods' answer: ")
+    assert "has no uid" in second
+    api = doc["pods_api"]
+    assert (api["available"], api["skipped"], len(api["pods"])) == (True, 2, real)
+    assert [u.split(":")[0] for u in api["undecoded"]] == [
+        f"pod {real + 1} of {real + 2} in ListPods' answer",
+        f"pod {real + 2} of {real + 2} in ListPods' answer",
+    ]
+
+
+async def test_the_table_names_ten_pods_that_did_not_decode_and_json_names_them_all(
+    kubelet: FakeKubelet, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert kubelet.pods_api is not None
+    kubelet.pods_api.add_raw_pods(*[b"\xff\xff garbage"] * 12)
+    out, _ = await _snapshot(kubelet, capfd)
+    doc = json.loads((await _snapshot(kubelet, capfd, "-o", "json"))[0])
+    lines = out.splitlines()
+    said = lines.index("(12 pods did not decode and are left out)")
+    named = lines[said + 1 : said + 12]
+    assert all(" in ListPods' answer: " in line for line in named[:10])
+    assert named[10] == "  ... and 2 more (--output json names them all)"
+    assert len(doc["pods_api"]["undecoded"]) == doc["pods_api"]["skipped"] == 12

@@ -1,7 +1,8 @@
 """`snapshot`'s look at the kubelet's Pods API: ListPods once, each pod's uid, owner and allowlisted
 labels, and the kubelet's verdict on each device its pods hold (device plugins and DRA drivers, with
-the drivers' words), for a table or JSON. The Pods API is extra: when it cannot be read, the
-snapshot is printed as before with one line saying why."""
+the drivers' words), for a table or JSON. The Pods API is extra: when it cannot be read (refused, or
+an answer that is not protobuf), the snapshot is printed as before with one line saying why; pods in
+the answer that are not Pod messages are left out, each named by its place in the answer."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from google.protobuf.message import DecodeError
 
 from watcher import errors
 from watcher.kubelet.pod_decoding import pod_meta
@@ -19,6 +22,7 @@ from watcher.snapshot import patiently, table
 __all__ = ["PodsView", "default_pods_socket", "format_pods_json", "format_pods_table", "read_pods"]
 
 _RANK = {UNHEALTHY: 0, HEALTHY: 2}  # anything else (Unknown, a newer word) between the two
+UNDECODED_SHOWN = 10  # pods that did not decode named in the table; JSON names them all
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,12 @@ class PodsView:
 
     pods: tuple[PodMeta, ...] = ()
     unavailable: str | None = None  # why the Pods API was not read (None: it was)
-    skipped: int = 0  # pods that did not decode
+    undecoded: tuple[str, ...] = ()  # each pod that did not decode: where it was in the answer, why
+
+    @property
+    def skipped(self) -> int:
+        """How many pods did not decode."""
+        return len(self.undecoded)
 
     def verdicts(self) -> list[tuple[PodMeta, DeviceVerdict]]:
         """Every pod's device verdicts, the non-Healthy first (Unhealthy, then Unknown)."""
@@ -61,14 +70,22 @@ async def read_pods(client: PodsApiClient, *, labels: Collection[str]) -> PodsVi
         )
     except errors.KubeletError as err:
         return PodsView(unavailable=str(err))
-    pods, skipped = [], 0
-    for raw in raws:
+    except DecodeError as err:
+        # Not one pod in it can be read: the same as a refusal, the pod-resources part stands.
+        return PodsView(
+            unavailable=f"the ListPods answer on {client.socket_path} is not protobuf ({err}): "
+            "the kubelet's Pods API is broken, or the socket is not a kubelet's"
+        )
+    pods, undecoded = [], []
+    for position, raw in enumerate(raws, 1):
         try:
             pods.append(pod_meta(raw, labels=labels))
-        except errors.PodDecodeError:
-            skipped += 1
+        except errors.PodDecodeError as err:
+            # A pod that does not decode has no name we could trust: its place in the answer (uid
+            # order) tells it apart; the error says why, with its size.
+            undecoded.append(f"pod {position} of {len(raws)} in ListPods' answer: {err}")
     pods.sort(key=lambda p: (p.namespace, p.name, p.uid))
-    return PodsView(tuple(pods), None, skipped)
+    return PodsView(tuple(pods), None, tuple(undecoded))
 
 
 def _owner(pod: PodMeta) -> str:
@@ -92,6 +109,9 @@ def format_pods_table(view: PodsView) -> list[str]:
     out += table(["POD", "UID", "PHASE", "OWNER", "LABELS"], rows) if rows else ["(none)"]
     if view.skipped:
         out.append(f"({view.skipped} pods did not decode and are left out)")
+        out += [f"  {line}" for line in view.undecoded[:UNDECODED_SHOWN]]
+        if view.skipped > UNDECODED_SHOWN:
+            out.append(f"  ... and {view.skipped - UNDECODED_SHOWN} more (--output json names them all)")
     out += ["", "DEVICE HEALTH (the kubelet's verdicts, not Healthy first)"]
     verdicts = [
         [pod.key, v.container, _resource(pod, v), v.resource_id, v.health, v.message or "-"]
@@ -108,6 +128,7 @@ def format_pods_json(view: PodsView) -> dict[str, Any]:
         "available": view.unavailable is None,
         "reason": view.unavailable,
         "skipped": view.skipped,
+        "undecoded": list(view.undecoded),
         "pods": [
             {
                 "namespace": pod.namespace,

@@ -21,7 +21,8 @@ It behaves as upstream's server (pkg/kubelet/apis/pods, served by ListenAndServe
 
 Faults a test can add: `refuse(code, details)` answers every call with that status (a kubelet with
 the gate off, or one too old for the API), `inject(kind, pod)` sends every watcher an event with
-any bytes as its pod (a broken or hostile kubelet).
+any bytes as its pod, `answer_garbage(method)` answers ListPods or GetPod with bytes that are not
+protobuf, and `add_raw_pods(*raws)` puts any bytes among ListPods' pods (a broken or hostile kubelet).
 
 The fake finds changes by comparing each pod's encoding with the last one it broadcast, and only
 while someone watches (or broadcasts are delayed): with no watcher a change costs nothing.
@@ -41,6 +42,7 @@ from grpc import aio
 from watcher.kubeletapi.k8s import core_v1_pb2
 from watcher.kubeletapi.v1alpha1 import pods_pb2
 from watcher.ratelimit import TokenBucket
+from watcher.sim.fake_faults import GARBAGE
 from watcher.sim.fake_pod_objects import deleted_pod
 from watcher.sim.fake_sockets import serve_at
 
@@ -109,6 +111,8 @@ class FakePodsApi:
         # Told of every batch of events as it goes to the watchers (a benchmark's clock).
         self.on_broadcast: Callable[[list[bytes]], None] | None = None
         self.refusal: tuple[grpc.StatusCode, str] | None = None
+        self.garbage: set[str] = set()  # methods answered with bytes that are not protobuf
+        self.raw_pods: list[bytes] = []  # entries ListPods gives after the real pods
 
     # -- lifecycle --
 
@@ -156,6 +160,16 @@ class FakePodsApi:
     def inject(self, kind: pods_pb2.EventType.ValueType, pod: bytes) -> None:
         """Send every watcher an event of `kind` whose pod is `pod`, whatever those bytes are."""
         self._broadcast([pods_pb2.WatchPodsEvent(type=kind, pod=pod).SerializeToString()])
+
+    def answer_garbage(self, method: str) -> None:
+        """Answer `method` (ListPods or GetPod) with bytes that are not protobuf at all."""
+        if method not in ("ListPods", "GetPod"):
+            raise ValueError(f"unknown method {method!r}; expected ListPods or GetPod")
+        self.garbage.add(method)
+
+    def add_raw_pods(self, *raws: bytes) -> None:
+        """ListPods' answer stays protobuf but also carries these entries as pods, whatever they are."""
+        self.raw_pods.extend(raws)
 
     # -- changes --
 
@@ -249,11 +263,15 @@ class FakePodsApi:
 
     async def _list_pods(self, _request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
         await self._admit("ListPods", context, limited=True)
-        pods = [p.SerializeToString() for p in self._sorted()]
+        if "ListPods" in self.garbage:
+            return GARBAGE
+        pods = [p.SerializeToString() for p in self._sorted()] + self.raw_pods
         return pods_pb2.ListPodsResponse(pods=pods).SerializeToString()
 
     async def _get_pod(self, request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
         await self._admit("GetPod", context, limited=True)
+        if "GetPod" in self.garbage:
+            return GARBAGE
         uid = pods_pb2.GetPodRequest.FromString(request).podUID
         for pod in self.pods():
             if pod.metadata.uid == uid:
