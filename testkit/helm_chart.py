@@ -71,6 +71,7 @@ VALUES_SETS: dict[str, dict[str, Any]] = {
         },
         "hostPaths": {
             "podResources": "/var/lib/k0s/kubelet/pod-resources",
+            "podsApi": "/var/lib/k0s/kubelet/pods-api",
             "devicePlugins": "/var/lib/k0s/kubelet/device-plugins",
             "state": "/var/lib/k0s/pod-resources-watcher",
         },
