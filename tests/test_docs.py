@@ -139,3 +139,40 @@ def test_the_docs_complete_configs_load(tmp_path: Path, monkeypatch: pytest.Monk
             load_settings(path)
         except Exception as err:  # the message names the key; say which doc holds the block
             raise AssertionError(f"{where}: a complete config does not load: {err}") from err
+
+
+# One line per grant in SECURITY.md's Kubernetes API section: "- `verb`, `verb` on `resource` (`group`):"
+# (core for the core group).
+GRANT_LINE = re.compile(
+    r"^  - ((?:`[a-z]+`, )*`[a-z]+`) on `([a-z]+(?:/[a-z]+)?)` \((?:`([a-z0-9.-]+)`|core)\):", re.M
+)
+
+
+def _security_md_grants() -> set[tuple[str, str, str]]:
+    text = (ROOT / "SECURITY.md").read_text(encoding="utf-8")
+    section = text.split("### The Kubernetes API", 1)[1].split("\n### ", 1)[0]
+    return {
+        (group or "", resource, verb)
+        for verbs, resource, group in GRANT_LINE.findall(section)
+        for verb in re.findall(r"`([a-z]+)`", verbs)
+    }
+
+
+def test_security_md_lists_exactly_the_shipped_rbac_grants() -> None:
+    """SECURITY.md says what the agent's token may do: the grants it lists are every Role's and
+    ClusterRole's rules in the kustomize base and overlays (the chart's equal the overlay's:
+    tests/test_helm.py), no more and no fewer."""
+    from testkit.manifests import BASE, OVERLAYS, build
+
+    shipped = {
+        (group, resource, verb)
+        for directory in (BASE, *OVERLAYS.values())
+        for obj in build(directory)
+        if obj["kind"] in ("Role", "ClusterRole")
+        for rule in obj["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert shipped, "no Role or ClusterRole shipped: the check would pass on nothing"
+    assert _security_md_grants() == shipped
