@@ -280,6 +280,32 @@ def test_bytes_that_do_not_parse_raise_and_leave_the_decoder_as_it_was(which: st
     assert (again, outcome) == (first, Outcome.REORDERED)
 
 
+def test_an_allocatable_side_refused_after_the_pods_were_walked_leaves_the_decoder_as_it_was() -> None:
+    # A device id that is not UTF-8 parses as a view, not as the answer: the pods are walked before
+    # it is refused. The answer then decoded with the id made valid (as the repair does; the same
+    # allocatable side as the last one) must show every change: remembered from the refused walk, a
+    # new or changed pod was taken as seen, and a pod whose memory it renewed as gone.
+    fake = FakeKubelet("/nonexistent", large_node(), seed=7)
+    fake.add_device("nvidia.com/gpu", "GPU-evil", (0,))
+
+    def answers() -> tuple[bytes, bytes, bytes]:
+        alloc, lst = _answers(fake)
+        return alloc.replace(b"GPU-evil", b"GPU\xffevil"), alloc.replace(b"GPU-evil", b"GPU_evil"), lst
+
+    decoder = Decoder()
+    _, valid, lst = answers()
+    decoder.decode(valid, lst)
+    fake.allocate("ns-3", "pod-3", "c2", cpu_ids=[300])
+    fake.free("ns-4", "pod-4")
+    fake.add_pod(FakePod("ns-0", "pod-new", [FakeContainer("main", cpu_ids={301})]))
+    invalid, valid, lst = answers()
+    with pytest.raises(DecodeError):
+        decoder.decode(invalid, lst)
+    after, outcome = decoder.decode(valid, lst)
+    assert outcome is Outcome.CHANGED
+    assert after == _full(valid, lst)
+
+
 def test_after_a_pod_listed_twice_its_disappearance_is_still_seen() -> None:
     # Found by the property above: a full build (a pod listed twice) kept no keys, and an
     # empty key set then compared equal to the next answer's.

@@ -172,6 +172,13 @@ class Decoder:
             alloc_key = _alloc_key(views_pb2.AllocatableView.FromString(alloc_raw))
         alloc_same = last is not None and last.allocatable_known == (alloc_raw is not None)
         alloc_same = alloc_same and alloc_key == self._alloc_key
+        # Built before anything of this answer is remembered: a DecodeError here (a device id that
+        # is not UTF-8) must leave the decoder as it was. Raised once the pods' bytes were
+        # remembered, it made the repaired answer's new and changed pods look already seen (never
+        # reported while the bad id stayed), and pods whose memory the refused walk renewed look gone.
+        allocatable = None
+        if alloc_raw is not None and not alloc_same:
+            allocatable = build_allocatable(api_pb2.AllocatableResourcesResponse.FromString(alloc_raw))
         # Split into its pods' encodings only; each pod is parsed as a view in its turn and its
         # view goes with it: the answer parsed whole would be twice its size again.
         walk = self._walk(views_pb2.ListChunks.FromString(list_raw).pod_resources)
@@ -198,10 +205,8 @@ class Decoder:
         del walk  # nothing of the parsed answer is left past here
         if alloc_same and last is not None:
             devices, cpu_ids, memory = last.devices, last.cpu_ids, last.memory
-        elif alloc_raw is not None:
-            devices, cpu_ids, memory = build_allocatable(
-                api_pb2.AllocatableResourcesResponse.FromString(alloc_raw)
-            )
+        elif allocatable is not None:
+            devices, cpu_ids, memory = allocatable
             self.stats.allocatable_rebuilt += 1
         else:
             devices, cpu_ids, memory = (), (), ()
