@@ -23,6 +23,7 @@ from watcher.model.routing import Route
 CDI = "k8s.gpu.nvidia.com/gpu=gpu-3"
 XID = "critical XID 79 reported by NVML"
 GRACE = 300.0
+UNHELD = 900.0
 PAGING = Route(min_severity=Severity.WARNING, resolutions=True, skip_incident_devices=True)
 
 NODE = claim_inventory({"ml/llm-pretrain-0": ("trainer", "gpu-claim", [("node-1", "gpu-3", CDI)])})
@@ -43,7 +44,14 @@ def pod(
 def observe(
     state: DeviceHealth, now: float, *pods: PodMeta, node: Inventory = NODE, holding: bool = False
 ) -> tuple[DeviceHealth, list[Change]]:
-    return state.observe(now, node, pods, unknown_grace=GRACE, holding=holding)
+    return state.observe(now, node, pods, unknown_grace=GRACE, unheld_grace=UNHELD, holding=holding)
+
+
+def reporting() -> DeviceHealth:
+    """The device once seen Healthy: its driver reports health, so an Unknown from it is news."""
+    state, out = observe(DeviceHealth(), -1.0, pod(HEALTHY))
+    assert out == []
+    return state
 
 
 def event(change: Change, seq: int = 1) -> Event:
@@ -99,15 +107,15 @@ def test_a_heal_resolves_the_same_condition_the_failure_opened() -> None:
 
 
 def test_an_unknown_is_a_warning_once_it_outlasts_the_grace_and_never_a_page() -> None:
-    state, out = observe(DeviceHealth(), 0.0, pod(UNKNOWN, "driver not reporting"))
-    assert out == [] and state.next_look(GRACE) == GRACE
+    state, out = observe(reporting(), 0.0, pod(UNKNOWN, "driver not reporting"))
+    assert out == [] and state.next_look(GRACE, UNHELD) == GRACE
     state, out = observe(state, GRACE - 1, pod(UNKNOWN))
     assert out == []
     state, (warned,) = observe(state, GRACE, pod(UNKNOWN, "driver not reporting"))
     assert warned.kind is Kind.DEVICE_HEALTH_UNKNOWN and warned.severity is Severity.WARNING
     assert "driver not reporting" in warned.summary and warned.details["health"] == UNKNOWN
     assert condition_of(event(warned)) is None  # no page opens
-    assert state.next_look(GRACE) is None
+    assert state.next_look(GRACE, UNHELD) is None
     for t in (GRACE + 1, 10 * GRACE):
         state, out = observe(state, t, pod(UNKNOWN))
         assert out == []
@@ -117,9 +125,9 @@ def test_an_unknown_is_a_warning_once_it_outlasts_the_grace_and_never_a_page() -
 
 
 def test_an_unknown_healed_within_the_grace_says_nothing() -> None:
-    state, _ = observe(DeviceHealth(), 0.0, pod(UNKNOWN))
+    state, _ = observe(reporting(), 0.0, pod(UNKNOWN))
     state, out = observe(state, GRACE / 2, pod(HEALTHY))
-    assert out == [] and state == DeviceHealth()
+    assert out == [] and state == reporting()
     _, out = observe(state, 2 * GRACE, pod(HEALTHY))
     assert out == []
 
@@ -163,12 +171,15 @@ def test_a_verdict_no_device_resolves_to_waits_and_is_never_guessed() -> None:
         assert change.details["device"] == "node-1/gpu-3" and state.pending == ()
 
 
-def test_an_unknown_counts_its_grace_from_when_the_kubelet_first_said_it() -> None:
+def test_an_unresolved_unknown_of_a_device_never_seen_healthy_stays_silent() -> None:
+    # pod-resources does not show the new pod's claim yet: its Unknown waits, then resolves to a
+    # device whose driver never said Healthy: the kubelet's default, nothing to tell.
     state, _ = observe(DeviceHealth(), 0.0, pod(UNKNOWN), node=claim_inventory({}))
+    assert len(state.pending) == 1
     state, out = observe(state, GRACE - 1, pod(UNKNOWN))
+    assert out == [] and state.pending == ()
+    _, out = observe(state, 2 * GRACE, pod(UNKNOWN))
     assert out == []
-    _, (warned,) = observe(state, GRACE, pod(UNKNOWN))
-    assert warned.kind is Kind.DEVICE_HEALTH_UNKNOWN
 
 
 def test_a_device_without_cdi_ids_is_named_driver_pool_device() -> None:
@@ -179,7 +190,7 @@ def test_a_device_without_cdi_ids_is_named_driver_pool_device() -> None:
 
 
 def test_while_the_kubelet_warms_up_unknowns_are_held_and_failures_still_told() -> None:
-    state, out = observe(DeviceHealth(), 0.0, pod(UNKNOWN), holding=True)
+    state, out = observe(reporting(), 0.0, pod(UNKNOWN), holding=True)
     state, out = observe(state, 2 * GRACE, pod(UNKNOWN), holding=True)
     assert out == []
     # The warm-up is over: the grace starts now, not when the driver first went quiet.
@@ -189,39 +200,113 @@ def test_while_the_kubelet_warms_up_unknowns_are_held_and_failures_still_told() 
     assert warned.kind is Kind.DEVICE_HEALTH_UNKNOWN
     _, (failed,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID), holding=True)
     assert failed.kind is Kind.DEVICE_UNHEALTHY
-    # An Unknown pod-resources shows no claim for yet waits through the warm-up the same way.
+    # An Unknown pod-resources shows no claim for yet waits through the warm-up, and the device
+    # it resolves to was never seen Healthy: nothing is timed.
     state, _ = observe(DeviceHealth(), 0.0, pod(UNKNOWN), node=claim_inventory({}))
     state, _ = observe(state, 2 * GRACE, pod(UNKNOWN), node=claim_inventory({}), holding=True)
     state, out = observe(state, 2 * GRACE + 1, pod(UNKNOWN))
-    assert out == [] and state.next_look(GRACE) == 3 * GRACE
+    assert out == [] and state.next_look(GRACE, UNHELD) is None
 
 
-def test_a_holder_pod_ending_ends_the_story_silently() -> None:
-    state, _ = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+NEXT_POD = "ml/llm-pretrain-1"
+NEXT_NODE = claim_inventory({NEXT_POD: ("trainer", "gpu-claim", [("node-1", "gpu-3", CDI)])})
+
+
+def test_a_holder_pod_ending_keeps_the_story_open_and_a_new_holders_healthy_resolves_it() -> None:
+    """Issue 36 item 1: the page a pod's failed GPU opened is resolved by the next holder's
+    Healthy, and the GPU failing again later pages again."""
+    state, (failed,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
     # The pod is still there but its status says nothing of the device this time: no news.
     quiet = PodMeta("uid-llm-pretrain-0", "ml", "llm-pretrain-0", "Running", claims=(("gpu", "gpu-claim"),))
     same, out = observe(state, 1.0, quiet)
     assert out == [] and same.open() == state.open()
-    gone, out = observe(state, 2.0, node=claim_inventory({}))
-    assert out == [] and gone == DeviceHealth()
-    # A new pod on the device later starts a new story.
-    _, (again,) = observe(gone, 3.0, pod(UNHEALTHY, XID))
+    # The pod is deleted: no heal, and no end yet: the page stays open for a new holder's word.
+    state, out = observe(state, 2.0, node=claim_inventory({}))
+    assert out == [] and state.open() == {(DRIVER, "node-1", "gpu-3")}
+    assert state.next_look(GRACE, UNHELD) == 2.0 + UNHELD
+    # A new pod gets the repaired GPU and says Healthy: that resolves the first page.
+    state, (healed,) = observe(state, 60.0, pod(HEALTHY, key=NEXT_POD), node=NEXT_NODE)
+    assert healed.kind is Kind.DEVICE_HEALTHY
+    assert healed.details["allocated_to"] == [f"{NEXT_POD}/trainer"]
+    opened, closed = condition_of(event(failed)), condition_of(event(healed, 2))
+    assert opened is not None and closed is not None and opened.key == closed.key and not closed.active
+    # It fails again later: a new page, not an update of a closed one.
+    state, (again,) = observe(state, 120.0, pod(UNHEALTHY, "XID 48", key=NEXT_POD), node=NEXT_NODE)
+    assert again.kind is Kind.DEVICE_UNHEALTHY and state.open() == {(DRIVER, "node-1", "gpu-3")}
+
+
+def test_a_device_nobody_takes_ends_its_story_unconfirmed_after_the_unheld_grace() -> None:
+    state, (failed,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+    state, out = observe(state, 10.0, node=claim_inventory({}))
+    assert out == []
+    state, out = observe(state, 10.0 + UNHELD - 1, node=claim_inventory({}))
+    assert out == [] and state.open()
+    state, (ended,) = observe(state, 10.0 + UNHELD, node=claim_inventory({}))
+    assert ended.kind is Kind.DEVICE_HEALTH_UNOBSERVED and ended.severity is Severity.WARNING
+    assert ended.details["last_reported"] == UNHEALTHY and ended.details["health"] == "Unobserved"
+    assert ended.details["last_allocated_to"] == ["ml/llm-pretrain-0/trainer"]
+    assert ended.details["namespaces"] == ["ml"] and ended.details["unheld_for_s"] == UNHELD
+    assert "no heal" not in ended.summary and "closed unconfirmed" in ended.summary
+    assert state == DeviceHealth() and state.next_look(GRACE, UNHELD) is None
+    # It ends the condition the failure opened (PagerDuty resolves, Alertmanager ends the alert),
+    # and a paging route takes it whatever its minimum severity.
+    opened, closed = condition_of(event(failed)), condition_of(event(ended, 2))
+    assert opened is not None and closed is not None and opened.key == closed.key and not closed.active
+    critical_only = Route(min_severity=Severity.CRITICAL, resolutions=True)
+    assert critical_only.matches(event(ended, 2))
+    # A later failure under a new holder pages again.
+    _, (again,) = observe(state, 2 * UNHELD, pod(UNHEALTHY, XID, key=NEXT_POD), node=NEXT_NODE)
     assert again.kind is Kind.DEVICE_UNHEALTHY
+
+
+def test_a_new_holder_still_unhealthy_continues_the_open_story_without_a_second_page() -> None:
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+    state, _ = observe(state, 1.0, node=claim_inventory({}))
+    state, out = observe(state, 2.0, pod(UNHEALTHY, XID, key=NEXT_POD), node=NEXT_NODE)
+    assert out == [] and state.next_look(GRACE, UNHELD) is None  # held again: no unheld timer
+    _, (healed,) = observe(state, 3.0, pod(HEALTHY, key=NEXT_POD), node=NEXT_NODE)
+    assert healed.kind is Kind.DEVICE_HEALTHY
+
+
+def test_an_unheld_story_survives_a_restart_and_its_grace_counts_again_from_the_start() -> None:
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+    state, _ = observe(state, 1.0, node=claim_inventory({}))
+    restored = DeviceHealth.from_json(json.loads(json.dumps(state.to_json())), now=5000.0)
+    assert restored.open() == state.open() and restored.next_look(GRACE, UNHELD) == 5000.0 + UNHELD
+    restored, out = observe(restored, 5000.0 + UNHELD - 1, node=claim_inventory({}))
+    assert out == []
+    _, (ended,) = observe(restored, 5000.0 + UNHELD, node=claim_inventory({}))
+    assert ended.kind is Kind.DEVICE_HEALTH_UNOBSERVED
+    assert ended.details["last_allocated_to"] == ["ml/llm-pretrain-0/trainer"]
+
+
+def test_unknown_from_a_driver_that_never_said_healthy_is_silent_for_ever() -> None:
+    """Issue 36 item 18: the kubelet writes Unknown for every device of a driver without a health
+    service (NVIDIA's DRA driver by default): on such a cluster the agent says nothing at all."""
+    state = DeviceHealth()
+    for t in (0.0, GRACE, 10 * GRACE, 100 * GRACE):
+        state, out = observe(state, t, pod(UNKNOWN))
+        assert out == [] and state.next_look(GRACE, UNHELD) is None
+    assert state == DeviceHealth()
+    # Once it has said Healthy, its going quiet is the signal: a warning after the grace, no page.
+    state, _ = observe(state, 0.0, pod(HEALTHY))
+    state, _ = observe(state, 1.0, pod(UNKNOWN))
+    _, (warned,) = observe(state, 1.0 + GRACE, pod(UNKNOWN))
+    assert warned.kind is Kind.DEVICE_HEALTH_UNKNOWN and condition_of(event(warned)) is None
 
 
 def test_the_saved_state_round_trips_and_a_restart_still_resolves_what_it_opened() -> None:
     state, _ = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
     saved = json.loads(json.dumps(state.to_json()))
-    restored = DeviceHealth.from_json(saved)
+    restored = DeviceHealth.from_json(saved, now=1.0)
     assert restored.open() == state.open() and restored.to_json() == saved
     assert observe(restored, 1.0, pod(UNHEALTHY, XID))[1] == []  # not paged twice
     _, (healed,) = observe(restored, 2.0, pod(HEALTHY))
     assert healed.kind is Kind.DEVICE_HEALTHY
     # A pending Unknown's grace starts again in the next process (monotonic times mean nothing there).
-    waiting, _ = observe(DeviceHealth(), 0.0, pod(UNKNOWN))
-    again = DeviceHealth.from_json(waiting.to_json())
-    again, out = observe(again, 10 * GRACE, pod(UNKNOWN))
-    assert out == [] and again.next_look(GRACE) == 11 * GRACE
+    # An Unknown not told yet is not saved: after a restart it is known again once Healthy.
+    waiting, _ = observe(reporting(), 0.0, pod(UNKNOWN))
+    assert DeviceHealth.from_json(waiting.to_json(), now=5.0) == DeviceHealth()
 
 
 _json = st.recursive(
@@ -237,7 +322,7 @@ _entries = st.fixed_dictionaries(
 @settings(max_examples=200, deadline=None)
 @given(data=_json | st.fixed_dictionaries({"format": st.just(1), "devices": st.lists(_entries | _json)}))
 def test_unreadable_saved_state_is_an_empty_state_never_an_error(data: Any) -> None:
-    state = DeviceHealth.from_json(data)
+    state = DeviceHealth.from_json(data, now=0.0)
     assert isinstance(state, DeviceHealth)
     observe(state, 0.0, pod(HEALTHY))  # and usable
 

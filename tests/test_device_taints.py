@@ -66,7 +66,7 @@ def test_both_sources_one_story_whichever_came_first() -> None:
     state, (healed,) = observe(state, 3.0, pod(HEALTHY), taints=())
     assert healed.kind is Kind.DEVICE_HEALTHY
     assert healed.details["sources"] == ["pod-status", "resource-slice"]
-    assert state.open() == frozenset() and state.devices == ()
+    assert state.open() == frozenset()
     # The Pod status first, then the taint: still one event, and it says the Pod status's words.
     state, (first,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
     assert first.details["sources"] == ["pod-status"] and first.details["message"] == XID
@@ -106,10 +106,13 @@ def test_no_view_of_the_slices_or_of_the_pods_is_no_heal() -> None:
     assert healed.kind is Kind.DEVICE_HEALTHY and healed.details["sources"] == ["resource-slice"]
 
 
-def test_the_pod_ending_ends_a_taint_story_without_a_heal() -> None:
+def test_the_pod_ending_keeps_a_taint_story_open_until_the_unheld_grace_without_a_heal() -> None:
     state, _ = observe(DeviceHealth(), 0.0, pod(HEALTHY), taints=(TAINT,))
     after, out = observe(state, 1.0, taints=(TAINT,), node=EMPTY)
-    assert out == [] and after.devices == ()
+    assert out == [] and after.open() == {KEY}
+    unheld = 900.0  # DeviceHealth.observe's default unheld grace
+    _, (ended,) = observe(after, 1.0 + unheld, taints=(TAINT,), node=EMPTY)
+    assert ended.kind is Kind.DEVICE_HEALTH_UNOBSERVED and ended.details["sources"] == ["resource-slice"]
 
 
 def test_an_unknown_holds_open_only_what_the_pod_status_said() -> None:
@@ -123,7 +126,7 @@ def test_an_unknown_holds_open_only_what_the_pod_status_said() -> None:
 
 def test_the_saved_state_keeps_the_taint_and_the_sources() -> None:
     state, _ = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID), taints=(TAINT,))
-    restored = DeviceHealth.from_json(json.loads(json.dumps(state.to_json())))
+    restored = DeviceHealth.from_json(json.loads(json.dumps(state.to_json())), now=1.0)
     assert restored.to_json() == state.to_json()
     # After a restart the slices are not read yet (None): the taint still holds the story open.
     after, out = observe(restored, 1.0, pod(HEALTHY), taints=None)
@@ -146,7 +149,7 @@ def test_a_state_saved_before_taints_heals_as_a_pod_status_story() -> None:
             }
         ],
     }
-    _, (healed,) = observe(DeviceHealth.from_json(old), 0.0, pod(HEALTHY))
+    _, (healed,) = observe(DeviceHealth.from_json(old, now=0.0), 0.0, pod(HEALTHY))
     assert healed.details["sources"] == ["pod-status"]
 
 

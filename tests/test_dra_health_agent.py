@@ -23,6 +23,7 @@ from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import (
     FakeClaimDevice,
     FakeOwner,
+    FakePod,
     dra_backed_gpu_pod,
 )
 
@@ -50,7 +51,7 @@ class Receivers:
 
 @asynccontextmanager
 async def _agent(
-    root: Path, fake: FakeKubelet, grace: float = 120.0
+    root: Path, fake: FakeKubelet, grace: float = 120.0, unheld: float = 900.0
 ) -> AsyncIterator[tuple[Running, Receivers]]:
     async with SlackReceiver(rate=1000.0) as slack, PagerDutyReceiver() as pager, WebhookReceiver() as hook:
         sinks = parse_settings(
@@ -71,7 +72,7 @@ async def _agent(
                     },
                     "hook": {"type": "webhook", "url": hook.url("/hook")},
                 },
-                "pods": {"health_unknown_grace": grace},
+                "pods": {"health_unknown_grace": grace, "unheld_grace": unheld},
             }
         )
         settings = dataclasses.replace(make_settings(root), sinks=sinks.sinks, pods=sinks.pods)
@@ -172,3 +173,79 @@ async def test_a_dra_backed_gpu_is_never_called_missing(short_tmp: Path, pods_ap
         assert inv is not None and inv.missing_devices == ()
         assert not [e for e in run.recorder.events[mark:] if e.kind in ("device.removed", "device.unhealthy")]
         assert all(c.unavailable == 0 for c in inv.capacity)
+
+
+def _next_holder(name: str) -> FakePod:
+    """Another pod of the Job, given the same GPU once the first is gone (its own uid, its own
+    claim), its status saying Healthy."""
+    pod = dra_job_pod(POOL, DEVICE)
+    pod.name, pod.uid = name, ""
+    pod.__post_init__()
+    pod.containers[0].claims[0].name = f"{name}-gpu"
+    return pod
+
+
+async def test_a_failed_gpus_page_is_resolved_by_its_next_holder_and_a_later_failure_pages_again(
+    short_tmp: Path,
+) -> None:
+    """Issue 36 item 1: the holder of a failed DRA GPU is deleted, the repaired GPU goes to a new
+    pod that says Healthy (the resolve), and a later failure is a new page, not an update."""
+    fake = FakeKubelet(short_tmp / "kubelet", seed=14)
+    first = dra_job_pod(POOL, DEVICE)
+    fake.node.add_pod(first)
+    async with fake, _agent(short_tmp, fake) as (run, rx):
+        await _ready(run)
+        fake.dra.set_health(DRIVER, POOL, DEVICE, "Unhealthy", XID)
+        await rx.pager.wait_for(1, timeout=5)
+        mark = len(run.recorder.events)
+        fake.free(first.namespace, first.name)
+        await run.recorder.until(lambda: "allocation.removed" in run.recorder.kinds(mark), 5)
+        await run.quiet_cycle()
+        assert [e["event_action"] for e in rx.pager.events] == ["trigger"]  # a pod going is no heal
+        fake.add_pod(_next_holder("llm-pretrain-0-fghij"))
+        await rx.pager.wait_for(2, timeout=5)
+        fake.dra.set_health(DRIVER, POOL, DEVICE, "Unhealthy", "XID 48")
+        await rx.pager.wait_for(3, timeout=5)
+        actions = [(e["event_action"], e["dedup_key"]) for e in rx.pager.events]
+        key = actions[0][1]
+        assert actions == [("trigger", key), ("resolve", key), ("trigger", key)]
+        assert "XID 48" in rx.pager.events[2]["payload"]["summary"]
+        kinds = [k for k in rx.hook_kinds() if k.startswith("device.")]
+        assert kinds == ["device.unhealthy", "device.healthy", "device.unhealthy"]
+        assert rx.pager.violations == []
+
+
+async def test_a_gpu_nobody_takes_closes_its_page_unconfirmed_after_the_unheld_grace(
+    short_tmp: Path,
+) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=15)
+    first = dra_job_pod(POOL, DEVICE)
+    fake.node.add_pod(first)
+    async with fake, _agent(short_tmp, fake, unheld=0.5) as (run, rx):
+        await _ready(run)
+        fake.dra.set_health(DRIVER, POOL, DEVICE, "Unhealthy", XID)
+        await rx.pager.wait_for(1, timeout=5)
+        fake.free(first.namespace, first.name)
+        await rx.pager.wait_for(2, timeout=5)
+        trigger, resolve = rx.pager.events
+        assert resolve["event_action"] == "resolve" and resolve["dedup_key"] == trigger["dedup_key"]
+        ended = [e for e in run.recorder.events if e.kind == "device.health_unobserved"]
+        assert len(ended) == 1 and ended[0].details["last_reported"] == "Unhealthy"
+
+
+async def test_a_driver_that_reports_no_health_says_nothing(short_tmp: Path) -> None:
+    """Issue 36 item 18: Unknown is what the kubelet writes for every device of a driver without
+    a health service; a device never seen Healthy is silent however long it stays Unknown."""
+    fake = FakeKubelet(short_tmp / "kubelet", seed=16)
+    pod = dra_job_pod(POOL, DEVICE)
+    pod.containers[0].claims[0].devices[0].health = "Unknown"
+    fake.node.add_pod(pod)
+    async with fake, _agent(short_tmp, fake, grace=0.2) as (run, rx):
+        await _ready(run)
+        mark = len(run.recorder.events)
+        deadline = time.monotonic() + 1.0  # five graces
+        while time.monotonic() < deadline:
+            await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == []
+        assert not [e for e in run.recorder.events if e.kind.startswith("device.")]
+        assert rx.pager.events == []

@@ -506,6 +506,7 @@ def dra_story() -> list[Event]:
     )
     health, out = DeviceHealth(), []
     for now, three, four in (
+        (-1.0, HEALTHY, HEALTHY),  # both drivers report health
         (0.0, UNHEALTHY, UNKNOWN),
         (400.0, UNHEALTHY, UNKNOWN),
         (500.0, HEALTHY, UNKNOWN),

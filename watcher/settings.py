@@ -118,6 +118,17 @@ class PodsSettings:
             max=86400,
         ),
     )
+    unheld_grace: float = field(
+        default=900.0,
+        metadata=field_meta(
+            "Seconds an open DRA device story (`device.unhealthy`, `device.health_unknown`) waits for "
+            "a new holder once no pod holds the device: a new holder's Healthy resolves it; after "
+            "this, one `device.health_unobserved` closes it unconfirmed (no heal), so a later "
+            "failure pages again.",
+            min=0,
+            max=86400,
+        ),
+    )
     resource_slices: bool = field(
         default=True,
         metadata=field_meta(

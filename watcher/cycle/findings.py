@@ -104,6 +104,7 @@ def conclude(
             after,
             pods,
             unknown_grace=settings.pods.health_unknown_grace,
+            unheld_grace=settings.pods.unheld_grace,
             holding=draft.settling.holding,
             taints=taints,
         )

@@ -144,7 +144,8 @@ class Reactor:
             deadlines.append(quiet)
         if (
             self._pods() is not None
-            and (look := state.device_health.next_look(self._unknown_grace)) is not None
+            and (look := state.device_health.next_look(self._unknown_grace, self.settings.pods.unheld_grace))
+            is not None
         ):
             deadlines.append(look)
         if self.notifier.follow_ups and not state.health.failing:  # a down kubelet: its backoff

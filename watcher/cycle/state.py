@@ -123,7 +123,7 @@ def state_from_store(stored: StoredState, *, min_seq: int = 0, lost: bool = Fals
             inventory=inventory,
             socket=FileIdentity.from_json(doc.get("socket")),
             node=node if isinstance(node, str) else None,
-            device_health=DeviceHealth.from_json(doc.get("device_health")),
+            device_health=DeviceHealth.from_json(doc.get("device_health"), now=time.monotonic()),
         )
     except (ValueError, KeyError, TypeError) as err:
         seq = max(_fresh_seq(), min_seq)

@@ -43,6 +43,8 @@ class Kind(enum.StrEnum):
     DEVICE_UNHEALTHY = "device.unhealthy"
     DEVICE_HEALTHY = "device.healthy"
     DEVICE_HEALTH_UNKNOWN = "device.health_unknown"
+    # The end of a DRA device's story that no Pod status can confirm: no pod holds it any more.
+    DEVICE_HEALTH_UNOBSERVED = "device.health_unobserved"
 
 
 LIFECYCLE_KINDS = frozenset(

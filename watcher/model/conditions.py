@@ -27,6 +27,7 @@ CONDITION_KINDS = frozenset(
         Kind.DEVICE_ADDED,
         Kind.DEVICE_UNHEALTHY,
         Kind.DEVICE_HEALTHY,
+        Kind.DEVICE_HEALTH_UNOBSERVED,
         Kind.DEVICE_FLAPPING,
         Kind.DEVICE_FLAP_ENDED,
         Kind.DEVICE_INCIDENT,
@@ -40,11 +41,14 @@ CONDITION_KINDS = frozenset(
 # A device's condition: gone from allocatable (device plugins) or unhealthy in its holder's Pod status
 # (DRA, where `resource` is the driver and `device` is pool/device), one key shape for both.
 # device.health_unknown is neither: a driver that stopped reporting is no failure, so never a page.
+# device.health_unobserved ends it unconfirmed: no pod holds the device any more (no heal, but a
+# page must not stay open for ever, and a later failure must page again).
 _DEVICE_KINDS = (
     Kind.DEVICE_REMOVED,
     Kind.DEVICE_ADDED,
     Kind.DEVICE_UNHEALTHY,
     Kind.DEVICE_HEALTHY,
+    Kind.DEVICE_HEALTH_UNOBSERVED,
     Kind.DEVICE_FLAPPING,
     Kind.DEVICE_FLAP_ENDED,
 )

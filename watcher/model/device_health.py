@@ -1,11 +1,19 @@
 """DRA device health from the Pod status: the kubelet's verdict on each device a claim gave a pod,
-as `device.unhealthy` / `device.healthy` / `device.health_unknown`. Pure: the caller brings the
-monotonic time, the inventory (pod-resources) and the pods (the Pods API, a complete view).
+as `device.unhealthy` / `device.healthy` / `device.health_unknown` / `device.health_unobserved`
+(worded by watcher.model.device_reports). Pure: the caller brings the monotonic time, the inventory
+(pod-resources) and the pods (the Pods API, a complete view).
 
 One device (driver, pool, device) is one story whoever holds it: pods sharing a claim, or several
-containers of one pod, give one event naming every holder. A verdict is tied to a device only through
-what pod-resources shows (the pod's claim -> its ResourceClaim -> that claim's devices), never by a
-guessed name: a verdict that does not resolve yet waits until it does.
+containers of one pod, give one event naming every holder, and a story outlives its holders. A
+verdict is tied to a device only through what pod-resources shows (the pod's claim -> its
+ResourceClaim -> that claim's devices), never by a guessed name: a verdict that does not resolve yet
+waits until it does.
+
+What ends a story: the device Healthy again under any holder (`device.healthy`, the page resolved),
+or, once no pod has held it for the unheld grace, `device.health_unobserved` (no heal: nobody can
+see it any more, and a page must not stay open for ever). After either, a failure pages again.
+Unknown is the kubelet's default for a driver that reports no health: a device never seen Healthy
+says nothing while Unknown; only one that was Healthy and turns Unknown is warned of.
 """
 
 from __future__ import annotations
@@ -15,18 +23,17 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from watcher.model.changes import Change, Kind, Severity
-from watcher.model.device_taints import SOURCE as SLICE_SOURCE
+from watcher.model.changes import Change, Kind
+from watcher.model.device_reports import SLICE_SOURCE, SOURCE, About, Said, story_change, unobserved_change
 from watcher.model.device_taints import DeviceTaint, failing
 from watcher.model.dra_holders import held_dra_devices
 from watcher.model.inventory import Inventory
 from watcher.model.pod_meta import HEALTHY, UNHEALTHY, UNKNOWN, DeviceVerdict, PodIndex, PodMeta
 from watcher.model.records import ClaimDevice, Pod
-from watcher.model.wording import make_change, printable
+from watcher.model.wording import printable
 
 __all__ = ["DeviceHealth", "SOURCE", "SLICE_SOURCE", "resource_id_of"]
 
-SOURCE = "pod-status"
 _FORMAT = 1
 # A driver's message is free text in the Pod status; an event carries this much of it.
 _MESSAGE_MAX = 1024
@@ -54,6 +61,11 @@ class _Device:
     holders: frozenset[str] = frozenset()  # the uids of the pods whose verdicts named it
     tainted: bool = False  # a failing ResourceSlice taint was on it when last read
     sources: frozenset[str] = frozenset()  # the sources that said Unhealthy in the open story
+    # The Pod status called it Healthy at some point (its driver reports health): only then is an
+    # Unknown news (the kubelet writes Unknown for every device of a driver that reports nothing).
+    was_healthy: bool = False
+    unheld_since: float | None = None  # an open story whose device no pod holds: since when
+    last_held_by: tuple[str, ...] = ()  # the containers that held it when its story was last told
 
 
 @dataclass(frozen=True)
@@ -69,30 +81,6 @@ class _Seen:
 
 
 @dataclass(frozen=True)
-class _Said:
-    """What both sources say of one device now: the Pod status's health (its last word when it
-    said nothing new), whether a failing taint is on it (`taints`: those read this time)."""
-
-    health: str
-    tainted: bool
-    taints: tuple[DeviceTaint, ...]
-    first_seen: float | None
-    uids: frozenset[str]
-
-
-@dataclass(frozen=True)
-class _About:
-    """What an event names of the device: its claim and the Pod status's words, if any."""
-
-    claim: str
-    device: ClaimDevice
-    pod_claim: str | None
-    request: str | None
-    message: str
-    holder: str  # who holds it, when pod-resources names nobody
-
-
-@dataclass(frozen=True)
 class DeviceHealth:
     """What has been reported per DRA device, and the Unknowns and unresolved verdicts pending."""
 
@@ -104,13 +92,15 @@ class DeviceHealth:
         """The devices whose failure (or lasting Unknown) was reported and not healed."""
         return frozenset(k for k, d in self.devices if d.reported is not None)
 
-    def next_look(self, unknown_grace: float) -> float | None:
-        """When an Unknown not reported yet may have outlasted the grace."""
+    def next_look(self, unknown_grace: float, unheld_grace: float) -> float | None:
+        """When an Unknown not reported yet may have outlasted its grace, or an open story's
+        device may have stayed without a holder for the unheld grace."""
         ends = [
             d.since + unknown_grace
             for _, d in self.devices
             if d.health == UNKNOWN and d.reported is None and d.since is not None
         ]
+        ends += [d.unheld_since + unheld_grace for _, d in self.devices if d.unheld_since is not None]
         return min(ends, default=None)
 
     def observe(
@@ -120,18 +110,21 @@ class DeviceHealth:
         pods: Iterable[PodMeta] | None,
         *,
         unknown_grace: float,
+        unheld_grace: float = 900.0,
         holding: bool = False,
         taints: Collection[DeviceTaint] | None = None,
     ) -> tuple[DeviceHealth, list[Change]]:
         """The new state and the changes the pods' DRA verdicts and the devices' taints call for.
 
         `pods` must be the Pods API's whole view (after its initial sync): a device none of whose
-        holders is in it ends its story; None (no view now): what the Pod status last said stands.
-        `holding` (the kubelet's warm-up after a restart): drivers are re-registering, so an Unknown
-        is neither timed nor reported meanwhile. `taints`: the node's ResourceSlice taints as last
-        read (None: never read, or not read at all: what they last said stands); a failing one on a
-        device a pod of the inventory holds is that device Unhealthy, one on a device nobody holds
-        says nothing (the scheduler keeps pods off it).
+        holders is in it has no holder now; None (no view now): what the Pod status last said
+        stands. `holding` (the kubelet's warm-up after a restart): drivers are re-registering, so
+        an Unknown is neither timed nor reported meanwhile. `taints`: the node's ResourceSlice
+        taints as last read (None: never read, or not read at all: what they last said stands); a
+        failing one on a device a pod of the inventory holds is that device Unhealthy, one on a
+        device nobody holds says nothing (the scheduler keeps pods off it). An open story whose
+        device nobody holds waits `unheld_grace` seconds for a new holder's verdict, then ends
+        with `device.health_unobserved`.
         """
         index = None if pods is None else pods if isinstance(pods, PodIndex) else PodIndex(pods)
         # Only the pods with a verdict on a DRA device say anything of one: the others are not read.
@@ -152,28 +145,29 @@ class DeviceHealth:
             s = seen.get(key)
             tainted = bool(bad.get(key)) if taints is not None else old.tainted
             gone = index is not None and bool(old.holders) and not any(u in index for u in old.holders)
-            if s is None and not old.tainted and not tainted:
-                if not gone:
-                    continue  # its pods are there but say nothing of it this time: no news
-                # Its pods are gone. A pod ending is no heal: the device may be as bad as it was, so
-                # a page stays open for a person; allocation.removed already tells the pod went.
-                del devices[key]
-                continue
-            if s is None and key not in held:
-                del devices[key]  # nothing of ours holds it any more: no heal either, its story ends
-                continue
-            if s is None and gone:
-                old = dataclasses.replace(old, health=HEALTHY, since=None, holders=frozenset())
-            about = _about_seen(s) if s is not None else _about_held(held[key])
-            health = _health(s.verdict) if s is not None else old.health
-            first = s.first_seen if s is not None else None
-            uids = old.holders | (s.uids if s is not None else frozenset())
-            said = _Said(health, tainted, bad.get(key, ()), first, uids)
-            held_by = held[key][2] if key in held else ()
-            new, change = _step(now, key, old, said, about, held_by, unknown_grace, holding)
+            if s is None and (key not in held or (gone and not tainted)):
+                # Nobody holds it now. A pod ending is no heal: an open story waits for a new holder.
+                new, change = _unheld(now, key, old, unheld_grace)
+            elif s is None and not old.tainted and not tainted:
+                continue  # its pods are there but say nothing of it this time: no news
+            else:
+                if old.unheld_since is not None or (s is None and gone):
+                    # A new holder (or only the taint speaks): the story goes on under it.
+                    old = dataclasses.replace(old, unheld_since=None, holders=frozenset())
+                if s is None and gone:
+                    old = dataclasses.replace(old, health=HEALTHY, since=None)
+                about = _about_seen(s) if s is not None else _about_held(held[key])
+                health = _health(s.verdict) if s is not None else old.health
+                first = s.first_seen if s is not None else None
+                uids = old.holders | (s.uids if s is not None else frozenset())
+                said = Said(health, tainted, bad.get(key, ()), first, uids)
+                held_by = held[key][2] if key in held else ()
+                new, change = _step(now, key, old, said, about, held_by, unknown_grace, holding)
+                if new is not None and held_by:
+                    new = dataclasses.replace(new, last_held_by=held_by)
             if change is not None:
                 out.append(change)
-            if new.health == HEALTHY and new.reported is None:
+            if new is None:
                 devices.pop(key, None)
             else:
                 devices[key] = new
@@ -181,8 +175,10 @@ class DeviceHealth:
         return state, out
 
     def to_json(self) -> dict[str, Any]:
-        """The reported devices and their holders, for the saved state. Times are monotonic and
-        mean nothing to the next process: an Unknown's grace starts again after a restart."""
+        """The open stories and their holders, for the saved state (small: a healthy device is
+        not saved, so after a restart a driver is known to report health once it says Healthy
+        again). Times are monotonic and mean nothing to the next process: an Unknown's grace, and
+        an unheld device's, start again after a restart."""
         return {
             "format": _FORMAT,
             "devices": [
@@ -195,15 +191,20 @@ class DeviceHealth:
                     "holders": sorted(d.holders),
                     "tainted": d.tainted,
                     "sources": sorted(d.sources),
+                    "was_healthy": d.was_healthy,
+                    "unheld": d.unheld_since is not None,
+                    "last_held_by": list(d.last_held_by),
                 }
                 for k, d in self.devices
+                if d.reported is not None
             ],
         }
 
     @classmethod
-    def from_json(cls, data: Any) -> DeviceHealth:
-        """The state `to_json` saved; anything unreadable is an empty state, never an error (the
-        worst it costs is a failure reported again, or a heal not reported)."""
+    def from_json(cls, data: Any, *, now: float) -> DeviceHealth:
+        """The state `to_json` saved, read at monotonic time `now`; anything unreadable is an
+        empty state, never an error (the worst it costs is a failure reported again, or a heal
+        not reported)."""
         try:
             if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
                 return cls()
@@ -221,7 +222,20 @@ class DeviceHealth:
                 sources = entry.get("sources", [SOURCE] if reported == UNHEALTHY else [])
                 if not isinstance(sources, list) or not all(x in _SOURCES for x in sources):
                     continue
-                devices[key] = _Device(health, reported, None, frozenset(uids), tainted, frozenset(sources))
+                last = entry.get("last_held_by", [])
+                if not isinstance(last, list) or not all(isinstance(h, str) for h in last):
+                    last = []
+                devices[key] = _Device(
+                    health,
+                    reported,
+                    None,
+                    frozenset(uids),
+                    tainted,
+                    frozenset(sources),
+                    was_healthy=entry.get("was_healthy", False) is True,
+                    unheld_since=now if entry.get("unheld", False) is True else None,
+                    last_held_by=tuple(last),
+                )
             return cls(tuple(sorted(devices.items())))
         except (KeyError, TypeError, ValueError):
             return cls()
@@ -277,15 +291,15 @@ def _device_of(held: Pod | None, pod: PodMeta, v: DeviceVerdict) -> tuple[str, C
     return None
 
 
-def _about_seen(s: _Seen) -> _About:
+def _about_seen(s: _Seen) -> About:
     pod_claim, request = s.verdict.claim
     message = printable(s.verdict.message[:_MESSAGE_MAX])
-    return _About(s.claim, s.device, pod_claim, request, message, f"{s.pod.key}/{s.verdict.container}")
+    return About(s.claim, s.device, pod_claim, request, message, f"{s.pod.key}/{s.verdict.container}")
 
 
-def _about_held(held: tuple[str, ClaimDevice, tuple[str, ...]]) -> _About:
+def _about_held(held: tuple[str, ClaimDevice, tuple[str, ...]]) -> About:
     claim, device, holders = held
-    return _About(claim, device, None, None, "", holders[0])
+    return About(claim, device, None, None, "", holders[0])
 
 
 def _rank(health: str) -> int:
@@ -297,96 +311,60 @@ def _health(verdict: DeviceVerdict) -> str:
     return verdict.health if verdict.health in _RANK else UNKNOWN
 
 
+def _unheld(now: float, key: DeviceKey, old: _Device, grace: float) -> tuple[_Device | None, Change | None]:
+    """A device no pod holds: forgotten when no story is open; an open one waits `grace` for a new
+    holder, then ends unconfirmed."""
+    if old.reported is None:
+        return None, None
+    since = old.unheld_since if old.unheld_since is not None else now
+    if now - since < grace:
+        return dataclasses.replace(old, unheld_since=since), None
+    return None, unobserved_change(key, old.reported, old.sources, old.last_held_by, now - since)
+
+
 def _step(
     now: float,
     key: DeviceKey,
     old: _Device,
-    said: _Said,
-    about: _About,
+    said: Said,
+    about: About,
     held_by: tuple[str, ...],
     grace: float,
     holding: bool,
-) -> tuple[_Device, Change | None]:
-    """One device's new state, and its event if this observation makes one: ONE story whichever
-    source saw the failure first, healed once neither says Unhealthy any more."""
+) -> tuple[_Device | None, Change | None]:
+    """One device's new state (None: nothing to remember), and its event if this observation makes
+    one: ONE story whichever source saw the failure first, healed once neither says Unhealthy."""
     health, uids = said.health, said.uids
+    was_healthy = old.was_healthy or health == HEALTHY
     now_bad = frozenset(([SOURCE] if health == UNHEALTHY else []) + ([SLICE_SOURCE] if said.tainted else []))
     if now_bad:
         if old.reported == UNHEALTHY:
-            return _Device(health, UNHEALTHY, None, uids, said.tainted, old.sources | now_bad), None
-        new = _Device(health, UNHEALTHY, None, uids, said.tainted, now_bad)
-        return new, _change(Kind.DEVICE_UNHEALTHY, key, about, held_by, now_bad, said)
+            kept = _Device(health, UNHEALTHY, None, uids, said.tainted, old.sources | now_bad, was_healthy)
+            return kept, None
+        new = _Device(health, UNHEALTHY, None, uids, said.tainted, now_bad, was_healthy)
+        return new, story_change(Kind.DEVICE_UNHEALTHY, key, about, held_by, now_bad, said)
     # An Unknown holds a failure the Pod status reported open (no news is no heal); a failure only
     # the taints reported heals when they go, whatever an Unknown says.
     if health == HEALTHY or (health == UNKNOWN and old.reported == UNHEALTHY and SOURCE not in old.sources):
-        after = _Device(health, None, now if health == UNKNOWN else None, uids)
+        after = _Device(health, None, None, uids, was_healthy=was_healthy)
         if old.reported is not None:
             story = old.sources or frozenset([SOURCE])
-            return after, _change(Kind.DEVICE_HEALTHY, key, about, held_by, story, said)
+            return after, story_change(Kind.DEVICE_HEALTHY, key, about, held_by, story, said)
         return after, None  # an Unknown healed within the grace says nothing
-    # Unknown: the driver stopped reporting.
+    # Unknown: the driver stopped reporting, or never reported at all.
     if old.reported is not None:
         return dataclasses.replace(old, health=UNKNOWN, since=None, holders=uids, tainted=False), None
+    if not was_healthy:
+        # The kubelet's default for a driver without health reports: nothing to say, ever.
+        return None, None
     if holding:
         # Drivers re-register during the kubelet's warm-up: the grace starts once it is over.
-        return _Device(UNKNOWN, None, now, uids), None
+        return _Device(UNKNOWN, None, now, uids, was_healthy=True), None
     candidates = [t for t in (old.since if old.health == UNKNOWN else None, said.first_seen) if t is not None]
     since = min(candidates, default=now)
     if now - since >= grace:
-        change = _change(
+        change = story_change(
             Kind.DEVICE_HEALTH_UNKNOWN, key, about, held_by, frozenset([SOURCE]), said, now - since
         )
-        return _Device(UNKNOWN, UNKNOWN, None, uids, sources=frozenset([SOURCE])), change
-    return _Device(UNKNOWN, None, since, uids), None
-
-
-def _change(
-    kind: Kind,
-    key: DeviceKey,
-    about: _About,
-    held_by: tuple[str, ...],
-    sources: frozenset[str],
-    said: _Said,
-    lasted: float | None = None,
-) -> Change:
-    driver, pool, name = key
-    words = (
-        [about.message] if about.message and (kind is not Kind.DEVICE_UNHEALTHY or SOURCE in sources) else []
-    )
-    if kind is Kind.DEVICE_UNHEALTHY:
-        words += [t.text for t in said.taints]
-    message = "; ".join(words)
-    holders = list(held_by) or [about.holder]
-    ordered = sorted(sources)
-    details: dict[str, Any] = {
-        "resource": driver,
-        "device": f"{pool}/{name}",
-        "driver": driver,
-        "pool": pool,
-        "device_name": name,
-        "cdi_devices": list(about.device.cdi_devices),
-        "claim": about.claim,
-        "pod_claim": about.pod_claim,
-        "request": about.request,
-        "health": {Kind.DEVICE_UNHEALTHY: UNHEALTHY, Kind.DEVICE_HEALTHY: HEALTHY}.get(kind, UNKNOWN),
-        "message": message,
-        "allocated_to": holders,
-        "namespaces": sorted({h.split("/", 1)[0] for h in holders}),
-        # One source names the story for what groups by it (flapping, incidents): the Pod status's
-        # when it is one of them.
-        "source": SOURCE if SOURCE in sources else ordered[0],
-        "sources": ordered,
-    }
-    if kind is Kind.DEVICE_UNHEALTHY and said.taints:
-        details["taints"] = [t.to_json() for t in said.taints]
-    said_text = f": {message}" if message else ""
-    if kind is Kind.DEVICE_UNHEALTHY:
-        severity, state = Severity.CRITICAL, f"unhealthy{said_text}"
-    elif kind is Kind.DEVICE_HEALTHY:
-        severity, state = Severity.INFO, "healthy again"
-    else:
-        severity = Severity.WARNING
-        state = f"health unknown for {lasted or 0:.0f} s (its driver stopped reporting){said_text}"
-        details["unknown_for_s"] = round(lasted or 0.0, 3)
-    summary = f"{driver} {name} (pool {pool}) {state}; held by {', '.join(holders)} (claim {about.claim})"
-    return make_change(kind, severity, summary, details)
+        return _Device(UNKNOWN, UNKNOWN, None, uids, sources=frozenset([SOURCE]), was_healthy=True), change
+    return _Device(UNKNOWN, None, since, uids, was_healthy=True), None

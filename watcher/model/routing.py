@@ -30,7 +30,13 @@ def _any_match(values: Iterable[str], patterns: tuple[str, ...]) -> bool:
     return any(fnmatchcase(v, p) for v in values for p in patterns)
 
 
-_DEVICE_HEALTH = (Kind.DEVICE_REMOVED, Kind.DEVICE_ADDED, Kind.DEVICE_UNHEALTHY, Kind.DEVICE_HEALTHY)
+_DEVICE_HEALTH = (
+    Kind.DEVICE_REMOVED,
+    Kind.DEVICE_ADDED,
+    Kind.DEVICE_UNHEALTHY,
+    Kind.DEVICE_HEALTHY,
+    Kind.DEVICE_HEALTH_UNOBSERVED,
+)
 
 
 @dataclass(frozen=True)
