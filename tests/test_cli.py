@@ -568,6 +568,29 @@ def _check(tmp_path: Path, sink: str, capfd: pytest.CaptureFixture[str]) -> tupl
     return code, capfd.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ("[kubelet]\nwarmup_grace = nan\n", "kubelet.warmup_grace"),
+        ("[watch]\ninterval = +inf\n", "watch.interval"),
+        ('[sinks.s]\ntype = "stdout"\nmax_age = inf\n', "sinks.s.max_age"),
+        ('[sinks.s]\ntype = "stdout"\ngroup_window = -inf\n', "sinks.s.group_window"),
+    ],
+)
+def test_check_config_refuses_nan_and_inf_naming_the_key(
+    toml: str, key: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """TOML's nan and inf literals: check-config said OK and printed `NaN` (not JSON) for them."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'node = "n"\nstate_dir = "{tmp_path / "state"}"\n{toml}')
+    assert main(["check-config", str(config)]) == 2
+    out, err = capfd.readouterr()
+    assert out == ""
+    (line,) = err.splitlines()
+    assert line.startswith(f"pod-resources-watcher: error: {key}: got ")
+    assert "expected a finite number" in line
+
+
 def test_check_config_refuses_tls_files_that_cannot_be_read(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,6 +6,7 @@ import base64
 import dataclasses
 import json
 import re
+import tomllib
 import typing
 from pathlib import Path
 
@@ -202,6 +203,100 @@ def test_every_setting_is_used_by_the_package() -> None:
     )
     unused = sorted({name for _, name in _all_fields() if not re.search(rf"\.{name}\b|\b{name}=", code)})
     assert unused == []
+
+
+def _number_keys(cls: type, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], type]]:
+    """Every number field of the settings dataclass `cls` (nested tables too), as its key path."""
+    hints = typing.get_type_hints(cls)
+    out: list[tuple[tuple[str, ...], type]] = []
+    for f in dataclasses.fields(cls):
+        if f.name in {"type", "name", "sinks"}:
+            continue
+        hint = hints[f.name]
+        inner = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+            out += _number_keys(hint, (*path, f.name))
+        elif len(inner) == 1 and inner[0] in (int, float):
+            out.append(((*path, f.name), inner[0]))
+    return out
+
+
+def _example_doc() -> dict[str, typing.Any]:
+    return tomllib.loads(EXAMPLE.read_text())
+
+
+def _float_keys() -> list[tuple[str, ...]]:
+    """Every float key the loader reads: the agent's tables, then each sink type's, in the
+    example config's table of that type (every other key there valid)."""
+    sinks = _example_doc()["sinks"]
+    keys = [k for k, kind in _number_keys(Settings, ()) if kind is float]
+    for type_name, cls in SINK_TYPES.items():
+        table = next(name for name, sink in sinks.items() if sink["type"] == type_name)
+        keys += [k for k, kind in _number_keys(cls, ("sinks", table)) if kind is float]
+    return keys
+
+
+FLOAT_KEYS = _float_keys()
+# The numbers TOML itself allows that are not finite, read as a TOML file's value is.
+NOT_FINITE = {literal: tomllib.loads(f"x = {literal}")["x"] for literal in ("nan", "inf", "+inf", "-inf")}
+
+
+def test_the_walk_finds_the_agents_and_every_sinks_float_keys() -> None:
+    tables = {k[1] if k[0] == "sinks" else k[0] for k in FLOAT_KEYS if len(k) > 1}
+    assert {"kubelet", "watch", "pods", "http"} <= tables
+    assert len({k[1] for k in FLOAT_KEYS if k[0] == "sinks"}) == len(SINK_TYPES)
+    assert ("kubelet", "warmup_grace") in FLOAT_KEYS
+
+
+@pytest.mark.usefixtures("example_env")
+@pytest.mark.parametrize("literal", NOT_FINITE)
+def test_every_float_setting_refuses_nan_and_infinities_naming_the_key(literal: str) -> None:
+    """TOML has nan, inf and -inf: nan passed every bound (a `warmup_grace = nan` held a lost
+    plugin for ever) and inf every missing maximum. The example config, valid as it is, with one
+    float key set to each in turn: always one error naming that key, whatever its bounds."""
+    parse_settings(_example_doc())  # valid as it is: the error below is the number's
+    value = NOT_FINITE[literal]
+    missed = []
+    for key in FLOAT_KEYS:
+        doc = _example_doc()
+        table = doc
+        for part in key[:-1]:
+            table = table.setdefault(part, {})
+        table[key[-1]] = value
+        try:
+            parse_settings(doc)
+        except ConfigError as err:
+            expected = f"{'.'.join(key)}: got {value!r}; expected a finite number"
+            if not str(err).startswith(expected):
+                missed.append(f"{'.'.join(key)}: {err}")
+        else:
+            missed.append(f"{'.'.join(key)}: accepted")
+    assert missed == []
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        # An integer past a float's range was an OverflowError traceback; it is out of range.
+        ({"watch": {"interval": 10**400}}, "watch.interval: out of range; expected between 0.05 and 86400"),
+        (
+            {"sinks": {"x": {"type": "stdout", "max_age": 10**400}}},
+            "sinks.x.max_age: out of range; expected at least 1",
+        ),
+        # A whole-number key given nan or inf says it wants a whole number.
+        ({"watch": {"flap_limit": float("nan")}}, "watch.flap_limit: got a number; expected a whole number"),
+        (
+            {"kubelet": {"max_receive_bytes": float("inf")}},
+            "kubelet.max_receive_bytes: got a number; expected a whole number",
+        ),
+    ],
+)
+def test_huge_integers_and_nan_in_whole_number_keys_name_the_key(
+    doc: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings(doc)
+    assert str(info.value) == message
 
 
 _VALUES = st.one_of(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -110,18 +111,7 @@ def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], bas
             raise ConfigError(f"{path}: got {describe(value)}; expected true or false")
         return value
     if annotation in (int, float):
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if annotation is int:
-            ok = ok and float(value).is_integer()
-        if not ok:
-            kind = "a whole number" if annotation is int else "a number"
-            raise ConfigError(f"{path}: got {describe(value)}; expected {kind}")
-        number = annotation(value)
-        low, high = meta.get("min"), meta.get("max")
-        if (low is not None and number < low) or (high is not None and number > high):
-            bounds = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
-            raise ConfigError(f"{path}: out of range; expected {bounds}")
-        return number
+        return _number(path, value, annotation, meta)
     if annotation is str:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{path}: got {describe(value)}; expected a non-empty string")
@@ -133,6 +123,41 @@ def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], bas
             return Path(value)
         return base / value
     raise AssertionError(f"unsupported settings type {annotation!r} at {path}")
+
+
+def _bounds(low: float | None, high: float | None) -> str:
+    """A number key's bounds as its error says them; empty when it has none."""
+    if low is not None and high is not None:
+        return f"between {low:g} and {high:g}"
+    if low is not None:
+        return f"at least {low:g}"
+    return f"at most {high:g}" if high is not None else ""
+
+
+def _number(path: str, value: Any, annotation: type[float] | type[int], meta: Mapping[str, Any]) -> float:
+    """A TOML number as the field's int or float, finite and within the field's bounds."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and annotation is int:
+        # Not float(value).is_integer(): an integer past a float's range raises OverflowError.
+        ok = isinstance(value, int) or value.is_integer()
+    if not ok:
+        kind = "a whole number" if annotation is int else "a number"
+        raise ConfigError(f"{path}: got {describe(value)}; expected {kind}")
+    low, high = meta.get("min"), meta.get("max")
+    bounds = _bounds(low, high)
+    # TOML has nan, inf and -inf literals (and reads 1e400 as inf). nan passes every comparison
+    # with a bound (warmup_grace = nan held a lost plugin for ever), inf passes a missing maximum,
+    # and no setting means "no limit" by inf: all three are refused here, where every number of
+    # every settings table (the agent's and each sink's) passes. They are no secret to show.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{path}: got {value!r}; expected {f'a finite number {bounds}'.rstrip()}")
+    try:
+        number = annotation(value)
+    except OverflowError:  # an integer past a float's range, out of any range
+        raise ConfigError(f"{path}: out of range; expected {bounds or 'a finite number'}") from None
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise ConfigError(f"{path}: out of range; expected {bounds}")
+    return number
 
 
 def _secret(key: str, value: Any, *, is_file: bool, base: Path | None) -> Secret:
