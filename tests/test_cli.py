@@ -212,6 +212,25 @@ def test_bad_arguments_exit_2(capfd: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("argv", "given"),
+    [
+        (["snapshot", "--timeout", "nan"], "nan"),
+        (["snapshot", "--timeout", "inf"], "inf"),
+        (["snapshot", "--timeout=-inf"], "-inf"),
+        (["fake-kubelet", "--rate", "nan"], "nan"),
+    ],
+)
+def test_number_flags_refuse_nan_and_inf(
+    argv: list[str], given: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`--timeout nan` passed the `> 0` check and reported "List did not answer within nan s"."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert f"expected a finite number, got {given!r}" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         [],

@@ -4,6 +4,7 @@ for options, the one-line error, and the settings a `--config` gives."""
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 from collections.abc import Callable
@@ -56,6 +57,10 @@ def positive(kind: type[float] | type[int], expected: str) -> Callable[[str], fl
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        # nan passes `value <= 0` and inf means no deadline or no limit: neither is a number of
+        # seconds (`--timeout nan` reported "List did not answer within nan s").
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
         return value
