@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 from testkit.agent import make_settings, running_agent
@@ -131,3 +132,44 @@ def test_a_dra_device_flapping_in_its_pod_status_is_one_flapping_report_on_its_c
     assert "now healthy" in ended.summary and ended.details["source"] == "pod-status"
     closed = condition_of(envelope(ended, seq=3, node="n", cycle="c", before=None, after=None))
     assert closed is not None and not closed.active and closed.key == opened.key
+
+
+def test_flapping_devices_round_trip_with_their_quiet_counted_from_the_restart() -> None:
+    flaps = Flaps()
+    for i in range(6):
+        flaps, _ = flaps.damp(
+            float(i), [_health(Kind.DEVICE_REMOVED if i % 2 == 0 else Kind.DEVICE_ADDED)], RULE
+        )
+    saved = json.loads(json.dumps(flaps.to_json()))
+    restored = Flaps.from_json(saved, now=1000.0)
+    assert restored.flapping() == flaps.flapping() and restored.next_look(RULE) == 1000.0 + RULE.quiet
+    _, (ended,) = restored.damp(1000.0 + RULE.quiet, [], RULE)
+    assert ended.kind is Kind.DEVICE_FLAP_ENDED and ended.details["present"] is True
+    for junk in (None, {}, [1, {"resource": GPU}], [{"resource": GPU, "device": "x", "changes": "2"}]):
+        assert Flaps.from_json(junk, now=0.0) == Flaps()
+
+
+async def test_a_flap_that_ends_while_the_agent_restarts_still_gets_its_end(short_tmp: Path) -> None:
+    """Issue 36 item 3: the episode ends while the agent is down; the restarted agent tells its end."""
+    settings = make_settings(short_tmp)
+    settings = dataclasses.replace(
+        settings, watch=dataclasses.replace(settings.watch, flap_limit=3, flap_window=60.0, flap_quiet=1.0)
+    )
+    fake = FakeKubelet(short_tmp / "kubelet", seed=18)
+    gpu = fake.node.pods[("ml", "trainer-0")].container("trainer").devices[GPU][0]
+    async with fake:
+        async with running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            await run.quiet_cycle()
+            for i in range(5):
+                fake.set_healthy(GPU, gpu, i % 2 == 1)
+                await run.recorder.until(
+                    lambda i=i: run.recorder.kinds().count("device.removed") == i // 2 + 1
+                )
+                await run.quiet_cycle()
+            assert "device.flapping" in run.recorder.kinds()
+        fake.set_healthy(GPU, gpu, True)  # it settles while the agent is away
+        async with running_agent(settings, fake) as run:
+            await run.recorder.until(lambda: "device.flap_ended" in run.recorder.kinds(), timeout=10)
+            (ended,) = [e for e in run.recorder.events if e.kind == "device.flap_ended"]
+            assert ended.details["present"] is True and ended.details["device"] == gpu

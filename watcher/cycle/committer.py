@@ -109,6 +109,8 @@ class Committer:
             inventory=saved.inventory,
             socket=saved.socket,
             device_health=saved.device_health,
+            incidents=saved.incidents,
+            flaps=saved.flaps,
         )
 
     def outbox_trouble(self, err: Exception) -> None:
@@ -173,6 +175,8 @@ class Committer:
             socket=draft.socket,
             node=self.settings.node,
             device_health=draft.device_health,
+            incidents=draft.incidents,
+            flaps=draft.flaps,
         )
         try:
             self.storage.require_ready()

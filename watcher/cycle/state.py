@@ -44,6 +44,8 @@ class SavedState:
     socket: FileIdentity | None = None
     node: str | None = None
     device_health: DeviceHealth = field(default_factory=DeviceHealth)
+    incidents: Incidents = field(default_factory=Incidents)
+    flaps: Flaps = field(default_factory=Flaps)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ def state_record(state: SavedState) -> StateRecord:
         # The DRA failures reported and not healed: a restart must neither page them again nor
         # lose their resolve. Small (the open stories only); unreadable reads back empty.
         "device_health": state.device_health.to_json(),
+        # Open incidents and flapping devices likewise: a restart must still send their ends.
+        "incidents": state.incidents.to_json(),
+        "flaps": state.flaps.to_json(),
         "saved_at": time.time(),
     }
     return StateRecord(head=head, inventory=state.inventory)
@@ -124,6 +129,8 @@ def state_from_store(stored: StoredState, *, min_seq: int = 0, lost: bool = Fals
             socket=FileIdentity.from_json(doc.get("socket")),
             node=node if isinstance(node, str) else None,
             device_health=DeviceHealth.from_json(doc.get("device_health"), now=time.monotonic()),
+            incidents=Incidents.from_json(doc.get("incidents")),
+            flaps=Flaps.from_json(doc.get("flaps"), now=time.monotonic()),
         )
     except (ValueError, KeyError, TypeError) as err:
         seq = max(_fresh_seq(), min_seq)

@@ -7,12 +7,14 @@ one `device.flapping` event says so, with the count; its further health changes 
 a cycle's `capacity.changed` of a resource whose health changes in that cycle were all a flapping
 device's (it says nothing the flap does not); and once it has not changed for `quiet` seconds one
 `device.flap_ended` says how it ended (present or missing). Pure: the caller brings the time.
+Flapping devices are plain data (`to_json`), kept in the saved state: an episode that ends while
+the agent restarts still gets its `device.flap_ended`, its quiet period counted from the restart.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +96,51 @@ class Flaps:
             elif d.flapping_since is None and (not d.times or now - d.times[-1] > rule.window):
                 del devices[key]  # forgotten: nothing recent
         return Flaps(tuple(sorted(devices.items()))), out
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """The devices flapping now, for the saved state (recent changes of the others are not
+        kept: a restart forgets them, which at most delays a damping by a few changes)."""
+        return [
+            {
+                "resource": k[0],
+                "device": k[1],
+                "changes": d.changes,
+                "present": d.present,
+                "allocated_to": list(d.allocated_to),
+                "source": d.source,
+            }
+            for k, d in self.devices
+            if d.flapping_since is not None
+        ]
+
+    @classmethod
+    def from_json(cls, data: Any, *, now: float) -> Flaps:
+        """What `to_json` saved, read at monotonic time `now` (the saved times meant nothing to
+        this process: each episode's quiet period counts again from `now`). Unreadable entries are
+        left out, never an error."""
+        if not isinstance(data, list):
+            return cls()
+        devices: dict[DeviceKey, _Device] = {}
+        for e in data:
+            if not isinstance(e, Mapping):
+                continue
+            resource, device, changes, present = (
+                e.get(k) for k in ("resource", "device", "changes", "present")
+            )
+            held, source = e.get("allocated_to"), e.get("source")
+            if not (isinstance(resource, str) and isinstance(device, str) and isinstance(changes, int)):
+                continue
+            if not isinstance(present, bool) or not isinstance(held, list):
+                continue
+            devices[(resource, device)] = _Device(
+                times=(now,),
+                flapping_since=now,
+                changes=changes,
+                present=present,
+                allocated_to=tuple(str(h) for h in held),
+                source=source if isinstance(source, str) else None,
+            )
+        return cls(tuple(sorted(devices.items())))
 
 
 def _capacity_marked(changes: list[Change]) -> list[Change]:

@@ -5,22 +5,27 @@ one driver turn unhealthy in their holders' Pod status), paging sinks
 (PagerDuty, Alertmanager) get one `device.incident` (count, devices, pods hit) instead of a
 page per device; its devices' `device.removed` / `device.unhealthy` events, and the `device.added` /
 `device.healthy` that bring them back, are marked with the incident's key (the audit log and webhooks
-still carry each one), and one `device.incident_resolved` follows when every one of them is back. Pure.
+still carry each one), and one `device.incident_resolved` follows when every one of them is back
+(or, for a DRA device, its story ended unconfirmed: `device.health_unobserved`). A device that fails
+again while an older incident still counts it missing is that record gone stale: the new failure is
+its own, never swallowed by the old incident's key. Pure; open incidents are plain data
+(`to_json`), kept in the saved state so a restart still resolves them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from watcher.model.changes import Change, Kind, Severity
 
 __all__ = ["Incidents"]
 
 _DOWN = (Kind.DEVICE_REMOVED, Kind.DEVICE_UNHEALTHY)
-_UP = (Kind.DEVICE_ADDED, Kind.DEVICE_HEALTHY)
+_UP = (Kind.DEVICE_ADDED, Kind.DEVICE_HEALTHY, Kind.DEVICE_HEALTH_UNOBSERVED)
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,7 @@ class _Open:
     missing: frozenset[str]
     total: int
     source: str | None = None  # "pod-status": DRA devices that turned unhealthy
+    unobserved: frozenset[str] = frozenset()  # devices whose story ended with nobody holding them
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,15 @@ class Incidents:
             if c.kind in _DOWN and not c.details.get("flapping"):
                 removed[str(c.details.get("resource", ""))].append(c)
         opening = {r: cs for r, cs in removed.items() if len(cs) >= threshold}
-        still = list(self.open)
+        # Failing again while an older incident counts it missing: that record is stale (its end
+        # went unseen), and the new failure is paged on its own or in a new incident.
+        again = {(str(c.details.get("resource", "")), _device(c)) for c in changes if c.kind in _DOWN}
+        still = [
+            dataclasses.replace(
+                inc, missing=frozenset(d for d in inc.missing if (inc.resource, d) not in again)
+            )
+            for inc in self.open
+        ]
         new = [
             _Open(f"{resource}/{cycle}", resource, frozenset(_device(c) for c in cs), len(cs), _source(cs[0]))
             for resource, cs in sorted(opening.items())
@@ -58,14 +72,63 @@ class Incidents:
             out.append(_opened(inc, removed[inc.resource]))
         # Devices back: an incident whose devices are all back is resolved.
         back = {(str(c.details.get("resource", "")), _device(c)) for c in changes if c.kind in _UP}
+        unseen = {
+            (str(c.details.get("resource", "")), _device(c))
+            for c in changes
+            if c.kind is Kind.DEVICE_HEALTH_UNOBSERVED
+        }
         remaining: list[_Open] = []
         for inc in [*still, *new]:
             missing = frozenset(d for d in inc.missing if (inc.resource, d) not in back)
+            gone = inc.unobserved | {d for d in inc.missing if (inc.resource, d) in unseen}
+            inc = dataclasses.replace(inc, missing=missing, unobserved=frozenset(gone))
             if missing:
-                remaining.append(dataclasses.replace(inc, missing=missing))
+                remaining.append(inc)
             else:
                 out.append(_resolved(inc))
         return Incidents(tuple(remaining)), out
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """The open incidents, for the saved state (a restart must still resolve them)."""
+        return [
+            {
+                "key": i.key,
+                "resource": i.resource,
+                "missing": sorted(i.missing),
+                "total": i.total,
+                "source": i.source,
+                "unobserved": sorted(i.unobserved),
+            }
+            for i in self.open
+        ]
+
+    @classmethod
+    def from_json(cls, data: Any) -> Incidents:
+        """What `to_json` saved; an unreadable entry is left out, never an error (the worst it
+        costs is an incident's resolve not sent)."""
+        if not isinstance(data, list):
+            return cls()
+        out: list[_Open] = []
+        for entry in data:
+            if not isinstance(entry, Mapping):
+                continue
+            key, resource, total, source = (entry.get(k) for k in ("key", "resource", "total", "source"))
+            missing, unobserved = _strings(entry.get("missing")), _strings(entry.get("unobserved", []))
+            if not isinstance(key, str) or not isinstance(resource, str) or not isinstance(total, int):
+                continue
+            if missing is None or not missing or unobserved is None:
+                continue
+            out.append(
+                _Open(
+                    key,
+                    resource,
+                    frozenset(missing),
+                    total,
+                    source if isinstance(source, str) else None,
+                    frozenset(unobserved),
+                )
+            )
+        return cls(tuple(out))
 
     @staticmethod
     def _incident_of(change: Change, incidents: Sequence[_Open]) -> _Open | None:
@@ -73,6 +136,12 @@ class Incidents:
             return None
         resource, device = str(change.details.get("resource", "")), _device(change)
         return next((i for i in incidents if i.resource == resource and device in i.missing), None)
+
+
+def _strings(value: Any) -> list[str] | None:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return None
+    return list(value)
 
 
 def _device(change: Change) -> str:
@@ -111,11 +180,19 @@ def _opened(inc: _Open, removed: Sequence[Change]) -> Change:
 
 
 def _resolved(inc: _Open) -> Change:
-    details = {"resource": inc.resource, "incident": inc.key, "count": inc.total}
+    details: dict[str, Any] = {"resource": inc.resource, "incident": inc.key, "count": inc.total}
     back = "are back" if inc.source is None else "are healthy again"
+    summary = f"all {inc.total} {inc.resource} devices of the incident {back}"
+    if inc.unobserved:
+        n = len(inc.unobserved)
+        summary = (
+            f"the incident of {inc.total} {inc.resource} devices is over: {inc.total - n} healthy again, "
+            f"{n} no longer held by any pod (closed unconfirmed, they may still be bad)"
+        )
+        details["unobserved"] = sorted(inc.unobserved)
     return Change(
         Kind.DEVICE_INCIDENT_RESOLVED,
         Severity.INFO,
-        f"all {inc.total} {inc.resource} devices of the incident {back}",
+        summary,
         details if inc.source is None else {**details, "source": inc.source},
     )
