@@ -352,3 +352,45 @@ def test_dra_health_stories_leave_the_node_conditions_alone_and_are_node_events(
     report = plan(_events(changes), missing)
     assert report.missing == missing and report.resources == set()
     assert [e.reason for e in _by(report.events, "Node")] == ["DeviceFlapping", "DeviceIncident"]
+
+
+def test_a_taint_only_dra_incident_never_sets_a_condition_and_a_stuck_one_is_pruned_at_start() -> None:
+    """Issue 36 item 6: 8 held DRA GPUs tainted NoExecute in one slice update (an incident) set
+    GpuNvidiaComDevicesUnavailable=True, and the taints' removal never cleared it. Whichever source
+    tells a DRA story (the Pod status or the slices' taints), the conditions leave it out."""
+    taint = {"resource": "gpu.nvidia.com", "source": "resource-slice", "sources": ["resource-slice"]}
+    devices = [f"node-1/gpu-{i}" for i in range(8)]
+    held = {"allocated_to": ["ml/llm-0/trainer"]}
+    failing = [
+        Change(
+            Kind.DEVICE_UNHEALTHY,
+            Severity.CRITICAL,
+            "tainted",
+            {**taint, **held, "device": d, "incident": "i"},
+        )
+        for d in devices
+    ]
+    incident = Change(
+        Kind.DEVICE_INCIDENT,
+        Severity.CRITICAL,
+        "8 turned unhealthy",
+        {**taint, **held, "incident": "i", "devices": devices},
+    )
+    report = plan(_events([*failing, incident]), {})
+    assert report.missing == {} and report.resources == set()
+    assert [e.reason for e in _by(report.events, "Node")] == ["DeviceIncident"]
+    healed = [Change(Kind.DEVICE_HEALTHY, Severity.INFO, "healthy", {**taint, "device": d}) for d in devices]
+    resolved = Change(
+        Kind.DEVICE_INCIDENT_RESOLVED, Severity.INFO, "over", {**taint, "incident": "i", "count": 8}
+    )
+    report = plan(_events([*healed, resolved], "c2"), report.missing)
+    assert report.missing == {} and [e.reason for e in _by(report.events, "Node")] == [
+        "DeviceIncidentResolved"
+    ]
+    # A state an earlier version left stuck (the driver's devices "missing") is dropped at start;
+    # the start then prunes the condition it kept True (only device-plugin resources are written).
+    stuck = {"gpu.nvidia.com": {d: [] for d in devices}}
+    report = plan(_events([started(inventory_of(ALL, PODS), baseline="saved", changes=0, error=None)]), stuck)
+    assert report.started and report.missing == {} and "gpu.nvidia.com" not in report.resources
+    wanted = conditions_for(report.missing, report.resources)
+    assert [(c.type, c.status) for c in wanted] == [("NvidiaGpuDevicesUnavailable", "False")]

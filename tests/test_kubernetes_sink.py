@@ -21,12 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from testkit.admission_policy import review
 from testkit.agent import Running, make_settings, running_agent
 from testkit.inventories import inventory_of
 from testkit.kube_rbac import rules_from_manifests
 from testkit.kube_schemas import strict_schemas
+from testkit.ports import free_port
+from watcher.cli import main
 from watcher.config import ConfigError
 from watcher.cycle.resource_slices import ResourceSliceTaints
 from watcher.kubelet.triggers import Trigger
@@ -36,7 +39,7 @@ from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
 from watcher.model.pod_meta import Owner, PodIndex, PodMeta
 from watcher.model.who import annotate
-from watcher.settings_file import parse_settings
+from watcher.settings_file import config_warnings, parse_settings
 from watcher.sim.apiserver import FakeApiServer, kubectl, pod_bound_user
 from watcher.sim.demo_kubernetes import run_kubernetes_demo
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -250,7 +253,7 @@ async def test_an_agent_restart_during_a_failure_neither_duplicates_nor_clears(
 async def test_a_flapping_device_healthy_at_an_agent_restart_clears_the_condition(
     tmp_path: Path, short_tmp: Path, api: FakeApiServer
 ) -> None:
-    # The flap state is not saved, so after a restart no device.flap_ended will ever come, and the
+    # The flap's end is an hour away (its quiet period counts again from the restart), and the
     # saved inventory already had the device: only its presence at start can clear the condition.
     node = _default_node_in(api)
     _, _, gpu = _held_gpu(node)
@@ -724,6 +727,46 @@ async def test_a_token_is_never_sent_in_clear_text_off_loopback(tmp_path: Path) 
     for server, user in [("http://127.0.0.1:8001", "token: abc"), ("http://api.example.invalid", "")]:
         kubeconfig.write_text(_kubeconfig(server, user=user))
         parse_settings({"sinks": {"k": {"type": "kubernetes", "kubeconfig": str(kubeconfig)}}})
+
+
+async def test_a_token_sent_in_clear_text_on_loopback_is_warned_about_once(
+    tmp_path: Path, short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Loopback http:// goes (a tunnel, kubectl proxy), but not without a word: the agent logs one
+    warning at start naming the key, the server and what to do; check-config and `kubernetes
+    cleanup` print it before any connection. https://, and http:// without credentials, say nothing."""
+    server = f"http://127.0.0.1:{free_port()}"  # nobody answers: the warning needs no connection
+    kubeconfig = tmp_path / "kube.yaml"
+    kubeconfig.write_text(_kubeconfig(server, user="token: kube-token-4f1d"))
+    settings = make_settings(short_tmp, pods_api=False)  # the API server's side is all this is about
+    sink = KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig)
+    settings = dataclasses.replace(settings, sinks=(*settings.sinks, sink))
+    async with FakeKubelet(short_tmp / "kubelet", default_node()) as fake:
+        with capture_logs() as logs:
+            async with running_agent(settings, fake) as run:
+                await run.recorder.kinds_after(0, 1)
+    warned = [e for e in logs if e["log_level"] == "warning" and server in str(e.get("problem"))]
+    assert len(warned) == 1, warned
+    assert warned[0]["event"] == "a secret is less private than it should be"
+    said = warned[0]["problem"]
+    assert said.startswith(
+        f"sinks.k8s.kubeconfig: kubeconfig {kubeconfig}: the bearer token travels in clear text"
+    )
+    assert "use the API server's https:// URL" in said and "kube-token-4f1d" not in said
+
+    config = tmp_path / "config.toml"
+    config.write_text(f'node = "{NODE}"\n[sinks.k8s]\ntype = "kubernetes"\nkubeconfig = "{kubeconfig}"\n')
+    assert main(["check-config", str(config)]) == 0
+    assert f"WARNING: {said}" in capfd.readouterr().err
+    rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(kubeconfig), "--node", NODE)
+    # No config key there: the kubeconfig is named by itself. Then the unreachable port, as ever.
+    plain = said.removeprefix("sinks.k8s.kubeconfig: ")
+    assert rc == 1 and out.startswith(f"pod-resources-watcher: WARNING: {plain}\n"), out
+
+    for quiet in (_kubeconfig("https://127.0.0.1:6443"), _kubeconfig(server, user="")):
+        kubeconfig.write_text(quiet)
+        data = {"sinks": {"k8s": {"type": "kubernetes", "kubeconfig": str(kubeconfig)}}}
+        assert config_warnings(parse_settings(data)) == []
 
 
 # --- least privilege ---

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from watcher.model.changes import Kind
+from watcher.model.device_health import SLICE_SOURCE
 from watcher.model.device_health import SOURCE as POD_STATUS
 from watcher.model.events import Event
 from watcher.model.who import hit_pods, owner_text
@@ -97,6 +98,10 @@ ACTION = "WatchPodResources"
 
 # resource -> device -> the containers ("namespace/pod/container") holding it when it went missing.
 Missing = dict[str, dict[str, list[str]]]
+
+# Where a DRA device's story comes from (its holders' Pod status, its ResourceSlice's taints): such a
+# device is never in allocatable, which the Node conditions are kept from and reconciled against.
+_DRA_SOURCES = frozenset({POD_STATUS, SLICE_SOURCE})
 
 
 @dataclass(frozen=True)
@@ -186,10 +191,11 @@ def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[st
             # `send-test`: a Normal Event on the Node that says so; no condition, no pod touched.
             report.events.append(_node_event(event.node, "Normal", "SendTest", event.summary))
             continue
-        if d.get("source") == POD_STATUS:
-            # A DRA device's health from its holder's Pod status: such devices are never in
-            # allocatable, which the Node conditions are kept from, so its flapping or incident would
-            # stay "missing" there for good. The Node Event says it; the conditions leave it out.
+        if d.get("source") in _DRA_SOURCES:
+            # A DRA device's health, from its holder's Pod status or its slice's taints: such
+            # devices are never in allocatable, which the Node conditions are kept from, so its
+            # flapping or incident would stay "missing" there for good. The Node Event says it;
+            # the conditions leave it out, whichever source told it.
             if event.kind in _NODE_EVENTS:
                 reason, kind = _NODE_EVENTS[event.kind]
                 report.events.append(_node_event(event.node, kind, reason, event.summary))
@@ -317,6 +323,10 @@ def _reconcile(state: Missing, summary: Any, allocatable: Any) -> set[str] | Non
     and a kubelet warming up lists no device at all, which clears nothing."""
     if not isinstance(summary, Mapping) or not summary.get("allocatable_known"):
         return None
+    for resource in [r for r in state if _is_dra_driver(r)]:
+        # A DRA driver's devices are no device-plugin resource: an earlier version let a taint-only
+        # story set its condition and never cleared it. Dropped here, the start prunes it.
+        del state[resource]
     devices = summary.get("devices")
     counts = devices if isinstance(devices, Mapping) else {}
     present = allocatable if isinstance(allocatable, Mapping) else {}
@@ -340,3 +350,9 @@ def _reconcile(state: Missing, summary: Any, allocatable: Any) -> set[str] | Non
             state.setdefault(resource, {})[str(m.get("device", ""))] = _strings(m.get("allocated_to"))
             resources.add(resource)
     return resources
+
+
+def _is_dra_driver(resource: str) -> bool:
+    """A device plugin's resource is always `domain/name` (an extended resource); a DRA driver's
+    name, which DRA device events carry as their resource, has no slash."""
+    return "/" not in resource
