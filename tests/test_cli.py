@@ -134,6 +134,36 @@ def test_snapshot_list_only_when_allocatable_disabled(
     assert captured.err.count("\n") == 1 and "warning" in captured.err
 
 
+def test_snapshot_list_only_when_allocatable_is_not_protobuf(
+    threaded: ThreadedKubelet, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A GetAllocatableResources answer that does not parse was a traceback: List's part is shown."""
+    threaded.call(threaded.fake.faults.answer_garbage, "GetAllocatableResources")
+    assert main(["snapshot", "--socket", str(threaded.fake.socket_path), "--no-pods-api"]) == 0
+    out = capfd.readouterr().out
+    (note,) = [line for line in out.splitlines() if line.startswith("note: allocatable unknown")]
+    assert "GetAllocatableResources's answer on " in note and "is not protobuf" in note
+    assert "ml/trainer-0" in out
+
+
+def test_snapshot_repairs_text_that_is_not_utf8_as_the_agent_does(
+    threaded: ThreadedKubelet, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A device id and a pod name with a bad byte: protobuf refuses the whole answer (a traceback
+    here before); each bad byte is shown escaped, the rest of the node as it is."""
+    threaded.call(threaded.fake.faults.substitute, b"GPU-evil", b"GPU\xffevil")
+    threaded.call(threaded.fake.faults.substitute, b"trainer-0", b"trainer\xff0")
+    threaded.call(threaded.fake.add_device, "nvidia.com/gpu", "GPU-evil", (0,))
+    socket = str(threaded.fake.socket_path)
+    assert main(["snapshot", "--socket", socket, "--no-pods-api"]) == 0
+    out = capfd.readouterr().out
+    assert "ml/trainer\\xff0" in out and "note: allocatable unknown" not in out
+    assert main(["snapshot", "--socket", socket, "--no-pods-api", "-o", "json"]) == 0
+    doc = json.loads(capfd.readouterr().out)
+    assert doc["degraded"] is None
+    assert "GPU\\xffevil" in doc["inventory"]["allocatable"]["devices"]["nvidia.com/gpu"]
+
+
 def _one_error_line(err: str) -> str:
     lines = err.splitlines()
     assert len(lines) == 1, err
@@ -177,8 +207,9 @@ def test_stale_socket_is_one_line_in_a_real_process(threaded: ThreadedKubelet) -
         (lambda f: f.faults.disable("List"), "List is disabled"),
         (lambda f: f.faults.make_absent("List"), "does not implement List"),
         (lambda f: f.faults.set_delay("List", 3), "did not answer within 0.5 s"),
+        (lambda f: f.faults.answer_garbage("List"), "List's answer on "),
     ],
-    ids=["disabled", "unimplemented", "deadline"],
+    ids=["disabled", "unimplemented", "deadline", "garbage"],
 )
 def test_kubelet_failures_are_one_line(
     threaded: ThreadedKubelet,

@@ -8,9 +8,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from google.protobuf.message import DecodeError, Message
+
 from watcher import errors
 from watcher.backoff import Backoff, retry
 from watcher.kubelet.client import PodResourcesClient
+from watcher.kubelet.repair import repair_answers
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.build import build
 from watcher.model.inventory import Inventory
@@ -23,6 +26,7 @@ if TYPE_CHECKING:  # snapshot_pods builds on this module's helpers
 __all__ = ["Snapshot", "take_snapshot", "format_table", "format_json", "format_bytes", "patiently", "table"]
 
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 
 
 @dataclass(frozen=True)
@@ -46,22 +50,62 @@ async def patiently(call: Callable[[], Awaitable[T]]) -> T:
     )
 
 
-async def take_snapshot(client: PodResourcesClient) -> Snapshot:
-    """Query GetAllocatableResources and List; fall back to List-only if the former is unavailable."""
-    alloc_task = asyncio.ensure_future(patiently(client.allocatable))
+def _list(raw: bytes, socket: str) -> api_pb2.ListPodResourcesResponse:
+    return _parse(api_pb2.ListPodResourcesResponse, raw, "List", socket, lambda r: repair_answers(None, r)[1])
+
+
+def _allocatable(raw: bytes, socket: str) -> api_pb2.AllocatableResourcesResponse:
+    # With an empty List answer (a valid one) beside it: only the allocatable side is repaired.
+    return _parse(
+        api_pb2.AllocatableResourcesResponse,
+        raw,
+        "GetAllocatableResources",
+        socket,
+        lambda r: repair_answers(r, b"")[0] or b"",
+    )
+
+
+def _parse(message: type[M], raw: bytes, method: str, socket: str, repair: Callable[[bytes], bytes]) -> M:
+    """`raw` as `message`; a string that is not UTF-8 repaired as the agent repairs it (each bad
+    byte escaped, docs/kubelet.md); bytes that are not protobuf at all an UnexpectedKubeletError."""
     try:
-        pods = await patiently(client.list)
+        return message.FromString(raw)
+    except DecodeError:
+        pass
+    try:
+        return message.FromString(repair(raw))
+    except DecodeError as err:
+        raise errors.UnexpectedKubeletError(
+            f"{method}'s answer on {socket} is not protobuf ({err}): the kubelet is broken, "
+            "or the socket is not a kubelet's",
+            socket=socket,
+            method=method,
+        ) from err
+
+
+async def take_snapshot(client: PodResourcesClient) -> Snapshot:
+    """Query GetAllocatableResources and List; fall back to List-only if the former is unavailable
+    or its answer is not protobuf. A List answer that is not protobuf is one UnexpectedKubeletError."""
+    socket = client.socket_path
+    alloc_task = asyncio.ensure_future(patiently(client.allocatable_raw))
+    try:
+        pods = _list(await patiently(client.list_raw), socket)
     except BaseException:
         alloc_task.cancel()
         await asyncio.gather(alloc_task, return_exceptions=True)
         raise
     degraded: str | None = None
-    allocatable: api_pb2.AllocatableResourcesResponse | None
+    allocatable: api_pb2.AllocatableResourcesResponse | None = None
     try:
-        allocatable = await alloc_task
+        raw = await alloc_task
     except (errors.MethodDisabledError, errors.MethodNotImplementedError) as err:
-        allocatable = None
         degraded = str(err)
+    else:
+        try:
+            allocatable = _allocatable(raw, socket)
+        except errors.UnexpectedKubeletError as err:
+            # What List said still stands: allocations only, as for a disabled method.
+            degraded = str(err)
     return Snapshot(build(allocatable, pods), degraded)
 
 
