@@ -22,7 +22,7 @@ from watcher.files import is_system_directory
 from watcher.secrets import ENV_REF, REDACTED, Secret, SecretError, file_exposure, redact
 from watcher.settings import HttpSettings, Settings
 from watcher.sinks.base import BaseSinkSettings
-from watcher.sinks.registry import check_audit_heads, parse_sink
+from watcher.sinks.registry import check_audit_heads, parse_sink, sink_warnings
 from watcher.tls import ServerTls, TlsError
 
 __all__ = [
@@ -197,11 +197,13 @@ def _secret_files(obj: Any, path: str) -> list[str]:
 
 def config_warnings(settings: Settings) -> list[str]:
     """One line per thing in the settings that works but is less safe than meant, naming its
-    key: secret files that group or others may read or write, and an /inventory token sent in
-    clear text over the network. Warnings, not errors: the agent works either way."""
+    key: secret files that group or others may read or write, an /inventory token sent in clear
+    text over the network, and what a sink's type warns of (the kubernetes sink: its token sent
+    in clear text to a loopback http:// server). Warnings, not errors: the agent works either way."""
     warnings = _secret_files(settings, "")
     for sink in settings.sinks:
         warnings += _secret_files(sink, f"sinks.{sink.name}.")
+    warnings += sink_warnings(settings.sinks)
     http = settings.http
     if http.inventory and http.inventory_token is not None and http.tls_cert_file is None:
         host = parse_listen(http.listen)[0]

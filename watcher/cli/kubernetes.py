@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 
-from watcher.cli.common import INTERRUPTED, PIPE, Subparsers, exit_codes, fail, settings_from
+from watcher.cli.common import INTERRUPTED, PIPE, PROG, Subparsers, exit_codes, fail, settings_from
 
 __all__ = ["add_parser"]
 
@@ -22,6 +23,7 @@ KUBERNETES_EXIT_CODES = exit_codes(
 
 async def _kubernetes_cleanup(args: argparse.Namespace) -> int:
     from watcher.sinks.kubernetes import KubernetesError, KubernetesSinkSettings, remove_owned_conditions
+    from watcher.sinks.kubernetes.kubeconfig import clear_text_warning
 
     nodes: list[str] = list(args.node)
     if args.config is not None:
@@ -47,6 +49,9 @@ async def _kubernetes_cleanup(args: argparse.Namespace) -> int:
         if bool(nodes) == args.all_nodes:
             return fail("name the nodes: --node NAME (repeatable) or --all-nodes", 2)
         sink = KubernetesSinkSettings(name="cleanup", kubeconfig=args.kubeconfig, context=args.context)
+    warning = clear_text_warning(sink)
+    if warning is not None:
+        print(f"{PROG}: WARNING: {warning}", file=sys.stderr)
     try:
         cleaned = await remove_owned_conditions(sink, nodes or None)
     except KubernetesError as err:

@@ -48,6 +48,7 @@ __all__ = [
     "build_sinks",
     "check_audit_heads",
     "audit_logs_of",
+    "sink_warnings",
 ]
 
 S = TypeVar("S", bound=BaseSinkSettings)
@@ -68,7 +69,9 @@ class SinkType(Generic[S]):
     turns the settings into ones that `send-test` may deliver to without touching
     the real stream (e.g. another file), where the type keeps one; `audit_log(settings,
     state_dir)` says where a sink of the type keeps a hash-chained audit log, so that
-    other sinks can report its head (`audit_head`).
+    other sinks can report its head (`audit_head`); `warnings(path, settings)` names what
+    works but is less safe than meant, one line per thing, each naming its key
+    (`check-config` prints them, the agent logs them at start and on reload).
     """
 
     name: str
@@ -80,6 +83,7 @@ class SinkType(Generic[S]):
     order: int = 1000
     for_send_test: Callable[[S], S] | None = None
     audit_log: Callable[[S, Path], Path] | None = None
+    warnings: Callable[[str, S], list[str]] | None = None
 
 
 _types: dict[str, SinkType[Any]] = {}
@@ -248,6 +252,20 @@ def check_audit_heads(configs: Sequence[BaseSinkSettings]) -> None:
                 f"{key}: that sink name cannot travel in a header; name the file sink with "
                 "letters, digits, '_', '.' and '-' only"
             )
+
+
+def sink_warnings(configs: Sequence[BaseSinkSettings]) -> list[str]:
+    """Each sink type's warnings about its configured sinks; a sink built outside the registry (a
+    test's, an embedder's) has none."""
+    out: list[str] = []
+    for cfg in configs:
+        try:
+            warn = sink_type_of(cfg).warnings
+        except LookupError:
+            continue
+        if warn is not None:
+            out += warn(f"sinks.{cfg.name}", cfg)
+    return out
 
 
 def audit_logs_of(configs: Sequence[BaseSinkSettings], state_dir: Path) -> dict[str, Path]:

@@ -1,6 +1,7 @@
 """The client configuration the sink connects with, checked before any request: from a kubeconfig
 file or the pod's service-account files, every problem one KubernetesError naming the file at fault,
-and a bearer token never sent in clear text over the network. `check-config` runs the same checks."""
+and a bearer token never sent in clear text over the network (on loopback, not without a warning).
+`check-config` runs the same checks."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from watcher.sinks.kubernetes.settings import KubernetesSinkSettings
 if TYPE_CHECKING:  # imported for real only when the sink is used
     from lightkube.config.kubeconfig import SingleConfig
 
-__all__ = ["KubernetesError", "client_config", "check_client_config", "check_transport"]
+__all__ = [
+    "KubernetesError",
+    "client_config",
+    "check_client_config",
+    "check_transport",
+    "clear_text_warning",
+]
 
 
 class KubernetesError(Exception):
@@ -52,7 +59,8 @@ def check_client_config(path: str, settings: KubernetesSinkSettings) -> None:
 
 def check_transport(server: str, credentials: bool, origin: str) -> None:
     """Refuse a server URL that is not http(s), and a token (or password) sent to plain http://
-    anywhere but loopback, where anyone on the network could read it and act as the agent."""
+    anywhere but loopback, where anyone on the network could read it and act as the agent. On
+    loopback it goes (a tunnel, `kubectl proxy`), said by `clear_text_warning`."""
     parts = urlsplit(server)
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise KubernetesError(f"{origin}: server {server!r} is not an https:// URL")
@@ -61,6 +69,32 @@ def check_transport(server: str, credentials: bool, origin: str) -> None:
             f"{origin}: refusing to send the bearer token in clear text to {server}: anyone who can "
             "watch that network could read it and act as this agent; use the API server's https:// URL"
         )
+
+
+def clear_text_warning(settings: KubernetesSinkSettings) -> str | None:
+    """What `check_transport` lets through but must not go unsaid: a token (or password) sent to a
+    plain http:// server on loopback. No network sees it, but whatever listens on that port does
+    (a tunnel, or any program that took the port while the tunnel was down), and can then act as
+    the agent. None when nothing is sent in clear text, and for settings that are refused anyway."""
+    try:
+        if settings.kubeconfig is not None:
+            single = _from_kubeconfig(settings.kubeconfig, settings.context)
+            server, credentials = single.cluster.server, _sends_credentials(single)
+            origin = f"kubeconfig {settings.kubeconfig}"
+        elif settings.server is not None:  # in a pod: the service account's token always goes along
+            server, credentials, origin = settings.server, True, "server"
+        else:
+            return None  # in a pod: the API server's own https:// address
+    except KubernetesError:
+        return None  # refused at start and by check-config, in its own words
+    parts = urlsplit(server)
+    if parts.scheme != "http" or not credentials or not _is_loopback(parts.hostname or ""):
+        return None
+    return (
+        f"{origin}: the bearer token travels in clear text to {server}: on loopback, but whatever "
+        "listens on that port (the tunnel, or any program that took the port while it was down) "
+        "can read it and act as this agent; use the API server's https:// URL"
+    )
 
 
 def _is_loopback(host: str) -> bool:

@@ -18,7 +18,7 @@ from watcher.sinks.kubernetes.client import KubernetesError, RefusedError, conne
 from watcher.sinks.kubernetes.condition_plan import NodeCondition, conditions_for, shared_types
 from watcher.sinks.kubernetes.conditions import condition_patch, taken_types, write_conditions
 from watcher.sinks.kubernetes.events import EventWriter, fresh_records
-from watcher.sinks.kubernetes.kubeconfig import check_client_config
+from watcher.sinks.kubernetes.kubeconfig import check_client_config, clear_text_warning
 from watcher.sinks.kubernetes.planner import Missing, plan
 from watcher.sinks.kubernetes.settings import KubernetesSinkSettings, check_settings
 from watcher.sinks.registry import SinkType, register
@@ -167,6 +167,12 @@ def _check(path: str, settings: KubernetesSinkSettings) -> None:
     check_client_config(path, settings)  # last: the one check that reads files
 
 
+def _warnings(path: str, settings: KubernetesSinkSettings) -> list[str]:
+    warning = clear_text_warning(settings)
+    key = "kubeconfig" if settings.kubeconfig is not None else "server"
+    return [] if warning is None else [f"{path}.{key}: {warning}"]
+
+
 def _kubernetes_sink(settings: KubernetesSinkSettings, context: SinkContext) -> KubernetesSink:
     return KubernetesSink(settings, node=context.node, store=context.store)
 
@@ -177,6 +183,7 @@ register(
         settings=KubernetesSinkSettings,
         factory=_kubernetes_sink,
         validate=_check,
+        warnings=_warnings,
         # pages: it must see the end of every condition it starts; notifies: people read its Events,
         # so a flapping device's single changes are left out (device.flapping says it once);
         # each_device: a mass failure's devices still come one by one, for the Pods' own Events.
