@@ -5,6 +5,7 @@ DRA-backed nvidia.com/gpu that is never called missing."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -249,3 +250,42 @@ async def test_a_driver_that_reports_no_health_says_nothing(short_tmp: Path) -> 
         assert run.recorder.kinds(mark) == []
         assert not [e for e in run.recorder.events if e.kind.startswith("device.")]
         assert rx.pager.events == []
+
+
+def _job_pods(count: int) -> list[FakePod]:
+    """`count` pods of one Job, each holding one GPU of the driver (gpu-0, gpu-1, ...)."""
+    pods = []
+    for i in range(count):
+        pod = _next_holder(f"llm-pretrain-{i}-abcde")
+        pod.containers[0].claims[0].devices[0] = FakeClaimDevice(
+            DRIVER, POOL, f"gpu-{i}", [f"nvidia.com/gpu=gpu-{i}"]
+        )
+        pods.append(pod)
+    return pods
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.015], ids=["at-once", "one-pod-sync-after-another"])
+async def test_a_driver_crash_reaching_eight_pods_statuses_is_one_incident(
+    short_tmp: Path, spread: float
+) -> None:
+    """Issue 36 item 8: 8 devices of one driver turn Unhealthy in one broadcast, which reaches the
+    pods' statuses one after another: one device.incident, one page, not a page per device."""
+    fake = FakeKubelet(short_tmp / "kubelet", seed=19)
+    for pod in _job_pods(8):
+        fake.node.add_pod(pod)
+    async with fake, _agent(short_tmp, fake) as (run, rx):
+        await _ready(run)
+        mark = len(run.recorder.events)
+        for i in range(8):
+            fake.dra.set_health(DRIVER, POOL, f"gpu-{i}", "Unhealthy", "driver crashed")
+            if spread:
+                await asyncio.sleep(spread)  # the kubelet's pod workers: one status after another
+        await run.recorder.until(lambda: run.recorder.kinds(mark).count("device.unhealthy") == 8, 5)
+        await run.quiet_cycle()
+        kinds = run.recorder.kinds(mark)
+        assert kinds.count("device.incident") == 1, kinds
+        await rx.pager.wait_for(1, timeout=5)
+        await run.quiet_cycle()
+        assert [(e["event_action"], e["payload"]["class"]) for e in rx.pager.events] == [
+            ("trigger", "device.incident")
+        ]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import structlog
 
+from watcher.cycle.pod_reads import POD_STATUS
 from watcher.kubelet.identity import FileIdentity, SocketState, is_replacement, probe_socket, replaced_since
 from watcher.kubelet.triggers import Trigger
 from watcher.kubelet.watching import DirectoryWatches
@@ -55,6 +56,12 @@ def _configure(watches: DirectoryWatches, w: WatchSettings) -> None:
     )
 
 
+def _gathering(settings: Settings) -> dict[str, float]:
+    # A DRA driver's verdict reaches its devices' holders one pod status at a time: one re-query
+    # for the burst, so a driver crash is one incident, not a page per cycle's share of it.
+    return {POD_STATUS: settings.pods.status_gather}
+
+
 class Notifier:
     """Fires `trigger` with a reason whenever the node may have changed; keeps the timer."""
 
@@ -62,7 +69,7 @@ class Notifier:
         self.settings = settings
         self.stop = stop
         self.rng = rng
-        self.trigger = Trigger()
+        self.trigger = Trigger(_gathering(settings))
         self.next_periodic = 0.0
         # The directory said the socket's NAME was replaced (not only its metadata touched);
         # the reactor takes it when it checks the socket's identity.
@@ -92,6 +99,7 @@ class Notifier:
         if settings.kubelet.socket != self.settings.kubelet.socket:
             self._socket_seen = None
         self.settings = settings
+        self.trigger.gather = _gathering(settings)
         _configure(self.watches, settings.watch)
         self._generation.set()
         self._generation = Scope(self.stop)

@@ -5,26 +5,51 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 
-__all__ = ["Trigger"]
+__all__ = ["GATHER_MOST", "Trigger"]
+
+# A gathering reason waits for a quiet moment at most this many of its quiet periods.
+GATHER_MOST = 5
 
 
 class Trigger:
     """Collects reasons to re-query until the query loop takes them all at once.
 
     Ordinary reasons are debounced (more arriving within `debounce` seconds
-    join the same re-query); urgent ones (the socket was replaced) are not.
+    join the same re-query); urgent ones (the socket was replaced) are not. A
+    reason in `gather` (seconds) comes in bursts that belong together (a DRA
+    driver's verdict reaching many pods' statuses one after another): the
+    re-query waits until nothing more has come for that long, at most
+    GATHER_MOST times that, unless an urgent reason that does not gather came too.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, gather: Mapping[str, float] | None = None) -> None:
+        self.gather = dict(gather or {})
         self._reasons: set[str] = set()
         self._urgent = False
+        self._immediate = False  # an urgent reason that does not gather
+        self._fired = 0  # fires so far: a gathering wait ends when none came during its quiet
         self._event = asyncio.Event()
 
     def fire(self, reason: str, *, urgent: bool = False) -> None:
         self._reasons.add(reason)
         self._urgent = self._urgent or urgent
+        self._immediate = self._immediate or (urgent and self.gather.get(reason, 0.0) <= 0)
+        self._fired += 1
         self._event.set()
+
+    async def _gathered(self, quiet: float) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + quiet * GATHER_MOST
+        while not self._immediate:
+            seen = self._fired
+            left = end - loop.time()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(quiet, left))
+            if self._fired == seen:
+                return
 
     @staticmethod
     def _loop_time(monotonic_deadline: float) -> float:
@@ -39,10 +64,13 @@ class Trigger:
                     await self._event.wait()
         if not self._event.is_set():
             return frozenset()
-        if not self._urgent and debounce > 0:
+        quiet = max((self.gather.get(r, 0.0) for r in self._reasons), default=0.0)
+        if quiet > 0 and not self._immediate:
+            await self._gathered(quiet)
+        elif not self._urgent and debounce > 0:
             await asyncio.sleep(debounce)
         reasons = frozenset(self._reasons)
         self._reasons.clear()
-        self._urgent = False
+        self._urgent = self._immediate = False
         self._event.clear()
         return reasons
