@@ -124,6 +124,12 @@ class PodMeta:
 class PodIndex:
     """The pods the Pods API last showed, by uid and by namespace/name.
 
+    A name is reused (a StatefulSet's pod deleted and recreated) and a late update of the old pod
+    may come after the new one's ADDED, so the uid is the key and a name is only a pointer: it
+    names the newest pod that has it, the one pod-resources now shows under it. A pod first seen
+    takes its name; an update of a pod already held never takes it back from a newer one. When the
+    newest goes, the name falls back to the newest older pod still held.
+
     Mutable, and written by its one owner (the Pods API watch) only: a stream that floods changes
     for one pod costs a dict write per change, not a copy of 10,000 entries. Readers get it as a
     read-only view through `get` and iteration.
@@ -131,7 +137,9 @@ class PodIndex:
 
     def __init__(self, pods: Iterable[PodMeta] = ()) -> None:
         self._by_uid: dict[str, PodMeta] = {}
-        self._by_key: dict[str, str] = {}  # "namespace/name" -> uid
+        self._by_key: dict[str, str] = {}  # "namespace/name" -> the uid of the newest pod so named
+        # The older pods under a name a newer one took, oldest first: only reused names have an entry.
+        self._older: dict[str, list[str]] = {}
         self._claim_verdicts: set[str] = set()  # uids of pods with a verdict on a DRA device
         for pod in pods:
             self.put(pod)
@@ -156,16 +164,30 @@ class PodIndex:
         return self._by_uid.get(uid)
 
     def get(self, namespace: str, name: str) -> PodMeta | None:
+        """The newest pod named namespace/name (the one pod-resources shows under it), if any."""
         uid = self._by_key.get(f"{namespace}/{name}")
         return None if uid is None else self._by_uid.get(uid)
+
+    def named(self, namespace: str, name: str) -> tuple[PodMeta, ...]:
+        """Every pod held under namespace/name, oldest first: the newest (`get`) is the last."""
+        key = f"{namespace}/{name}"
+        newest = self._by_key.get(key)
+        uids = [*self._older.get(key, ()), *([newest] if newest is not None else [])]
+        return tuple(self._by_uid[uid] for uid in uids)
 
     def put(self, pod: PodMeta) -> PodMeta | None:
         """Store `pod` (an upsert by uid); the entry it replaced, if any."""
         old = self._by_uid.get(pod.uid)
-        if old is not None and self._by_key.get(old.key) == pod.uid:
-            del self._by_key[old.key]
+        new_here = old is None or old.key != pod.key
+        if old is not None and new_here:
+            self._unname(pod.uid, old.key)  # a uid renamed: never in Kubernetes, but bytes are bytes
         self._by_uid[pod.uid] = pod
-        self._by_key[pod.key] = pod.uid
+        key, holder = pod.key, self._by_key.get(pod.key)
+        if new_here and holder is not None and holder != pod.uid:
+            self._older.setdefault(key, []).append(holder)  # a new pod under a reused name
+            self._by_key[key] = pod.uid
+        elif holder is None:
+            self._by_key[key] = pod.uid
         if any(v.is_claim for v in pod.verdicts):
             self._claim_verdicts.add(pod.uid)
         else:
@@ -176,6 +198,18 @@ class PodIndex:
         """Forget the pod `uid`; the entry dropped, if any."""
         old = self._by_uid.pop(uid, None)
         self._claim_verdicts.discard(uid)
-        if old is not None and self._by_key.get(old.key) == uid:
-            del self._by_key[old.key]
+        if old is not None:
+            self._unname(uid, old.key)
         return old
+
+    def _unname(self, uid: str, key: str) -> None:
+        older = self._older.get(key)
+        if self._by_key.get(key) == uid:
+            if older:
+                self._by_key[key] = older.pop()  # the newest older pod still held
+            else:
+                del self._by_key[key]
+        elif older is not None and uid in older:
+            older.remove(uid)
+        if older is not None and not older:
+            del self._older[key]
