@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -14,6 +14,7 @@ import jsonschema  # type: ignore[import-untyped]  # the test extra's, untyped
 
 from testkit.changes import Changes
 from watcher.app import Agent
+from watcher.kubelet.pods_watch import PodChange
 from watcher.model.events import Event, event_schema
 from watcher.settings import HttpSettings, KubeletSettings, PodsSettings, Settings, WatchSettings
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -36,12 +37,14 @@ _VALIDATOR = jsonschema.Draft202012Validator(
 
 
 class Recorder:
-    """Collects every event (validated against the shipped schema) and counts cycles."""
+    """Collects every event (validated against the shipped schema), counts cycles, and keeps what
+    the Pods API watch reported (each pod change, once the agent has taken it)."""
 
     def __init__(self) -> None:
         self.events: list[Event] = []
         self.cycles = 0
         self.reasons: list[frozenset[str]] = []
+        self.pod_changes: list[PodChange] = []
         self.task: asyncio.Task[None] | None = None
         self.changes = Changes()
 
@@ -53,6 +56,10 @@ class Recorder:
     def on_cycle(self, reasons: frozenset[str]) -> None:
         self.cycles += 1
         self.reasons.append(reasons)
+        self.changes.notify()
+
+    def on_pod_changes(self, changes: Sequence[PodChange], _resync: bool) -> None:
+        self.pod_changes.extend(changes)
         self.changes.notify()
 
     def _still_running(self) -> None:
@@ -172,6 +179,15 @@ async def _agent_task(settings: Settings) -> AsyncIterator[tuple[Agent, Recorder
     agent.subscribe_cycles(recorder.on_cycle)
     # Deliveries wake waiters too, so a test can wait on what a sink received.
     agent.subscribe_deliveries(recorder.changes.notify)
+    watch = agent.pods_watch
+    if watch is not None:  # told after the agent took them: a test awaits what the watch read
+        took = watch.on_changes
+
+        def on_changes(changes: Sequence[PodChange], resync: bool) -> None:
+            took(changes, resync)
+            recorder.on_pod_changes(changes, resync)
+
+        watch.on_changes = on_changes
     task = asyncio.create_task(agent.run(), name="agent-under-test")
     recorder.task = task
     task.add_done_callback(recorder.changes.notify)

@@ -171,6 +171,7 @@ class Agent:
                 watches=self.notifier.watches,
             )
             self.reactor.pods_watch = self.pods_watch
+            self.reactor.pod_reads.index = self.pods_watch.index  # a reused name's pods told apart
         # DRA device taints from the API server: only where a kubernetes sink gives us one.
         self.slice_taints: ResourceSliceTaints | None = None
         kube = _kubernetes_sinks(settings.sinks)

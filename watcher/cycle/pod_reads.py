@@ -5,6 +5,13 @@ a new spec) is read again with pod-resources `Get` for that pod and put into the
 of its old entry; a pod that only changed its status (device health, labels) needs no kubelet call
 at all. Everything else (the socket replaced, a state file rewritten, the timer, a fresh snapshot
 after the watch reconnected, more pods at once than reads are worth) goes the whole `List` way.
+
+pod-resources names a pod by namespace and name, and a name is reused (a StatefulSet's pod deleted
+and recreated), so what is pending is keyed by uid and the name is only how the kubelet is asked.
+pod-resources is the truth for what is held: a DELETED is a reason to read the name again, not a
+removal by itself (a force-deleted pod's containers may still run and hold their devices). A new
+pod that takes the name of one whose holdings the inventory shows renews the name: one cycle takes
+the old entry out (its `allocation.removed` names the old pod), the next reads the new pod.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.triggers import Trigger
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.build import build_pod
-from watcher.model.pod_meta import PodMeta
+from watcher.model.inventory import Inventory
+from watcher.model.pod_meta import PodIndex, PodMeta
 from watcher.model.records import Pod
 from watcher.ratelimit import RateLimiter
 
@@ -49,32 +57,46 @@ class PodReads:
 
     def __init__(self, trigger: Trigger) -> None:
         self.trigger = trigger
-        # (namespace, name) -> True: read it with Get; False: it ended, take it out.
-        self.pending: dict[PodKey, bool] = {}
+        # The watch's index (the app sets it when it runs the watch): which pods have a name now.
+        self.index: PodIndex | None = None
+        # uid -> (its name, True: read the name with Get; False: it finished, take the name out).
+        self.pending: dict[str, tuple[PodKey, bool]] = {}
         self.get_disabled: str | None = None  # why Get cannot be used (this kubelet disabled it)
-        # Pods the watch saw end (deleted, finished) since the last cycle took them: the watch's
-        # index forgets a deleted pod at once, and its allocation.removed should still name it.
+        # Pods that finished, and older pods a new one took the name from, since the last cycle took
+        # them: their allocation.removed names them, not whichever pod has the name now.
         self.gone: dict[PodKey, PodMeta] = {}
+        # Deleted pods whose holdings pod-resources may still list under their name (the watch's
+        # index forgot them at once): each stays until a cycle's inventory no longer has the name
+        # (its removal names it) or a new pod takes the name.
+        self.deleted: dict[PodKey, PodMeta] = {}
+        # Names a new pod took while the inventory shows an older pod's holdings under them.
+        self.renewed: dict[PodKey, PodMeta] = {}
+        # Older pods whose name a newer one took: what they still say (a late status update, their
+        # DELETED) is not about the name's holdings. Each leaves with its DELETED, its last event.
+        self.superseded: set[str] = set()
 
     def on_changes(self, changes: Sequence[PodChange], resync: bool) -> None:
         """The watch's callback: note what to read, fire the trigger (cheap; the stream goes on)."""
         reads = status = False
+        new: list[PodMeta] = []
         for change in changes:
             meta = change.after or change.before
             if meta is None:
                 continue
             if not change.resources:
                 status = True
-                continue
-            ended = change.after is None or change.after.phase in TERMINAL_PHASES
-            if ended and change.before is not None:
-                self.gone[(meta.namespace, meta.name)] = change.before
-            if resync:
-                continue  # a fresh snapshot's differences: the whole List way, below
-            self.pending[(meta.namespace, meta.name)] = not ended
+            elif change.uid in self.superseded:
+                if change.after is None:
+                    self.superseded.discard(change.uid)  # its last event
+            elif change.before is None:
+                new.append(meta)  # after the ended ones: a batch may end the pod it replaces
+            else:
+                reads = self._ended_or_changed(meta, change.before, change.after) or reads
+        for meta in new:
+            self._arrived(meta)
             reads = True
         if resync and any(c.resources for c in changes):
-            self.pending.clear()
+            self.pending.clear()  # a fresh snapshot's differences: the whole List way
             self.trigger.fire(RESYNC, urgent=True)
         elif reads:
             # Not debounced: one pod's change is read at once; what comes while the cycle runs joins
@@ -83,21 +105,77 @@ class PodReads:
         if status:
             self.trigger.fire(POD_STATUS, urgent=True)
 
+    def _ended_or_changed(self, meta: PodMeta, before: PodMeta, after: PodMeta | None) -> bool:
+        """Note a known pod's change; whether its name is to be read or taken out."""
+        key = (meta.namespace, meta.name)
+        if after is None:
+            if before.phase in TERMINAL_PHASES:
+                return False  # its entry went when it finished
+            self.deleted[key] = before  # pod-resources decides whether its holdings went
+        elif after.phase in TERMINAL_PHASES:
+            self.gone[key] = before
+        self.pending[meta.uid] = (key, after is None or after.phase not in TERMINAL_PHASES)
+        return True
+
+    def _arrived(self, meta: PodMeta) -> None:
+        """A pod new to the watch: read its name, after taking out an older pod's entry under it."""
+        key = (meta.namespace, meta.name)
+        holder = self.index.get(*key) if self.index is not None else None
+        if holder is not None and holder.uid != meta.uid:
+            self.superseded.add(meta.uid)  # a newer pod has the name already (a snapshot with both)
+            return
+        old = self._displaced(key, meta.uid)
+        if old is not None:
+            self.renewed.setdefault(key, old)
+            self.pending.pop(old.uid, None)
+            self.deleted.pop(key, None)
+            if self.index is not None and old.uid in self.index:
+                self.superseded.add(old.uid)  # until its DELETED
+        self.pending[meta.uid] = (key, True)
+
+    def _displaced(self, key: PodKey, uid: str) -> PodMeta | None:
+        """The older pod whose holdings the inventory may show under `key`, if any."""
+        for known in (self.deleted.get(key), self.gone.get(key)):
+            if known is not None and known.uid != uid:
+                return known
+        for pod in reversed(self.index.named(*key) if self.index is not None else ()):
+            if pod.uid != uid and pod.uid not in self.superseded and pod.phase not in TERMINAL_PHASES:
+                return pod
+        return None
+
     def serve(self, reasons: Collection[str], *, usable: bool) -> dict[PodKey, bool] | None:
         """The pods a cycle for `reasons` reads alone (empty: none, a status look), or None when it
-        must List (`usable` False: no inventory yet, the kubelet failing or warming up)."""
+        must List (`usable` False: no inventory yet, the kubelet failing or warming up).
+
+        A renewed name first gets a cycle of its own that only takes the old pod's entry out (no
+        call): the old pod's allocation.removed, then the new one's allocation.added, never an
+        allocation.changed that would make two pods one. What `reasons` asked for comes next."""
+        renewed, self.renewed = self.renewed, {}
+        self.gone.update(renewed)  # this cycle's removals under those names are the old pods'
+        if renewed and usable:
+            for reason in reasons:
+                self.trigger.fire(reason, urgent=True)
+            return dict.fromkeys(renewed, False)
         pending, self.pending = self.pending, {}
         ours = {POD_READS, POD_STATUS}
         if not usable or not reasons or not set(reasons) <= ours:
             return None
-        reads = [key for key, read in pending.items() if read]
+        wanted: dict[PodKey, bool] = {}
+        for key, read in pending.values():
+            wanted[key] = wanted.get(key, False) or read
+        reads = [key for key, read in wanted.items() if read]
         if len(reads) > READS_MAX or (reads and self.get_disabled is not None):
             return None
-        return pending
+        return wanted
 
-    def take_gone(self) -> dict[PodKey, PodMeta]:
-        """The pods that ended since the last call, for the cycle that reports their removal."""
+    def take_gone(self, after: Inventory | None = None) -> dict[PodKey, PodMeta]:
+        """The pods that ended, by name, for the cycle that reports their removal (`after`, its
+        inventory). A deleted pod whose name `after` still has stays for a later cycle."""
         gone, self.gone = self.gone, {}
+        for key, meta in list(self.deleted.items()):
+            gone.setdefault(key, meta)
+            if after is not None and after.pod(*key) is None:
+                del self.deleted[key]
         return gone
 
     async def read(

@@ -290,7 +290,7 @@ class Reactor:
                 after,
                 pods=self._pods(),
                 taints=taints,
-                gone=self.pod_reads.take_gone(),
+                gone=self.pod_reads.take_gone(after),
             )
         result = "changed" if after is not before else "unchanged"
         return result, functools.partial(commit, draft, before=before, baseline=before is None)

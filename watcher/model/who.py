@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from watcher.model.changes import Change
+from watcher.model.changes import Change, Kind
 from watcher.model.pod_meta import PodIndex, PodMeta
 from watcher.model.wording import printable
 
@@ -29,8 +29,9 @@ def annotate(
     `namespace` and `pod`) gains `pod_uid`, `owner` and `labels`; a change naming holders
     (`allocated_to`: "namespace/pod/container") gains `pods`, one entry per known pod, sorted.
     `gone`: pods the watch saw end since the last look, by (namespace, name): their removal is
-    named as their arrival was (the index forgot them already). Summaries stay as they are; a
-    change with nothing to add is returned as it is."""
+    named as their arrival was (the index forgot them already), and an `allocation.removed` under
+    a name a new pod took names the old pod whose holdings went, not the new one. Summaries stay as
+    they are; a change with nothing to add is returned as it is."""
     lookup = _Lookup(pods, gone or {})
     return [_annotated(change, lookup) for change in changes]
 
@@ -39,9 +40,13 @@ class _Lookup:
     def __init__(self, pods: PodIndex, gone: Mapping[tuple[str, str], PodMeta]) -> None:
         self.pods, self.gone = pods, gone
 
-    def get(self, namespace: str, name: str) -> PodMeta | None:
+    def get(self, namespace: str, name: str, *, removed: bool = False) -> PodMeta | None:
+        """The pod named so now; for a removal (`removed`), the pod that ended under the name first."""
+        ended = self.gone.get((namespace, name))
+        if removed and ended is not None:
+            return ended
         meta = self.pods.get(namespace, name)
-        return meta if meta is not None else self.gone.get((namespace, name))
+        return meta if meta is not None else ended
 
 
 def _annotated(change: Change, pods: _Lookup) -> Change:
@@ -49,7 +54,7 @@ def _annotated(change: Change, pods: _Lookup) -> Change:
     more: dict[str, Any] = {}
     namespace, name = details.get("namespace"), details.get("pod")
     if isinstance(namespace, str) and isinstance(name, str):
-        meta = pods.get(namespace, name)
+        meta = pods.get(namespace, name, removed=change.kind == Kind.ALLOCATION_REMOVED)
         if meta is not None:
             who = meta.who()
             more.update(pod_uid=who["uid"], owner=who["owner"], labels=who["labels"])

@@ -18,7 +18,10 @@ nothing (they are those of the kubelet's own pod-resources server and device man
   checkpoint: the kubelet frees a pod's devices in memory and writes nothing.)
 
 Beside it, unless `pods_api=False`, it serves the kubelet's Pods API at
-`pods-api/pods-api.sock` (watcher.sim.fake_pods_api), the pods as core/v1 Pod messages.
+`pods-api/pods-api.sock` (watcher.sim.fake_pods_api), the pods as core/v1 Pod messages. The two
+can disagree as a node's do (`fake.churn`): a force-deleted pod is gone from the Pods API while
+pod-resources still lists it, and a pod recreated under its name can leave the old one terminating
+on the Pods API, its late status updates after the new one's ADDED.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from watcher.kubeletapi.k8s import core_v1_pb2
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.ratelimit import TokenBucket
 from watcher.sim import fake_answers, fake_state_files
@@ -42,11 +46,11 @@ from watcher.sim.fake_dra import DraDevices
 from watcher.sim.fake_faults import SERVICE, MethodFaults
 from watcher.sim.fake_node import FakeDevice, FakeMemory, FakeNode, FakePod, default_node
 from watcher.sim.fake_plugins import Plugins, Warmup
-from watcher.sim.fake_pod_objects import pod_objects
+from watcher.sim.fake_pod_objects import pod_object, pod_objects
 from watcher.sim.fake_pods_api import FakePodsApi
 from watcher.sim.fake_sockets import serve_at
 
-__all__ = ["FakeKubelet"]
+__all__ = ["FakeKubelet", "PodChurn"]
 
 
 class FakeKubelet:
@@ -103,10 +107,12 @@ class FakeKubelet:
         )
         # The Pods API (on by default since 1.37): False is a kubelet without it (no socket).
         self.node_name = node_name
+        # Pods deleted and recreated in the ways that part the Pods API from pod-resources.
+        self.churn = PodChurn(self.node, lambda checkpoint: self._changed(checkpoint=checkpoint))
         self.pods_api = (
             FakePodsApi(
                 self.root,
-                lambda: pod_objects(self.node, self.plugins.hidden_pods, self.node_name),
+                self._api_pods,
                 ready=lambda: not self.plugins.hidden_pods,
             )
             if pods_api
@@ -249,6 +255,7 @@ class FakeKubelet:
     def free(self, namespace: str, pod: str) -> None:
         """The pod ended: its allocations are released."""
         del self.node.pods[(namespace, pod)]
+        self.churn.force_deleted.discard((namespace, pod))
         self._changed()
 
     def add_pod(self, pod: FakePod) -> None:
@@ -256,6 +263,10 @@ class FakeKubelet:
         self._changed(checkpoint=any(any(c.devices.values()) for c in pod.containers))
 
     # -- the wire --
+
+    def _api_pods(self) -> list[core_v1_pb2.Pod]:
+        hidden = self.plugins.hidden_pods | self.churn.force_deleted
+        return pod_objects(self.node, hidden, self.node_name) + self.churn.old_objects(self.node_name)
 
     def allocatable_response(self) -> api_pb2.AllocatableResourcesResponse:
         return fake_answers.allocatable_response(self.node, self._shuffle, self.plugins.down)
@@ -330,3 +341,47 @@ class FakeKubelet:
             self.memory_state_path,
             checkpoint=checkpoint,
         )
+
+
+class PodChurn:
+    """Pods deleted and recreated the ways that make the Pods API and pod-resources disagree for a
+    while, each change told to the kubelet (`changed(checkpoint)`) as the others are."""
+
+    def __init__(self, node: FakeNode, changed: Callable[[bool], None]) -> None:
+        self.node = node
+        self.changed = changed
+        self.force_deleted: set[tuple[str, str]] = set()  # hidden from the Pods API, still listed
+        self.old_pods: dict[str, FakePod] = {}  # uid -> an old pod still terminating under a reused name
+
+    def force_delete(self, namespace: str, pod: str) -> None:
+        """`kubectl delete --force`: the API server forgets the pod at once and the Pods API sends
+        DELETED while its containers still run, so pod-resources lists it until `free()`."""
+        self.force_deleted.add((namespace, pod))
+        self.changed(False)
+
+    def replace_pod(self, pod: FakePod, *, old_stays: bool = False) -> FakePod:
+        """`pod` (another uid) takes the namespace/name of the pod there, as a StatefulSet's pod
+        deleted and recreated does: pod-resources shows the new one at once, and the Pods API
+        sends its ADDED and the old one's DELETED together. With `old_stays` the old one is still
+        terminating: the Pods API keeps showing it, its status updates coming after the new pod's
+        ADDED, until `remove_old_pod`. Returns the old pod."""
+        old = self.node.pods.pop((pod.namespace, pod.name))
+        self.node.add_pod(pod)
+        if old_stays:
+            self.old_pods[old.uid] = old
+        self.changed(any(any(c.devices.values()) for c in pod.containers))
+        return old
+
+    def update_old_pod(self, uid: str, *, phase: str) -> None:
+        """The terminating old pod's late status update (a MODIFIED for its uid)."""
+        self.old_pods[uid].phase = phase
+        self.changed(False)
+
+    def remove_old_pod(self, uid: str) -> None:
+        """The terminating old pod is gone: its DELETED, its last event."""
+        del self.old_pods[uid]
+        self.changed(False)
+
+    def old_objects(self, node_name: str) -> list[core_v1_pb2.Pod]:
+        """The old pods as the Pods API still shows them."""
+        return [pod_object(self.node, pod, node_name) for pod in self.old_pods.values()]
