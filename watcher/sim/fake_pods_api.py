@@ -22,7 +22,10 @@ It behaves as upstream's server (pkg/kubelet/apis/pods, served by ListenAndServe
 Faults a test can add: `refuse(code, details)` answers every call with that status (a kubelet with
 the gate off, or one too old for the API), `inject(kind, pod)` sends every watcher an event with
 any bytes as its pod, `answer_garbage(method)` answers ListPods or GetPod with bytes that are not
-protobuf, and `add_raw_pods(*raws)` puts any bytes among ListPods' pods (a broken or hostile kubelet).
+protobuf, and `add_raw_pods(*raws)` puts any bytes among ListPods' pods (a broken or hostile kubelet);
+`stall()` leaves every open watch open but sends it nothing more (a stuck broadcaster: ListPods and
+new watches still see the changes), and `endless_snapshot(every, pad)` has each new watch send ADDED
+for ever, a new pod each time, and never INITIAL_SYNC_COMPLETE.
 
 The fake finds changes by comparing each pod's encoding with the last one it broadcast, and only
 while someone watches (or broadcasts are delayed): with no watcher a change costs nothing.
@@ -31,6 +34,7 @@ while someone watches (or broadcasts are delayed): with no watcher a change cost
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -39,7 +43,7 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
-from watcher.kubeletapi.k8s import core_v1_pb2
+from watcher.kubeletapi.k8s import core_v1_pb2, meta_v1_pb2
 from watcher.kubeletapi.v1alpha1 import pods_pb2
 from watcher.ratelimit import TokenBucket
 from watcher.sim.fake_faults import GARBAGE
@@ -63,9 +67,12 @@ class _Watcher:
     events: deque[bytes] = field(default_factory=deque)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     dropped: bool = False
+    stalled: bool = False  # stall(): what is offered is lost
 
     def offer(self, event: bytes) -> bool:
         """Buffer `event`; False when the buffer is full (the watcher is to be dropped)."""
+        if self.stalled:
+            return True
         if len(self.events) >= WATCH_BUFFER:
             return False
         self.events.append(event)
@@ -113,6 +120,7 @@ class FakePodsApi:
         self.refusal: tuple[grpc.StatusCode, str] | None = None
         self.garbage: set[str] = set()  # methods answered with bytes that are not protobuf
         self.raw_pods: list[bytes] = []  # entries ListPods gives after the real pods
+        self.endless: tuple[float, int] | None = None  # endless_snapshot(): (every, pad)
 
     # -- lifecycle --
 
@@ -156,6 +164,17 @@ class FakePodsApi:
     def refuse(self, code: grpc.StatusCode | None, details: str = "") -> None:
         """Answer every call with `code` and `details` from now on (None: serve again)."""
         self.refusal = None if code is None else (code, details)
+
+    def stall(self) -> None:
+        """Every watch open now stays open and gets no more events, as if the kubelet's
+        broadcaster were stuck on it; ListPods, GetPod and new watches see every change."""
+        for watcher in self._watchers:
+            watcher.stalled = True
+
+    def endless_snapshot(self, every: float | None = 0.0, pad: int = 0) -> None:
+        """Each watch opened from now on sends an ADDED of a new pod (with `pad` bytes of
+        annotation) every `every` seconds and never INITIAL_SYNC_COMPLETE (None: snapshots end)."""
+        self.endless = None if every is None else (every, pad)
 
     def inject(self, kind: pods_pb2.EventType.ValueType, pod: bytes) -> None:
         """Send every watcher an event of `kind` whose pod is `pod`, whatever those bytes are."""
@@ -283,6 +302,9 @@ class FakePodsApi:
         self, _request: bytes, context: aio.ServicerContext[bytes, bytes]
     ) -> AsyncIterator[bytes]:
         await self._admit("WatchPods", context, limited=False)
+        if self.endless is not None:
+            async for event in _endless(*self.endless):
+                yield event
         watcher = _Watcher()
         if self._seen is None:
             self._seen = self._current()
@@ -301,3 +323,14 @@ class FakePodsApi:
         finally:
             if watcher in self._watchers:
                 self._watchers.remove(watcher)
+
+
+async def _endless(every: float, pad: int) -> AsyncIterator[bytes]:
+    """ADDED events of new pods, `every` seconds apart, for ever."""
+    for i in itertools.count():
+        meta = meta_v1_pb2.ObjectMeta(name=f"endless-{i}", namespace="endless", uid=f"endless-{i:09}")
+        if pad:
+            meta.annotations["pad"] = "x" * pad
+        pod = core_v1_pb2.Pod(metadata=meta).SerializeToString()
+        yield pods_pb2.WatchPodsEvent(type=ADDED, pod=pod).SerializeToString()
+        await asyncio.sleep(every)
