@@ -5,13 +5,20 @@ API when its socket is absent or refuses it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
+from structlog.testing import capture_logs
 
 from testkit.agent import Running, make_settings, running_agent
+from testkit.inventories import dra_job_pod
+from testkit.waiting import wait_until
+from watcher.kubelet.triggers import GATHER_MOST
+from watcher.settings import PodsSettings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeNode, FakeOwner, FakePod
 from watcher.sim.fake_plugins import Warmup
@@ -122,7 +129,8 @@ async def test_the_first_snapshot_and_its_duplicates_report_nothing(short_tmp: P
                 meta = watch.index.by_uid(uid)
                 return meta is not None and dict(meta.labels).get("app") == "x"
 
-            await run.recorder.until(relabelled)
+            # A label change alone wakes no cycle (events read labels from the index): look.
+            await wait_until(relabelled, what="the index relabelled")
             await run.quiet_cycle()
             assert run.recorder.kinds() == ["watcher.started"]
 
@@ -197,3 +205,115 @@ async def test_a_kubelet_refusing_the_api_is_disabled_and_the_agent_works_as_bef
         ready = await _readyz(run)
         assert ready["pods_api"] == {"state": "disabled", "detail": watch.detail}
         assert "UNIMPLEMENTED" in watch.detail or "unknown service" in watch.detail
+
+
+# --- what a misbehaving Pods API may cost the agent (issue 36, items 11, 12, 15) ---
+
+DRIVER, POOL, DEVICE = "gpu.nvidia.com", "node-a", "gpu-3"
+
+
+def _verdict_message(run: Running, namespace: str, name: str) -> str | None:
+    watch = run.agent.pods_watch
+    held = watch.index.get(namespace, name) if watch is not None else None
+    return held.verdicts[0].message if held is not None and held.verdicts else None
+
+
+async def test_an_endless_snapshot_leaves_the_agent_on_pod_resources_and_says_so(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=10)
+    _api(fake).endless_snapshot(every=0.1)  # a pod every 0.1 s, never INITIAL_SYNC_COMPLETE
+    settings = make_settings(short_tmp, pods=PodsSettings(snapshot_timeout=1.0))
+    with capture_logs() as logs:
+        async with fake, running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+            watch = run.agent.pods_watch
+            assert watch is not None
+            await wait_until(lambda: watch.state == "capped", what="the snapshot given up")
+            ready = await _readyz(run)
+            assert ready["pods_api"]["state"] == "capped"
+            assert "no INITIAL_SYNC_COMPLETE within 1 s" in ready["pods_api"]["detail"]
+            mark = len(run.recorder.events)
+            fake.add_pod(_job_pod("llm-pretrain-6", {66}))  # seen through the checkpoint, as before
+            assert await run.recorder.kinds_after(mark, 2) == ["allocation.added", "capacity.changed"]
+            assert "owner" not in run.recorder.events[mark].details
+    warned = [e["event"] for e in logs if e["log_level"] == "warning" and "bounds" in str(e["event"])]
+    assert warned == [
+        "the Pods API's snapshot went past its bounds; the agent works from pod-resources alone for now"
+    ]
+
+
+async def test_a_stream_gone_quiet_still_reports_a_dra_gpu_failing(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=11)
+    fake.node.add_pod(dra_job_pod(POOL, DEVICE, labels={"team": "research"}))
+    settings = _settings(short_tmp, pods=PodsSettings(resync_interval=0.5))
+    async with fake, running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        await _watching(run)
+        watch = run.agent.pods_watch
+        assert watch is not None
+        mark = len(run.recorder.events)
+        _api(fake).stall()  # the stream stays open and says nothing more
+        fake.dra.set_health(DRIVER, POOL, DEVICE, "Unhealthy", "critical XID 79 reported by NVML")
+        # Found by the next ListPods (+- 10 %), after the 2 s the stream gets to catch up.
+        assert await run.recorder.kinds_after(mark, 1, timeout=10) == ["device.unhealthy"]
+        await wait_until(lambda: watch.connects == 2 and watch.state == "watching", what="a fresh stream")
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["device.unhealthy"]
+
+
+async def test_a_flood_of_label_changes_costs_no_re_query_and_no_event(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=12)
+    pod = dra_job_pod(POOL, DEVICE, labels={"team": "research"})
+    fake.node.add_pod(pod)
+    async with fake, running_agent(_settings(short_tmp), fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        await _watching(run)
+        metrics, mark = run.agent.metrics, len(run.recorder.events)
+        cycles = metrics.value("requeries_total")
+        for flood in range(3):
+            for i in range(90):  # each its own MODIFIED, within the kubelet's 100-event buffer
+                # One label events carry, one they do not: labels reach events from the index.
+                fake.update_pod(pod.namespace, pod.name, labels={"team": f"t{flood}-{i}", "hash": str(i)})
+                await asyncio.sleep(0)
+            # Floods apart, as an operator's tool relabelling in rounds: a pod-status look gathers a
+            # burst, so before, each round cost one re-query of its own (the input's spacing).
+            await asyncio.sleep(4 * PodsSettings().status_gather)
+        # Then a driver's words on the same stream: once they are looked at, the floods were read.
+        fake.dra.set_health(DRIVER, POOL, DEVICE, "Healthy", "probe")
+        await run.recorder.until(
+            lambda: (
+                _verdict_message(run, pod.namespace, pod.name) == "probe"
+                and metrics.value("requeries_total") > cycles
+            )
+        )
+        await run.quiet_cycle()
+        assert metrics.value("requeries_total") - cycles == 2  # the probe's and ours; none of the 270
+        assert run.recorder.kinds(mark) == [] and _api(fake).dropped == 0
+        watch = run.agent.pods_watch
+        held = watch.index.get(pod.namespace, pod.name) if watch is not None else None
+        assert held is not None and dict(held.labels) == {"team": "t2-89"}
+
+
+async def test_a_flood_of_verdict_changes_costs_a_bounded_number_of_re_queries(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=13)
+    pod = dra_job_pod(POOL, DEVICE)
+    fake.node.add_pod(pod)
+    settings = _settings(short_tmp)
+    async with fake, running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        await _watching(run)
+        metrics, mark = run.agent.metrics, len(run.recorder.events)
+        cycles, started = metrics.value("requeries_total"), time.monotonic()
+        for flood in range(3):
+            for i in range(90):  # a driver that rewords its Healthy verdict as fast as it can
+                fake.dra.set_health(DRIVER, POOL, DEVICE, "Healthy", f"temperature {flood}-{i}")
+                await asyncio.sleep(0)
+            last = f"temperature {flood}-89"
+            await wait_until(lambda m=last: _verdict_message(run, pod.namespace, pod.name) == m, what=last)
+        await run.quiet_cycle()
+        elapsed = time.monotonic() - started
+        spent = metrics.value("requeries_total") - cycles
+        # Status changes are gathered: a look waits for a quiet moment, at most GATHER_MOST quiet
+        # periods, so a flood costs a look every half second, not one per change (270 here).
+        most = GATHER_MOST * settings.pods.status_gather
+        assert spent <= elapsed / most + 3, (spent, elapsed)
+        assert run.recorder.kinds(mark) == [] and _api(fake).dropped == 0

@@ -13,6 +13,7 @@ import textwrap
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -22,8 +23,9 @@ from testkit.changes import Changes
 from testkit.waiting import wait_until
 from watcher import errors
 from watcher.backoff import Backoff
+from watcher.kubelet.pod_resync import listed
 from watcher.kubelet.pods_api import PodsApiClient
-from watcher.kubelet.pods_watch import PodChange, PodsWatch
+from watcher.kubelet.pods_watch import PodChange, PodsWatch, SnapshotBounds
 from watcher.kubeletapi.k8s import core_v1_pb2, meta_v1_pb2
 from watcher.kubeletapi.v1alpha1 import pods_pb2
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -38,7 +40,7 @@ FAST = Backoff(base=0.02, cap=0.2)
 class Watched:
     """A running PodsWatch and what it reported: every change, each batch's resync flag, states."""
 
-    def __init__(self, socket: Path, backoff: Backoff) -> None:
+    def __init__(self, socket: Path, backoff: Backoff, **options: Any) -> None:
         self.stop = asyncio.Event()
         self.seen = Changes()
         self.batches: list[tuple[list[PodChange], bool]] = []
@@ -51,6 +53,7 @@ class Watched:
             on_changes=self._changes,
             on_state=self._state,
             timeout=5.0,
+            **options,
         )
 
     def _changes(self, changes: Sequence[PodChange], resync: bool) -> None:
@@ -77,8 +80,9 @@ class Watched:
 
 
 @asynccontextmanager
-async def watching(socket: Path, backoff: Backoff = FAST) -> AsyncIterator[Watched]:
-    watched = Watched(socket, backoff)
+async def watching(socket: Path, backoff: Backoff = FAST, **options: Any) -> AsyncIterator[Watched]:
+    """A PodsWatch on `socket` (`options`: its bounds, its ListPods check's period...)."""
+    watched = Watched(socket, backoff, **options)
     task = asyncio.create_task(watched.watch.run())
     try:
         yield watched
@@ -342,35 +346,176 @@ async def test_a_label_with_control_characters_arrives_printable(kubelet: FakeKu
     async with watching(_api(kubelet).socket_path) as w:
         await w.until_state("watching")
         kubelet.update_pod("ml", "trainer-0", labels={"team": "red\x1b[31m\nFAKE LINE\u202e"})
-        await w.until(lambda: len(w.batches) == 2, "the label change")
-        (change,) = w.batches[-1][0]
-        assert change.after is not None and change.resources is False
-        ((key, value),) = change.after.labels
+        # A label change alone is put in the index and told to nobody (events read labels from the
+        # index): a later change on the stream, once reported, shows it was read.
+        kubelet.update_pod("net", "dpdk-router", phase="Failed")
+        await w.until(lambda: len(w.batches) == 2, "the change after the label's")
+        assert [c.uid for c in w.batches[-1][0]] == [_uid(kubelet, "net", "dpdk-router")]
+        held = w.watch.index.get("ml", "trainer-0")
+        assert held is not None
+        ((key, value),) = held.labels
         assert (key, value) == ("team", "red\\x1b[31m\\x0aFAKE LINE\\u202e") and value.isprintable()
 
 
 async def test_a_modified_flood_reports_each_real_change_once_and_warns_once(kubelet: FakeKubelet) -> None:
+    phases = ("Pending", "Running")
     with capture_logs() as logs:
         async with watching(_api(kubelet).socket_path) as w:
             await w.until_state("watching")
             read, reported = w.watch.events, len(w.batches)
             pod = kubelet.node.pods[("ml", "trainer-0")]
-            for i in range(60):
-                # A label the agent does not keep: a MODIFIED that reports nothing ...
-                kubelet.update_pod("ml", "trainer-0", labels={**pod.labels, "noise": str(i)})
+            for i in range(30):
+                # Labels alone (one the agent does not keep, one it keeps): a MODIFIED each that
+                # reports nothing ...
+                kubelet.update_pod("ml", "trainer-0", labels={**pod.labels, "noise": str(i), "team": f"v{i}"})
                 await asyncio.sleep(0)  # ... broadcast on its own (the fake's refresh runs first)
-                kubelet.update_pod("ml", "trainer-0", labels={**pod.labels, "team": f"v{i}"})  # a real one
+                kubelet.update_pod("ml", "trainer-0", phase=phases[i % 2])  # a real one
                 await w.until(lambda n=i: len(w.batches) - reported == n + 1, f"change {i}")
-            assert w.watch.events - read == 120  # every MODIFIED read, in stream order
-            assert len(w.batches) - reported == 60
-            assert [dict(c.after.labels)["team"] for c in w.changes[-60:] if c.after] == [
-                f"v{i}" for i in range(60)
-            ]
+            assert w.watch.events - read == 60  # every MODIFIED read, in stream order
+            assert len(w.batches) - reported == 30
+            assert [c.after.phase for c in w.changes[-30:] if c.after] == [phases[i % 2] for i in range(30)]
+            held = w.watch.index.get("ml", "trainer-0")
+            assert held is not None and dict(held.labels)["team"] == "v29"  # the index has them
             assert w.watch.flood_warnings.warned == 1
     assert [e for e in _warnings(logs) if "too often" in e] == [
         "one pod changes too often on the Pods API; each change is still compared, the kubelet or "
         "the pod's controller is misbehaving"
     ]
+
+
+# --- bounds on what a kubelet sends: the snapshot, a stream gone quiet (issue 36, items 11, 12, 15) ---
+
+
+async def test_an_endless_snapshot_is_given_up_at_its_bound_said_once_and_tried_again_later(
+    kubelet: FakeKubelet,
+) -> None:
+    # ADDED for ever, never INITIAL_SYNC_COMPLETE: buffered without a bound, this grew the agent
+    # by 100 MiB in 40 s. Past the bound the watch is `capped` (pod-resources alone), warned once,
+    # and read again on its backoff until the kubelet finishes its snapshots again.
+    _api(kubelet).endless_snapshot()
+    bounds = SnapshotBounds(pods=300, retry=Backoff(base=0.1, cap=0.2))
+    with capture_logs() as logs:
+        async with watching(_api(kubelet).socket_path, bounds=bounds) as w:
+            await w.until_state("capped")
+            assert "sent more than 300 pods without INITIAL_SYNC_COMPLETE" in w.watch.detail
+            assert "pod-resources alone" in w.watch.detail
+            await w.until(lambda: w.states.count("capped") >= 3, "two tries more")
+            assert len(w.watch.index) == 0 and w.batches == []  # nothing of it held, nothing told
+            _api(kubelet).endless_snapshot(None)
+            await w.until_state("watching")
+            tries = w.watch.attempts - 1
+            # Each given-up try read exactly one event past the bound, and nothing more.
+            assert w.watch.events == tries * 301 + len(kubelet.node.pods) + 1
+            assert len(w.watch.index) == len(kubelet.node.pods)
+    assert [e for e in _warnings(logs) if "bounds" in e] == [
+        "the Pods API's snapshot went past its bounds; the agent works from pod-resources alone for now"
+    ]
+
+
+async def test_a_snapshot_past_its_byte_bound_is_given_up(kubelet: FakeKubelet) -> None:
+    _api(kubelet).endless_snapshot(pad=64 << 10)
+    bounds = SnapshotBounds(bytes=1 << 20, retry=Backoff(base=60, cap=60))
+    async with watching(_api(kubelet).socket_path, bounds=bounds) as w:
+        await w.until_state("capped")
+        assert f"sent more than {1 << 20} bytes of pods" in w.watch.detail
+        assert w.watch.events == 16  # 15 pods of 64 KiB fit in 1 MiB, the 16th does not
+
+
+async def test_a_trickled_snapshot_is_given_up_when_its_time_is_up(kubelet: FakeKubelet) -> None:
+    # A pod every 0.1 s: each well within the stall deadline (5 s), so only the snapshot's own
+    # time bound ends it; unbounded, the watch stayed `syncing` for ever.
+    _api(kubelet).endless_snapshot(every=0.1)
+    bounds = SnapshotBounds(seconds=1.0, retry=Backoff(base=60, cap=60))
+    async with watching(_api(kubelet).socket_path, bounds=bounds) as w:
+        await w.until_state("capped")
+        assert "no INITIAL_SYNC_COMPLETE within 1 s" in w.watch.detail
+        assert w.states == ["syncing", "capped"] and w.watch.events >= 3
+
+
+async def test_a_stream_that_stops_delivering_is_caught_by_the_periodic_list(kubelet: FakeKubelet) -> None:
+    with capture_logs() as logs:
+        async with watching(_api(kubelet).socket_path, resync_interval=0.3, catch_up=0.1) as w:
+            await w.until_state("watching")
+            assert len(w.batches) == 1  # the first snapshot
+            _api(kubelet).stall()  # the stream stays open and says nothing more
+            kubelet.update_pod("ml", "trainer-0", phase="Failed")
+            await w.until(lambda: len(w.batches) == 2, "the missed change")
+            ((change,), resync) = w.batches[1]
+            assert resync is True and change.uid == _uid(kubelet, "ml", "trainer-0")
+            assert change.before is not None and change.after is not None and change.after.phase == "Failed"
+            # Then a fresh stream, whose snapshot agrees with what the check put in the index.
+            await w.until(lambda: w.watch.connects == 2 and w.watch.state == "watching", "rewatch")
+            assert len(w.changes) == len(kubelet.node.pods) + 1
+            assert _api(kubelet).calls["ListPods"] >= 1
+    missed = [e for e in logs if "missed" in str(e["event"])]
+    assert [(e["log_level"], e["missed"]) for e in missed] == [("warning", 1)]
+
+
+async def test_the_periodic_list_decodes_only_the_pods_whose_bytes_changed(short_tmp: Path) -> None:
+    node = FakeNode()
+    for i in range(500):
+        node.add_pod(FakePod("load", f"pod-{i:03}", [FakeContainer("main")], labels={"team": "t"}))
+    kubelet = FakeKubelet(short_tmp, node, seed=2)
+    async with kubelet, watching(_api(kubelet).socket_path, resync_interval=0.05, catch_up=0.05) as w:
+        await w.until_state("watching")
+        stream = w.watch.stream
+        check = stream.check
+        assert check is not None
+        decoded, checks = stream.decoded, check.checks
+        await wait_until(lambda: check.checks >= checks + 3, what="three ListPods checks")
+        assert stream.decoded == decoded  # 500 pods compared three times: hashed, none decoded
+        _api(kubelet).stall()
+        kubelet.update_pod("load", "pod-007", phase="Failed")
+        await w.until(lambda: w.watch.connects == 2 and w.watch.state == "watching", "rewatch")
+        # The changed pod once, by the check; the fresh snapshot's 500 pods were all known.
+        assert stream.decoded == decoded + 1
+        held = w.watch.index.get("load", "pod-007")
+        assert held is not None and held.phase == "Failed"
+
+
+async def test_changes_the_stream_delivers_late_are_not_missed_ones(kubelet: FakeKubelet) -> None:
+    # Each change reaches the stream 50 ms after ListPods can show it: the check, listing every
+    # 20 ms, sees many such differences, and each is the stream at work, not a miss.
+    _api(kubelet).delay_broadcasts(0.05)
+    phases = ("Pending", "Running")
+    with capture_logs() as logs:
+        async with watching(_api(kubelet).socket_path, resync_interval=0.02, catch_up=0.5) as w:
+            await w.until_state("watching")
+            uid = _uid(kubelet, "ml", "trainer-0")
+
+            def phase() -> str | None:
+                held = w.watch.index.by_uid(uid)
+                return held.phase if held is not None else None
+
+            for i in range(12):
+                kubelet.update_pod("ml", "trainer-0", phase=phases[i % 2])
+                await w.until(lambda n=i: phase() == phases[n % 2], f"change {i}")
+            check = w.watch.stream.check
+            assert check is not None and check.checks > 0 and check.explained > 0  # they raced
+            assert w.watch.connects == 1
+    assert [e for e in logs if "missed" in str(e["event"])] == []
+
+
+async def test_a_list_answer_that_is_not_protobuf_leaves_the_stream_live(kubelet: FakeKubelet) -> None:
+    _api(kubelet).answer_garbage("ListPods")
+    with capture_logs() as logs:
+        async with watching(_api(kubelet).socket_path, resync_interval=0.02) as w:
+            await w.until_state("watching")
+            await wait_until(lambda: _api(kubelet).calls["ListPods"] >= 3, what="three ListPods")
+            assert (w.watch.state, w.watch.connects) == ("watching", 1)
+    failed = [e for e in logs if "could not list" in str(e["event"])]
+    assert [e["log_level"] for e in failed] == ["info"] and "not protobuf" in str(failed[0]["error"])
+
+
+def test_a_list_answer_is_walked_as_protobuf_parses_it() -> None:
+    pods = [b"", b"x", b"y" * 127, b"z" * 128, bytes(range(256)) * 300]
+    message = pods_pb2.ListPodsResponse(pods=pods).SerializeToString()
+    # Fields a newer kubelet may add (a varint, fixed64, fixed32, another length-delimited one)
+    # are stepped over, wherever they come.
+    extra = b"\x10\x96\x01" + b"\x19" + bytes(8) + b"\x25" + bytes(4) + b"\x1a\x03abc"
+    assert [bytes(v) for v in listed(extra + message + extra)] == pods
+    with pytest.raises(errors.PodDecodeError):
+        list(listed(message[:-1]))  # the last pod runs off the end
 
 
 async def test_a_socket_that_refuses_the_agent_is_denied(kubelet: FakeKubelet, short_tmp: Path) -> None:

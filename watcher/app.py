@@ -27,7 +27,7 @@ from watcher.cycle.state import CycleState
 from watcher.delivery.dispatcher import DeliveryObserver, Dispatcher
 from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import KubeletHealth
-from watcher.kubelet.pods_watch import PodsWatch
+from watcher.kubelet.pods_watch import PodsWatch, SnapshotBounds
 from watcher.model.inventory import Inventory
 from watcher.model.settling import Settling
 from watcher.ops import notify
@@ -169,6 +169,8 @@ class Agent:
                 on_state=self.notifier.pods_api_state,  # its stream's end: a restart, at once
                 timeout=settings.kubelet.timeout,
                 watches=self.notifier.watches,
+                bounds=SnapshotBounds(seconds=settings.pods.snapshot_timeout),
+                resync_interval=settings.pods.resync_interval,
             )
             self.reactor.pods_watch = self.pods_watch
             self.reactor.pod_reads.index = self.pods_watch.index  # a reused name's pods told apart

@@ -22,6 +22,7 @@ __all__ = [
     "UnexpectedKubeletError",
     "KubeletInitializingError",
     "WatchDroppedError",
+    "SnapshotBoundError",
     "PodDecodeError",
     "UnsafePathError",
 ]
@@ -91,6 +92,11 @@ class KubeletInitializingError(KubeletError):
 class WatchDroppedError(KubeletError):
     """The kubelet dropped a Pods API watch that fell behind (RESOURCE_EXHAUSTED "watch client
     channel closed"): nothing is lost if the agent reconnects and diffs the fresh snapshot."""
+
+
+class SnapshotBoundError(KubeletError):
+    """A Pods API snapshot went past the agent's bounds (pods, bytes or time) before
+    INITIAL_SYNC_COMPLETE: given up, the agent works from pod-resources alone and tries again later."""
 
 
 class PodDecodeError(WatcherError):

@@ -16,6 +16,7 @@ from typing import Literal
 
 from watcher.config import ConfigError, field_meta
 from watcher.kubelet.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT
+from watcher.kubelet.pods_watch import DEFAULT_RESYNC_INTERVAL, DEFAULT_SNAPSHOT_TIMEOUT
 from watcher.secrets import Secret
 from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.stdout import StdoutSinkSettings
@@ -107,6 +108,23 @@ class PodsSettings:
         metadata=field_meta(
             "Pod label keys events carry (values cut to 63 characters, control characters removed); "
             "[] for none."
+        ),
+    )
+    resync_interval: float = field(
+        default=DEFAULT_RESYNC_INTERVAL,
+        metadata=field_meta(
+            "While the watch is live, one ListPods this often (+-10%), compared with what the stream "
+            "said: a stream that stopped delivering has what it missed reported, one warning logged, "
+            "and is reconnected. Seconds; 0: never.",
+            min=0,
+        ),
+    )
+    snapshot_timeout: float = field(
+        default=DEFAULT_SNAPSHOT_TIMEOUT,
+        metadata=field_meta(
+            "Seconds a watch's snapshot may take, from the connect to INITIAL_SYNC_COMPLETE (10,000 "
+            "pods take about one); then, as past 25,000 pods or 512 MiB, the watch is `capped`.",
+            min=1,
         ),
     )
     health_unknown_grace: float = field(

@@ -111,6 +111,11 @@ class PodsApiClient:
         """ListPods: every pod's raw bytes, in uid order."""
         return list(pods_pb2.ListPodsResponse.FromString(await self._unary(LIST, b"")).pods)
 
+    async def list_raw(self) -> bytes:
+        """ListPods: the answer's bytes as they came (a ListPodsResponse), for a caller that walks
+        it without holding a parsed copy too (watcher.kubelet.pod_resync)."""
+        return await self._unary(LIST, b"")
+
     async def get_pod(self, uid: str) -> bytes:
         """GetPod: the raw bytes of pod `uid`; PodNotFoundError if the kubelet has none."""
         request = pods_pb2.GetPodRequest(podUID=uid).SerializeToString()

@@ -1,25 +1,29 @@
 """PodsWatch: the agent's one watch of the kubelet's Pods API, kept up until the agent stops.
 
 The stream has no resume: every (re)connect starts with a snapshot (one ADDED per pod, then
-INITIAL_SYNC_COMPLETE), and any event may come twice. So the snapshot is buffered and only what
-differs from the index held is reported (resync=True); a live event is an upsert by uid, and
-reports something only if the pod differs from what is held. The index is the watch's alone.
+INITIAL_SYNC_COMPLETE), and any event may come twice. So the snapshot is buffered, within bounds
+(`watcher.kubelet.pod_snapshot`), and only what differs from the index held is reported
+(resync=True); a live event is an upsert by uid, and reports something only if the pod differs from
+what is held in what a cycle acts on (`watcher.kubelet.pod_changes`: labels and owner alone are
+not). While live, a periodic ListPods checks that the stream still delivers
+(`watcher.kubelet.pod_resync`). The index is the watch's alone.
 
 States, and what the agent does in each (`on_state` is told of every change, the log once):
 off (not started), absent (no socket, or nobody answers on it: the directory is watched and the
 watch connects when a socket appears), denied (the socket refuses us: retried on the backoff),
 disabled (the kubelet refuses the API with any code: retried on the backoff and at once when the
 socket is replaced), initializing (the kubelet's warm-up: retried shortly), syncing (reading a
-snapshot), watching (live). In every state but watching the agent works from pod-resources alone.
+snapshot), capped (a snapshot went past its bounds: retried on a slow backoff), watching (live).
+In every state but watching the agent works from pod-resources alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncGenerator, Callable, Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -27,50 +31,30 @@ import structlog
 from watcher import errors, heap
 from watcher.backoff import Backoff
 from watcher.kubelet.identity import FileIdentity, is_replacement, probe_socket
-from watcher.kubelet.pod_alarms import DecodeWarnings, FloodWarnings
-from watcher.kubelet.pod_decoding import pod_meta, pod_uid
+from watcher.kubelet.pod_changes import PodChange
+from watcher.kubelet.pod_resync import CATCH_UP, DEFAULT_RESYNC_INTERVAL, StreamCheck
+from watcher.kubelet.pod_snapshot import DEFAULT_MAX_SECONDS, SnapshotBounds
+from watcher.kubelet.pod_stream import PodStream
 from watcher.kubelet.pods_api import PodsApiClient
 from watcher.kubelet.watching import DirectoryWatches, Subscription
-from watcher.kubeletapi.v1alpha1 import pods_pb2
-from watcher.model.pod_meta import PodIndex, PodMeta
 from watcher.supervision import Scope, StoppedError, sleep_or_stop, unless_stopped, wait_any
 
-__all__ = ["PodChange", "PodsWatch", "STATES"]
+__all__ = [
+    "DEFAULT_RESYNC_INTERVAL",
+    "DEFAULT_SNAPSHOT_TIMEOUT",
+    "PodChange",
+    "PodsWatch",
+    "STATES",
+    "SnapshotBounds",
+]
 
 log = structlog.get_logger("watcher.kubelet.pods_watch")
 
-STATES = ("off", "absent", "denied", "disabled", "initializing", "syncing", "watching")
-ADDED, MODIFIED, DELETED, SYNCED = (
-    pods_pb2.ADDED,
-    pods_pb2.MODIFIED,
-    pods_pb2.DELETED,
-    pods_pb2.INITIAL_SYNC_COMPLETE,
-)
+STATES = ("off", "absent", "denied", "disabled", "initializing", "syncing", "capped", "watching")
 _INITIALIZING_CAP = 1.0  # the warm-up lasts seconds: retry within a second, not the backoff's cap
 _DROPS_APART = 10.0  # a second drop sooner than this waits out the backoff before reconnecting
 _FALLBACK = "the agent works from pod-resources alone"
-
-
-@dataclass(frozen=True)
-class PodChange:
-    """One pod that differs from what the agent held."""
-
-    uid: str
-    before: PodMeta | None  # None: a pod new to the agent
-    after: PodMeta | None  # None: deleted
-    resources: bool  # its holdings may have changed: the reactor re-reads it with pod-resources Get
-
-
-def _change(uid: str, before: PodMeta | None, after: PodMeta | None) -> PodChange:
-    # A new spec bumps the generation; a phase change starts or ends containers. A status update
-    # alone (a device verdict) leaves what the pod holds as it was.
-    resources = (
-        before is None
-        or after is None
-        or before.phase != after.phase
-        or before.generation != after.generation
-    )
-    return PodChange(uid, before, after, resources)
+DEFAULT_SNAPSHOT_TIMEOUT = DEFAULT_MAX_SECONDS  # [pods] snapshot_timeout's default
 
 
 class _ReplacedError(Exception):
@@ -91,32 +75,62 @@ class PodsWatch:
         on_state: Callable[[str, str], None] | None = None,
         timeout: float = 5.0,
         watches: DirectoryWatches | None = None,
+        bounds: SnapshotBounds | None = None,
+        resync_interval: float = DEFAULT_RESYNC_INTERVAL,
+        catch_up: float = CATCH_UP,
+        rng: random.Random | None = None,
     ) -> None:
         self.socket = socket
         # The agent's one directory watch; without one given, this watch runs its own.
         self._own_watches = watches is None
         self.watches = watches if watches is not None else DirectoryWatches(stop=stop, step_ms=10)
-        self.labels = frozenset(labels)
         self.backoff = backoff
         self.stop = stop
         self.on_changes = on_changes
         self.on_state = on_state
         self.timeout = timeout
-        self.index = PodIndex()
+        bounds = bounds if bounds is not None else SnapshotBounds()
+        check = (
+            StreamCheck(
+                socket,
+                interval=resync_interval,
+                timeout=timeout,
+                max_bytes=bounds.bytes,
+                catch_up=catch_up,
+                rng=rng,
+            )
+            if resync_interval > 0  # 0: never
+            else None
+        )
+        self.stream = PodStream(
+            socket,
+            labels=labels,
+            timeout=timeout,
+            bounds=bounds,
+            # Through the attribute: whoever replaces `on_changes` later is told from then on.
+            on_changes=lambda changes, resync: self.on_changes(changes, resync),
+            check=check,
+        )
+        self.index = self.stream.index  # one object for the watch's life
+        self.decode_warnings = self.stream.decode_warnings
+        self.flood_warnings = self.stream.flood_warnings
         self.state = "off"
         self.detail = ""
         self.attempts = 0  # streams tried
         self.connects = 0  # streams the kubelet answered
-        self.events = 0  # events read
-        self.decode_warnings = DecodeWarnings()
-        self.flood_warnings = FloodWarnings()
         self._attempt = 0
+        self._capped = 0  # snapshots given up in a row (their own, slower backoff)
         self._last_drop = -_DROPS_APART
         self._troubles: set[type[BaseException]] = set()  # logged since the last "watching"
         self._stable = "off"  # the last state but syncing: what was last logged
         self._tried: FileIdentity | None = None  # the socket the last stream was opened on
         self._drop: tuple[FileIdentity | None] | None = None  # a closed stream's socket, until explained
         self._sub: Subscription | None = None
+
+    @property
+    def events(self) -> int:
+        """Events read, over every stream."""
+        return self.stream.events
 
     # -- states --
 
@@ -144,6 +158,8 @@ class PodsWatch:
             log.info(f"Pods API not reachable; {_FALLBACK} until its socket is there", detail=detail)
         elif state in ("denied", "disabled"):
             log.warning(f"Pods API {state}; {_FALLBACK}", detail=detail)
+        elif state == "capped":
+            log.warning(f"the Pods API's snapshot went past its bounds; {_FALLBACK} for now", detail=detail)
         elif state == "initializing":
             log.info("the kubelet is initializing; the Pods API watch waits for it", detail=detail)
 
@@ -186,6 +202,10 @@ class PodsWatch:
                 if now - self._last_drop < _DROPS_APART:
                     await sleep_or_stop(self.stop, self._next_delay())
                 self._last_drop = now
+            except errors.SnapshotBoundError as err:
+                delay = self._capped_delay()
+                self._set_state("capped", f"{err} (next try within {delay:.0f} s)")
+                await self._wait_for_socket(within=delay)  # a restarted kubelet is tried at once
             except errors.KubeletInitializingError as err:
                 self._set_state("initializing", str(err))
                 await sleep_or_stop(self.stop, min(_INITIALIZING_CAP, self._next_delay()))
@@ -210,6 +230,12 @@ class PodsWatch:
         self._attempt += 1
         return delay
 
+    def _capped_delay(self) -> float:
+        # Half the ceiling at least: a snapshot given up costs up to a bound's worth of reading,
+        # so a kubelet that keeps going past one is never re-read back to back.
+        retry, self._capped = self.stream.bounds.retry, self._capped + 1
+        return (retry.ceiling(self._capped - 1) + retry.delay(self._capped - 1)) / 2
+
     async def _session(self) -> None:
         """One stream: connect, snapshot, live events, until it ends (always with an exception)."""
         self.attempts += 1
@@ -218,7 +244,7 @@ class PodsWatch:
         guard = asyncio.create_task(self._guard(self._tried, scope))
         try:
             async with PodsApiClient(str(self.socket), timeout=self.timeout) as client:
-                await unless_stopped(scope, self._read(client.watch()))
+                await unless_stopped(scope, self._read(client.watch(), scope))
         except errors.WatchDroppedError:
             raise
         except StoppedError:
@@ -306,98 +332,15 @@ class PodsWatch:
 
     # -- the stream --
 
-    async def _read(self, stream: AsyncGenerator[tuple[int, bytes], None]) -> None:
-        snapshot: dict[str, PodMeta] | None = {}
-        answered = False
-        loop = asyncio.get_running_loop()
-        try:
-            async with contextlib.aclosing(stream) as events, asyncio.timeout(self.timeout) as deadline:
-                async for kind, raw in events:
-                    self.events += 1
-                    if snapshot is None:
-                        self._live(kind, raw)
-                        continue
-                    if not answered:  # the first event: the kubelet answered
-                        answered = True
-                        self.connects += 1
-                        self._drop_explained(answered=True)
-                        self._set_state("syncing", f"reading the Pods API's snapshot on {self.socket}")
-                    if kind != SYNCED:
-                        # A snapshot that stalls is a hung kubelet; live events may be hours apart.
-                        deadline.reschedule(loop.time() + self.timeout)
-                        self._buffer(snapshot, kind, raw)
-                        continue
-                    deadline.reschedule(None)
-                    self._resync(snapshot)
-                    snapshot = None
-                    heap.settle("the Pods API's snapshot")  # every pod read afresh: watcher.heap
-                    self._attempt = 0
-                    self._set_state("watching", f"watching the Pods API on {self.socket}")
-        except TimeoutError:
-            raise errors.DeadlineExceededError(
-                f"the Pods API on {self.socket} sent nothing for {self.timeout:g} s while sending its "
-                "snapshot: the kubelet is overloaded or hung; reconnecting",
-                socket=str(self.socket),
-                method="WatchPods",
-            ) from None
-        raise AssertionError("unreachable: the client's watch always ends with an exception")
+    async def _read(self, stream: AsyncGenerator[tuple[int, bytes], None], scope: Scope) -> None:
+        def answered() -> None:
+            self.connects += 1
+            self._drop_explained(answered=True)
+            self._set_state("syncing", f"reading the Pods API's snapshot on {self.socket}")
 
-    def _decode(self, raw: bytes) -> PodMeta | None:
-        try:
-            return pod_meta(raw, labels=self.labels)
-        except errors.PodDecodeError as err:
-            self.decode_warnings.skipped_pod(err.uid, str(err), socket=str(self.socket))
-            return None
+        def synced() -> None:
+            heap.settle("the Pods API's snapshot")  # every pod read afresh: watcher.heap
+            self._attempt = self._capped = 0
+            self._set_state("watching", f"watching the Pods API on {self.socket}")
 
-    def _deleted_uid(self, raw: bytes) -> str | None:
-        try:
-            return pod_uid(raw)
-        except errors.PodDecodeError as err:
-            self.decode_warnings.skipped_pod(err.uid, str(err), socket=str(self.socket))
-            return None
-
-    def _buffer(self, snapshot: dict[str, PodMeta], kind: int, raw: bytes) -> None:
-        if kind in (ADDED, MODIFIED):
-            pod = self._decode(raw)
-            if pod is not None:
-                snapshot[pod.uid] = pod  # a duplicate replaces, as any upsert does
-        elif kind == DELETED:
-            uid = self._deleted_uid(raw)
-            if uid is not None:
-                snapshot.pop(uid, None)
-
-    def _resync(self, snapshot: dict[str, PodMeta]) -> None:
-        """Report what the fresh snapshot says differently from the index, and hold it."""
-        changes = []
-        for uid in sorted(self.index.uids() | snapshot.keys()):
-            before, after = self.index.by_uid(uid), snapshot.get(uid)
-            if before == after:
-                continue
-            if after is None:
-                self.index.drop(uid)
-            else:
-                self.index.put(after)
-            changes.append(_change(uid, before, after))
-        if changes:
-            self.on_changes(changes, True)
-
-    def _live(self, kind: int, raw: bytes) -> None:
-        if kind == DELETED:
-            # Its body carries only name, namespace and uid: the uid is all that is read.
-            uid = self._deleted_uid(raw)
-            before = None if uid is None else self.index.drop(uid)
-            if uid is not None and before is not None:
-                self.on_changes([_change(uid, before, None)], False)
-            return
-        if kind not in (ADDED, MODIFIED):
-            return  # an event type newer than this agent: nothing it can act on
-        pod = self._decode(raw)
-        if pod is None:
-            return
-        if kind == MODIFIED:
-            self.flood_warnings.modified(pod.uid, pod.key)
-        before = self.index.by_uid(pod.uid)
-        if before == pod:
-            return  # a duplicate, or a change to fields the agent does not keep
-        self.index.put(pod)
-        self.on_changes([_change(pod.uid, before, pod)], False)
+        await self.stream.read(stream, reconnect=scope.set, answered=answered, synced=synced)
