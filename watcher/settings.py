@@ -136,6 +136,17 @@ class PodsSettings:
             max=86400,
         ),
     )
+    status_gather: float = field(
+        default=0.1,
+        metadata=field_meta(
+            "Seconds without another pod-status change before the agent looks (at most five "
+            "times this after the first): a DRA driver's verdict reaches many pods' statuses one "
+            "after another, and one look at the burst makes a driver crash one `device.incident`. "
+            "Each DRA health event waits this long; 0 looks at once.",
+            min=0,
+            max=5,
+        ),
+    )
     unheld_grace: float = field(
         default=900.0,
         metadata=field_meta(
