@@ -62,6 +62,15 @@ class PeerProcess:
         self._proc.stdin.write(line.encode() + b"\n")
         await self._proc.stdin.drain()
 
+    def pause(self) -> None:
+        """SIGSTOP: the process does nothing until `resume` (a slow peer, on purpose)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
+
     async def stop(self) -> None:
         """SIGTERM, and SIGKILL if it has not exited within 10 s; idempotent."""
         proc, self._proc = self._proc, None

@@ -334,3 +334,52 @@ async def test_the_warm_up_shows_allocations_at_once_and_allocatable_empty_until
         )
         faked = await _allocatable(fake.socket_path)
         assert [d for d in faked.devices if d.resource_name == "nvidia.com/gpu"] == []
+
+
+async def test_a_restart_whose_first_look_is_rate_limited_still_holds_the_warm_up(
+    kubelet_lite: KubeletLite, short_tmp: Path
+) -> None:
+    """Issue 36 item 4 on the real limiter and checkpoint restore: another client spends the new
+    kubelet's shared limit, so the agent's first look after the restart is refused; the device
+    plugin is slow to register again (paused), so the next answer is the warm-up itself. Only
+    `kubelet.restarted` may come of it."""
+    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
+    await kubelet_lite.admit("ml", "trainer-warm", {"main": {GPU: 2}})
+    async with _agent(short_tmp) as run:
+        before, mark = run.agent.inventory, len(run.recorder.events)
+        registered = plugin.registrations
+        assert plugin.process is not None
+        plugin.process.pause()
+        busy = asyncio.Event()
+        others = [asyncio.create_task(_spend_the_limit(kubelet_lite.socket_path, busy)) for _ in range(8)]
+        try:
+            await kubelet_lite.stop()
+            await kubelet_lite.start()
+            metrics = run.agent.metrics
+            await run.recorder.until(
+                lambda: (
+                    "kubelet.restarted" in run.recorder.kinds(mark)
+                    and metrics.value("requeries_total", result="rate_limited") > 0
+                ),
+                timeout=30,
+            )
+        finally:
+            busy.set()
+            await asyncio.gather(*others)
+        await run.quiet_cycle()  # answered now: allocations restored, no GPU allocatable yet
+        plugin.process.resume()
+        await plugin.wait_registered(registered + 1)
+        await kubelet_lite.wait_allocatable(GPU, set(GPUS))
+        await run.released()
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["kubelet.restarted"]
+        assert run.agent.inventory == before
+
+
+async def _spend_the_limit(socket: Path, done: asyncio.Event) -> None:
+    """Another client on the node, calling List as fast as it can (its refusals ignored)."""
+    while not done.is_set():
+        try:
+            await _call(socket, "List")
+        except (aio.AioRpcError, OSError):
+            await asyncio.sleep(0)  # refused, or the socket is being replaced: at once again
