@@ -241,3 +241,29 @@ async def test_a_slow_watch_dropped_by_upstream_re_diffs_nothing_lost_nothing_tw
     assert sorted(c.uid for c in changes if c.after is None) == sorted(f"u-{n}" for n in small)  # once each
     assert sorted(c.uid for c in changes if c.before is None) == sorted(f"u-{n}" for n in late)
     assert any(resync for _, resync in w.batches[1:])  # what the drop cut off came by the re-diff
+
+
+async def test_a_pod_recreated_under_its_name_is_one_removal_and_one_addition(
+    kubelet: KubeletDriver, short_tmp: Path
+) -> None:
+    """Issue 36 item 9 on upstream's Pods API server: a StatefulSet's pod deleted and created again
+    under its name, a new uid: the old pod's removal once, the new pod's addition once, named by
+    its own uid; no removal of what the new pod holds."""
+    await kubelet.admit("ml", "db-0", {"main": {GPU: 1}}, uid="uid-db-0-old")
+    async with _agent(short_tmp) as run:
+        mark = len(run.recorder.events)
+        await kubelet.remove("ml", "db-0")
+        held = await kubelet.admit("ml", "db-0", {"main": {GPU: 1}}, uid="uid-db-0-new")
+        await run.recorder.until(lambda: "allocation.added" in run.recorder.kinds(mark), 15)
+        await run.quiet_cycle()
+        events = run.recorder.events[mark:]
+        kinds = sorted(str(e.kind) for e in events)
+        assert kinds == ["allocation.added", "allocation.removed", "capacity.changed", "capacity.changed"], (
+            kinds
+        )
+        (added,) = [e for e in events if e.kind == "allocation.added"]
+        assert added.details["pod_uid"] == "uid-db-0-new" and added.details["devices"] == {
+            GPU: held["main"][GPU]
+        }
+        (removed,) = [e for e in events if e.kind == "allocation.removed"]
+        assert removed.details.get("pod_uid") in (None, "uid-db-0-old")
