@@ -144,7 +144,7 @@ def test_a_stale_incident_never_swallows_a_later_single_failure() -> None:
     assert [c.kind for c in out] == [Kind.DEVICE_HEALTHY] * 8 + [Kind.DEVICE_INCIDENT_RESOLVED]
     assert incidents.open == ()
     # One fails alone later: paged on its own.
-    failing = {i: HEALTHY for i in range(8)} | {3: UNHEALTHY}
+    failing = dict.fromkeys(range(8), HEALTHY) | {3: UNHEALTHY}
     health, changes = health.observe(3.0, second, _verdicts(second_keys, failing), unknown_grace=300)
     incidents, out = incidents.group("c4", changes, 8)
     (alone,) = out
