@@ -559,3 +559,18 @@ async def test_a_socket_that_refuses_the_agent_is_denied(kubelet: FakeKubelet, s
     seen = json.loads(out.decode().splitlines()[-1])
     assert seen["states"] == ["denied"], seen
     assert seen["detail"].startswith(f"permission denied on {socket}") and "pods-api" in seen["detail"]
+
+
+async def test_a_watch_that_never_sends_its_first_event_is_given_up_at_the_snapshots_time_bound(
+    kubelet: FakeKubelet,
+) -> None:
+    # A kubelet that accepts the watch and then hangs before the first event: the deadline of a
+    # snapshot counts from the connect, not from an event that never comes.
+    _api(kubelet).muted()
+    bounds = SnapshotBounds(seconds=1.0, retry=Backoff(base=60, cap=60))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with watching(_api(kubelet).socket_path, bounds=bounds) as w:
+        await w.until_state("capped")
+        assert loop.time() - started < 4.0  # the watch's own 5 s stall deadline did not come first
+        assert w.watch.events == 0

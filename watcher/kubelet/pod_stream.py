@@ -83,7 +83,7 @@ class PodStream:
         try:
             async with (
                 contextlib.aclosing(stream) as events,
-                asyncio.timeout(min(loop.time() + self.timeout, ends)) as deadline,
+                asyncio.timeout_at(min(loop.time() + self.timeout, ends)) as deadline,
             ):
                 async for kind, raw in events:
                     self.events += 1

@@ -121,6 +121,7 @@ class FakePodsApi:
         self.garbage: set[str] = set()  # methods answered with bytes that are not protobuf
         self.raw_pods: list[bytes] = []  # entries ListPods gives after the real pods
         self.endless: tuple[float, int] | None = None  # endless_snapshot(): (every, pad)
+        self.mute = False  # mute(): new watches are accepted and sent nothing at all
 
     # -- lifecycle --
 
@@ -175,6 +176,11 @@ class FakePodsApi:
         """Each watch opened from now on sends an ADDED of a new pod (with `pad` bytes of
         annotation) every `every` seconds and never INITIAL_SYNC_COMPLETE (None: snapshots end)."""
         self.endless = None if every is None else (every, pad)
+
+    def muted(self, on: bool = True) -> None:
+        """Each watch opened from now on is accepted and then sent nothing, not even its snapshot
+        (a kubelet hung before its first event); False: watches are served again."""
+        self.mute = on
 
     def inject(self, kind: pods_pb2.EventType.ValueType, pod: bytes) -> None:
         """Send every watcher an event of `kind` whose pod is `pod`, whatever those bytes are."""
@@ -302,6 +308,8 @@ class FakePodsApi:
         self, _request: bytes, context: aio.ServicerContext[bytes, bytes]
     ) -> AsyncIterator[bytes]:
         await self._admit("WatchPods", context, limited=False)
+        if self.mute:
+            await asyncio.Event().wait()  # until the client gives up (the call is cancelled)
         if self.endless is not None:
             async for event in _endless(*self.endless):
                 yield event
