@@ -461,3 +461,49 @@ def test_corroborate_adds_the_holders_kubelet_verdicts_to_device_removed_only() 
     assert out[1] == changes[1] and out[2] == changes[2]  # unallocated, and not a removal: as they were
     assert out[3].details["kubelet_verdicts"] == []  # the kubelet said nothing of it
     assert corroborate([added], [trainer]) == [added]
+
+
+def test_the_end_of_a_story_goes_where_its_page_went_whoever_holds_the_device_then() -> None:
+    """A sink routed to namespace ml took the page; the device's next holder is in another
+    namespace: the resolve (and an unconfirmed end) still reaches the ml sink."""
+    ml_only = Route(min_severity=Severity.WARNING, namespaces=("ml",), resolutions=True)
+    other = claim_inventory({"web/next-0": ("main", "gpu-claim", [("node-1", "gpu-3", CDI)])})
+    state, (failed,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+    assert ml_only.matches(event(failed))
+    state, _ = observe(state, 1.0, node=claim_inventory({}))
+    web = pod(UNHEALTHY, XID, key="web/next-0", container="main")
+    state, out = observe(state, 2.0, web, node=other)
+    assert out == []
+    # Saved and restored between: the namespaces the page went to are kept.
+    state = DeviceHealth.from_json(json.loads(json.dumps(state.to_json())), now=3.0)
+    _, (healed,) = observe(state, 4.0, pod(HEALTHY, key="web/next-0", container="main"), node=other)
+    assert healed.details["namespaces"] == ["ml", "web"] and ml_only.matches(event(healed, 2))
+    state, _ = observe(state, 4.0, node=claim_inventory({}))
+    _, (ended,) = observe(state, 4.0 + UNHELD, node=claim_inventory({}))
+    assert ended.kind is Kind.DEVICE_HEALTH_UNOBSERVED and ml_only.matches(event(ended, 3))
+
+
+def test_a_new_holder_that_says_nothing_does_not_stop_the_unheld_grace() -> None:
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+    state, _ = observe(state, 1.0, node=claim_inventory({}))
+    # A new pod holds it but its status has no verdict yet (its containers are still starting).
+    silent = PodMeta("uid-next", "ml", "llm-pretrain-1", "Pending", claims=(("gpu", "gpu-claim"),))
+    state, out = observe(state, 2.0, silent, node=NEXT_NODE)
+    assert out == [] and state.next_look(GRACE, UNHELD) == 1.0 + UNHELD
+    _, (ended,) = observe(state, 1.0 + UNHELD, silent, node=NEXT_NODE)
+    assert ended.kind is Kind.DEVICE_HEALTH_UNOBSERVED
+
+
+def test_without_the_pod_status_an_unheld_story_still_ends_and_no_unknown_is_timed() -> None:
+    """The Pods API gone (or turned off) after a page: pod-resources alone still says nobody
+    holds the device, so the page still ends; an Unknown waiting for its grace is not timed."""
+    state, _ = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID))
+    state, out = state.observe(1.0, claim_inventory({}), None, unknown_grace=GRACE, unheld_grace=UNHELD)
+    assert out == [] and state.next_look(GRACE, UNHELD, verdicts=False) == 1.0 + UNHELD
+    _, (ended,) = state.observe(
+        1.0 + UNHELD, claim_inventory({}), None, unknown_grace=GRACE, unheld_grace=UNHELD
+    )
+    assert ended.kind is Kind.DEVICE_HEALTH_UNOBSERVED
+    waiting, _ = observe(reporting(), 0.0, pod(UNKNOWN))
+    assert waiting.next_look(GRACE, UNHELD) == GRACE
+    assert waiting.next_look(GRACE, UNHELD, verdicts=False) is None

@@ -173,3 +173,35 @@ async def test_a_flap_that_ends_while_the_agent_restarts_still_gets_its_end(shor
             await run.recorder.until(lambda: "device.flap_ended" in run.recorder.kinds(), timeout=10)
             (ended,) = [e for e in run.recorder.events if e.kind == "device.flap_ended"]
             assert ended.details["present"] is True and ended.details["device"] == gpu
+
+
+def test_a_dra_story_ending_unobserved_ends_its_flapping_episode_for_good() -> None:
+    def dra(kind: Kind) -> Change:
+        return Change(
+            kind, Severity.INFO, "x", {"resource": DRIVER, "device": "node-1/gpu-3", "source": "pod-status"}
+        )
+
+    flaps = Flaps()
+    for i in range(6):
+        flaps, _ = flaps.damp(
+            float(i), [dra(Kind.DEVICE_UNHEALTHY if i % 2 == 0 else Kind.DEVICE_HEALTHY)], RULE
+        )
+    flaps, _ = flaps.damp(6.0, [dra(Kind.DEVICE_UNHEALTHY)], RULE)  # it ends unhealthy, still flapping
+    assert flaps.flapping()
+    flaps, (ended,) = flaps.damp(10.0, [dra(Kind.DEVICE_HEALTH_UNOBSERVED)], RULE)
+    assert ended.kind is Kind.DEVICE_HEALTH_UNOBSERVED and "flapping" not in ended.details
+    assert flaps == Flaps() and flaps.next_look(RULE) is None
+    _, out = flaps.damp(10.0 + RULE.quiet, [], RULE)
+    assert out == []  # no flap_ended (present: False) to reopen what the end closed
+
+
+def test_an_episode_saved_before_damping_was_turned_off_ends_at_once() -> None:
+    flaps = Flaps()
+    for i in range(6):
+        flaps, _ = flaps.damp(
+            float(i), [_health(Kind.DEVICE_REMOVED if i % 2 == 0 else Kind.DEVICE_ADDED)], RULE
+        )
+    off = FlapRule(limit=0, window=60, quiet=30)
+    assert flaps.next_look(off) is None  # no re-query loop on a deadline that never moves
+    flaps, (ended,) = flaps.damp(100.0, [], off)
+    assert ended.kind is Kind.DEVICE_FLAP_ENDED and flaps == Flaps()

@@ -210,3 +210,40 @@ async def test_an_incident_open_across_an_agent_restart_is_still_resolved(short_
             assert kinds.count("device.added") == len(gpus) and kinds.count("device.incident_resolved") == 1
             paged = [str(e.kind) for e in run.recorder.events if PAGING.matches(e)]
             assert "device.incident_resolved" in paged and "device.added" not in paged
+
+
+def test_an_incident_saved_before_grouping_was_turned_off_still_resolves_and_none_opens() -> None:
+    incidents, _ = Incidents().group("c1", [_device(Kind.DEVICE_REMOVED, f"GPU-{i}") for i in range(8)], 8)
+    incidents, out = incidents.group(
+        "c2", [_device(Kind.DEVICE_REMOVED, f"GPU-{i}") for i in range(8, 16)], 0
+    )
+    assert all(c.kind is Kind.DEVICE_REMOVED and "incident" not in c.details for c in out)
+    incidents, out = incidents.group("c3", [_device(Kind.DEVICE_ADDED, f"GPU-{i}") for i in range(8)], 0)
+    assert out[-1].kind is Kind.DEVICE_INCIDENT_RESOLVED and incidents.open == ()
+
+
+def test_an_incidents_resolve_goes_to_the_namespaces_its_page_went_to() -> None:
+    ml_only = Route(min_severity=Severity.WARNING, namespaces=("ml",), resolutions=True)
+    gone = [_device(Kind.DEVICE_REMOVED, f"GPU-{i}", ["ml/job/c"]) for i in range(8)]
+    gone = [Change(c.kind, c.severity, c.summary, {**c.details, "namespaces": ["ml"]}) for c in gone]
+    incidents, out = Incidents().group("c1", gone, 8)
+    opened = next(c for c in out if c.kind is Kind.DEVICE_INCIDENT)
+    incidents, out = incidents.group("c2", [_device(Kind.DEVICE_ADDED, f"GPU-{i}") for i in range(8)], 8)
+    resolved = out[-1]
+    assert resolved.kind is Kind.DEVICE_INCIDENT_RESOLVED and resolved.details["namespaces"] == ["ml"]
+    for i, c in enumerate((opened, resolved), 1):
+        assert ml_only.matches(envelope(c, seq=i, node="n", cycle="c", before=None, after=None))
+    # Restored from the saved state, the same.
+    again, _ = Incidents().group("c1", gone, 8)
+    restored = Incidents.from_json(json.loads(json.dumps(again.to_json())))
+    _, out = restored.group("c2", [_device(Kind.DEVICE_ADDED, f"GPU-{i}") for i in range(8)], 8)
+    assert out[-1].details["namespaces"] == ["ml"]
+
+
+def test_a_stale_incident_that_ends_by_a_device_failing_again_says_so() -> None:
+    incidents, _ = Incidents().group("c1", [_device(Kind.DEVICE_REMOVED, f"GPU-{i}") for i in range(8)], 8)
+    incidents, _ = incidents.group("c2", [_device(Kind.DEVICE_ADDED, f"GPU-{i}") for i in range(7)], 8)
+    incidents, out = incidents.group("c3", [_device(Kind.DEVICE_REMOVED, "GPU-7")], 8)
+    assert [c.kind for c in out] == [Kind.DEVICE_REMOVED, Kind.DEVICE_INCIDENT_RESOLVED]
+    assert "incident" not in out[0].details
+    assert "1 failing again" in out[1].summary and "all 8" not in out[1].summary

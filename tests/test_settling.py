@@ -272,3 +272,13 @@ def test_a_restart_held_before_any_answer_times_its_hold_from_the_first_answer()
     s, changes = s.observe(100.0, settled, empty, frozenset(), grace=30)
     assert changes == [] and s.held_resources() == {d.resource for d in settled.devices}
     assert s.present(settled, empty) == settled
+
+
+def test_a_restart_not_answered_yet_asks_for_no_look_of_its_own() -> None:
+    """Until the first answer after a restart the kubelet's refusals set the pace (their backoff):
+    a settle look due at once would re-ask at our cap while the kubelet refuses."""
+    settled, empty, sockets = _node_inventories()
+    s = Settling(sockets=sockets, last_look=5.0).kubelet_restarted(100.0, settled)
+    assert s.holding and s.next_look(grace=30) is None
+    s, _ = s.observe(101.0, settled, empty, frozenset(), grace=30)
+    assert s.next_look(grace=30) == 102.0

@@ -59,3 +59,13 @@ async def test_an_urgent_reason_that_does_not_gather_is_not_held_by_one_that_doe
 async def _nothing_pending(trigger: Trigger) -> bool:
     """Whether a wait now finds nothing (it returns empty at once with a deadline in the past)."""
     return await trigger.wait(0.0, debounce=0.0) == frozenset()
+
+
+async def test_an_urgent_reason_during_a_gather_ends_it_at_once() -> None:
+    trigger = Trigger({"pod-status": 2.0})
+    loop = asyncio.get_running_loop()
+    trigger.fire("pod-status", urgent=True)
+    started = loop.time()
+    loop.call_later(0.05, lambda: trigger.fire("socket", urgent=True))
+    reasons = await trigger.wait(None, debounce=0.0)
+    assert reasons == {"pod-status", "socket"} and loop.time() - started < 0.5

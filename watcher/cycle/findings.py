@@ -96,7 +96,9 @@ def conclude(
     diffs: list[Change] = list(diff(before, after)) if before is not None and after is not before else []
     now = time.monotonic()
     device_health = draft.device_health
-    if before is not None and (pods is not None or taints is not None):
+    if before is not None:
+        # Even with neither source now (the Pods API down or off, no slices read): pod-resources
+        # still tells when an open story's device has no holder any more, and its unheld grace runs.
         if pods is not None:
             diffs = corroborate(diffs, pods)
         device_health, verdicts = device_health.observe(

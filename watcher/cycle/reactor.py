@@ -142,11 +142,10 @@ class Reactor:
             deadlines.append(look)
         if (quiet := state.flaps.next_look(flap_rule(self.settings))) is not None:
             deadlines.append(quiet)
-        if (
-            self._pods() is not None
-            and (look := state.device_health.next_look(self._unknown_grace, self.settings.pods.unheld_grace))
-            is not None
-        ):
+        # An Unknown is timed only while the Pod status is read; an unheld story always.
+        live = self._pods() is not None
+        health, unheld = state.device_health, self.settings.pods.unheld_grace
+        if (look := health.next_look(self._unknown_grace, unheld, verdicts=live)) is not None:
             deadlines.append(look)
         if self.notifier.follow_ups and not state.health.failing:  # a down kubelet: its backoff
             deadlines.append(self.notifier.follow_ups[0])

@@ -31,6 +31,7 @@ class Trigger:
         self._immediate = False  # an urgent reason that does not gather
         self._fired = 0  # fires so far: a gathering wait ends when none came during its quiet
         self._event = asyncio.Event()
+        self._now = asyncio.Event()  # set by an urgent reason that does not gather: ends a gather
 
     def fire(self, reason: str, *, urgent: bool = False) -> None:
         self._reasons.add(reason)
@@ -38,6 +39,8 @@ class Trigger:
         self._immediate = self._immediate or (urgent and self.gather.get(reason, 0.0) <= 0)
         self._fired += 1
         self._event.set()
+        if self._immediate:
+            self._now.set()
 
     async def _gathered(self, quiet: float) -> None:
         loop = asyncio.get_running_loop()
@@ -47,7 +50,8 @@ class Trigger:
             left = end - loop.time()
             if left <= 0:
                 return
-            await asyncio.sleep(min(quiet, left))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._now.wait(), min(quiet, left))
             if self._fired == seen:
                 return
 
@@ -73,4 +77,5 @@ class Trigger:
         self._reasons.clear()
         self._urgent = self._immediate = False
         self._event.clear()
+        self._now.clear()
         return reasons

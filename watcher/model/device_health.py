@@ -66,6 +66,9 @@ class _Device:
     was_healthy: bool = False
     unheld_since: float | None = None  # an open story whose device no pod holds: since when
     last_held_by: tuple[str, ...] = ()  # the containers that held it when its story was last told
+    # The namespaces the open story was routed to: its end goes there too, whoever holds it then
+    # (a sink that took the page for a namespace must take its resolve).
+    told: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -92,13 +95,14 @@ class DeviceHealth:
         """The devices whose failure (or lasting Unknown) was reported and not healed."""
         return frozenset(k for k, d in self.devices if d.reported is not None)
 
-    def next_look(self, unknown_grace: float, unheld_grace: float) -> float | None:
-        """When an Unknown not reported yet may have outlasted its grace, or an open story's
-        device may have stayed without a holder for the unheld grace."""
+    def next_look(self, unknown_grace: float, unheld_grace: float, *, verdicts: bool = True) -> float | None:
+        """When an Unknown not reported yet may have outlasted its grace (only while the Pod
+        status is read: `verdicts`), or an open story's device may have stayed without a holder
+        for the unheld grace (pod-resources alone tells that)."""
         ends = [
             d.since + unknown_grace
             for _, d in self.devices
-            if d.health == UNKNOWN and d.reported is None and d.since is not None
+            if verdicts and d.health == UNKNOWN and d.reported is None and d.since is not None
         ]
         ends += [d.unheld_since + unheld_grace for _, d in self.devices if d.unheld_since is not None]
         return min(ends, default=None)
@@ -145,8 +149,9 @@ class DeviceHealth:
             s = seen.get(key)
             tainted = bool(bad.get(key)) if taints is not None else old.tainted
             gone = index is not None and bool(old.holders) and not any(u in index for u in old.holders)
-            if s is None and (key not in held or (gone and not tainted)):
-                # Nobody holds it now. A pod ending is no heal: an open story waits for a new holder.
+            if s is None and (key not in held or (not tainted and (gone or old.unheld_since is not None))):
+                # Nobody holds it now (or a new holder has said nothing of it yet). A pod ending is
+                # no heal: an open story waits for a holder's word, for the unheld grace.
                 new, change = _unheld(now, key, old, unheld_grace)
             elif s is None and not old.tainted and not tainted:
                 continue  # its pods are there but say nothing of it this time: no news
@@ -163,6 +168,7 @@ class DeviceHealth:
                 said = Said(health, tainted, bad.get(key, ()), first, uids)
                 held_by = held[key][2] if key in held else ()
                 new, change = _step(now, key, old, said, about, held_by, unknown_grace, holding)
+                new, change = _routed(old, new, change)
                 if new is not None and held_by:
                     new = dataclasses.replace(new, last_held_by=held_by)
             if change is not None:
@@ -194,6 +200,7 @@ class DeviceHealth:
                     "was_healthy": d.was_healthy,
                     "unheld": d.unheld_since is not None,
                     "last_held_by": list(d.last_held_by),
+                    "told": sorted(d.told),
                 }
                 for k, d in self.devices
                 if d.reported is not None
@@ -225,6 +232,9 @@ class DeviceHealth:
                 last = entry.get("last_held_by", [])
                 if not isinstance(last, list) or not all(isinstance(h, str) for h in last):
                     last = []
+                told = entry.get("told", [])
+                if not isinstance(told, list) or not all(isinstance(n, str) for n in told):
+                    told = []
                 devices[key] = _Device(
                     health,
                     reported,
@@ -235,6 +245,7 @@ class DeviceHealth:
                     was_healthy=entry.get("was_healthy", False) is True,
                     unheld_since=now if entry.get("unheld", False) is True else None,
                     last_held_by=tuple(last),
+                    told=frozenset(told),
                 )
             return cls(tuple(sorted(devices.items())))
         except (KeyError, TypeError, ValueError):
@@ -319,7 +330,20 @@ def _unheld(now: float, key: DeviceKey, old: _Device, grace: float) -> tuple[_De
     since = old.unheld_since if old.unheld_since is not None else now
     if now - since < grace:
         return dataclasses.replace(old, unheld_since=since), None
-    return None, unobserved_change(key, old.reported, old.sources, old.last_held_by, now - since)
+    return None, unobserved_change(key, old.reported, old.sources, old.last_held_by, now - since, old.told)
+
+
+def _routed(old: _Device, new: _Device | None, change: Change | None) -> tuple[_Device | None, Change | None]:
+    """The namespaces an open story was routed to, kept; and its end routed there too."""
+    said = frozenset(change.details.get("namespaces") or ()) if change is not None else frozenset()
+    if change is not None and change.kind is Kind.DEVICE_HEALTHY and old.told - said:
+        namespaces = sorted(said | old.told)
+        change = Change(
+            change.kind, change.severity, change.summary, {**change.details, "namespaces": namespaces}
+        )
+    if new is not None and new.reported is not None:
+        new = dataclasses.replace(new, told=(old.told if old.reported is not None else frozenset()) | said)
+    return new, change
 
 
 def _step(

@@ -114,7 +114,12 @@ def story_change(
 
 
 def unobserved_change(
-    key: DeviceKey, reported: str, sources: frozenset[str], last_held_by: tuple[str, ...], unheld_for: float
+    key: DeviceKey,
+    reported: str,
+    sources: frozenset[str],
+    last_held_by: tuple[str, ...],
+    unheld_for: float,
+    told: frozenset[str] = frozenset(),
 ) -> Change:
     """`device.health_unobserved`: the story of a device reported `reported` (Unhealthy or Unknown)
     ends unconfirmed, since no pod has held it for `unheld_for` seconds."""
@@ -124,7 +129,7 @@ def unobserved_change(
         {
             "health": UNOBSERVED,
             # Routed as its failure was, so a sink that took the page for a namespace takes its end.
-            "namespaces": sorted({h.split("/", 1)[0] for h in last_held_by}),
+            "namespaces": sorted(told | {h.split("/", 1)[0] for h in last_held_by}),
             "last_reported": reported,
             "last_allocated_to": list(last_held_by),
             "unheld_for_s": round(unheld_for, 3),

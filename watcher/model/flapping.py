@@ -50,6 +50,8 @@ class Flaps:
 
     def next_look(self, rule: FlapRule) -> float | None:
         """When a flapping device may have been quiet long enough."""
+        if rule.limit <= 0:
+            return None
         ends = [d.times[-1] + rule.quiet for _, d in self.devices if d.flapping_since is not None and d.times]
         return min(ends, default=None)
 
@@ -60,10 +62,20 @@ class Flaps:
         """The cycle's changes with flapping devices' health changes marked, plus the
         `device.flapping` / `device.flap_ended` changes this cycle calls for."""
         if rule.limit <= 0:
-            return self, list(changes)
+            # Damping is off: an episode still open (saved before it was turned off) ends now.
+            ends = [_flap_ended(k, d, rule) for k, d in self.devices if d.flapping_since is not None]
+            return Flaps(), [*changes, *ends]
         devices = dict(self.devices)
         out: list[Change] = []
         for change in changes:
+            if change.kind is Kind.DEVICE_HEALTH_UNOBSERVED:
+                # A DRA device's story ended with nobody holding it: so does any episode of it (its
+                # end, unmarked, closes what the episode held open; no flap_ended may reopen it).
+                devices.pop(
+                    (str(change.details.get("resource", "")), str(change.details.get("device", ""))), None
+                )
+                out.append(change)
+                continue
             if change.kind not in _HEALTH:
                 out.append(change)
                 continue

@@ -36,6 +36,8 @@ class _Open:
     total: int
     source: str | None = None  # "pod-status": DRA devices that turned unhealthy
     unobserved: frozenset[str] = frozenset()  # devices whose story ended with nobody holding them
+    stale: frozenset[str] = frozenset()  # devices that failed again: their record here went stale
+    namespaces: frozenset[str] = frozenset()  # where its page went: its resolve goes there too
 
 
 @dataclass(frozen=True)
@@ -43,25 +45,35 @@ class Incidents:
     open: tuple[_Open, ...] = ()
 
     def group(self, cycle: str, changes: Sequence[Change], threshold: int) -> tuple[Incidents, list[Change]]:
-        """The cycle's changes with mass failures turned into incidents (see the module)."""
-        if threshold <= 0:
+        """The cycle's changes with mass failures turned into incidents (see the module). With
+        `threshold` 0 no incident opens, but one still open (saved before it was turned off) ends."""
+        if threshold <= 0 and not self.open:
             return self, list(changes)
         removed: dict[str, list[Change]] = defaultdict(list)
         for c in changes:
             if c.kind in _DOWN and not c.details.get("flapping"):
                 removed[str(c.details.get("resource", ""))].append(c)
-        opening = {r: cs for r, cs in removed.items() if len(cs) >= threshold}
+        opening = {r: cs for r, cs in removed.items() if len(cs) >= threshold > 0}
         # Failing again while an older incident counts it missing: that record is stale (its end
         # went unseen), and the new failure is paged on its own or in a new incident.
         again = {(str(c.details.get("resource", "")), _device(c)) for c in changes if c.kind in _DOWN}
         still = [
             dataclasses.replace(
-                inc, missing=frozenset(d for d in inc.missing if (inc.resource, d) not in again)
+                inc,
+                missing=frozenset(d for d in inc.missing if (inc.resource, d) not in again),
+                stale=inc.stale | {d for d in inc.missing if (inc.resource, d) in again},
             )
             for inc in self.open
         ]
         new = [
-            _Open(f"{resource}/{cycle}", resource, frozenset(_device(c) for c in cs), len(cs), _source(cs[0]))
+            _Open(
+                f"{resource}/{cycle}",
+                resource,
+                frozenset(_device(c) for c in cs),
+                len(cs),
+                _source(cs[0]),
+                namespaces=frozenset(n for c in cs for n in c.details.get("namespaces") or ()),
+            )
             for resource, cs in sorted(opening.items())
         ]
         out: list[Change] = []
@@ -98,6 +110,8 @@ class Incidents:
                 "total": i.total,
                 "source": i.source,
                 "unobserved": sorted(i.unobserved),
+                "stale": sorted(i.stale),
+                "namespaces": sorted(i.namespaces),
             }
             for i in self.open
         ]
@@ -114,9 +128,10 @@ class Incidents:
                 continue
             key, resource, total, source = (entry.get(k) for k in ("key", "resource", "total", "source"))
             missing, unobserved = _strings(entry.get("missing")), _strings(entry.get("unobserved", []))
+            stale, namespaces = _strings(entry.get("stale", [])), _strings(entry.get("namespaces", []))
             if not isinstance(key, str) or not isinstance(resource, str) or not isinstance(total, int):
                 continue
-            if missing is None or not missing or unobserved is None:
+            if not missing or unobserved is None or stale is None or namespaces is None:
                 continue
             out.append(
                 _Open(
@@ -126,6 +141,8 @@ class Incidents:
                     total,
                     source if isinstance(source, str) else None,
                     frozenset(unobserved),
+                    frozenset(stale),
+                    frozenset(namespaces),
                 )
             )
         return cls(tuple(out))
@@ -180,16 +197,24 @@ def _opened(inc: _Open, removed: Sequence[Change]) -> Change:
 
 
 def _resolved(inc: _Open) -> Change:
-    details: dict[str, Any] = {"resource": inc.resource, "incident": inc.key, "count": inc.total}
+    details: dict[str, Any] = {
+        "resource": inc.resource,
+        "incident": inc.key,
+        "count": inc.total,
+        "namespaces": sorted(inc.namespaces),
+    }
     back = "are back" if inc.source is None else "are healthy again"
     summary = f"all {inc.total} {inc.resource} devices of the incident {back}"
-    if inc.unobserved:
-        n = len(inc.unobserved)
-        summary = (
-            f"the incident of {inc.total} {inc.resource} devices is over: {inc.total - n} healthy again, "
-            f"{n} no longer held by any pod (closed unconfirmed, they may still be bad)"
-        )
-        details["unobserved"] = sorted(inc.unobserved)
+    if inc.unobserved or inc.stale:
+        n, m = len(inc.unobserved), len(inc.stale)
+        parts = [f"{inc.total - n - m} {'back' if inc.source is None else 'healthy again'}"]
+        if n:
+            parts.append(f"{n} no longer held by any pod (closed unconfirmed, they may still be bad)")
+            details["unobserved"] = sorted(inc.unobserved)
+        if m:
+            parts.append(f"{m} failing again, paged on their own")
+            details["failed_again"] = sorted(inc.stale)
+        summary = f"the incident of {inc.total} {inc.resource} devices is over: " + "; ".join(parts)
     return Change(
         Kind.DEVICE_INCIDENT_RESOLVED,
         Severity.INFO,

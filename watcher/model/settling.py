@@ -72,9 +72,11 @@ class Settling:
         return min(starts, default=None)
 
     def next_look(self, grace: float) -> float | None:
-        """When to look again while something is held (stability, or a grace running out)."""
+        """When to look again while something is held (stability, or a grace running out). None
+        until the first answer after a restart: until then the kubelet's own refusal says when
+        (its retry or rate-limit backoff), and looks of ours would only add to it."""
         began = self.began()
-        if began is None:
+        if began is None or not self.restart_answered:
             return None
         return min(self.last_look + POLL_S, began + grace)
 
@@ -90,6 +92,7 @@ class Settling:
             pods_since=now,
             pods_changed_at=now,
             restart_answered=False,
+            last_look=now,
         )
 
     def observe(
