@@ -110,6 +110,15 @@ class AgentRun:
             await asyncio.sleep(0.25)  # holds end on the clock (the pod list stable for a while)
             await self.quiet_cycle()
 
+    async def pods_watching(self, timeout: float = 10.0) -> None:
+        """Until the agent has started and its Pods API watch is live, then one complete re-query:
+        from here a pod's change reaches the agent through the watch."""
+        await self.recorder.kinds_after(0, 1, timeout)
+        watch = self.agent.pods_watch
+        assert watch is not None, "the Pods API watch is off in these settings"
+        await self.recorder.until(lambda: watch.state == "watching", timeout)
+        await self.quiet_cycle(timeout)
+
     async def quiet_cycle(self, timeout: float = 10.0) -> None:
         """Force one more complete re-query and wait for it: anything pending shows by then."""
         self._marks += 1

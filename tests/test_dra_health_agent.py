@@ -81,21 +81,13 @@ async def _agent(
             yield run, Receivers(slack, pager, hook)
 
 
-async def _ready(run: Running) -> None:
-    await run.recorder.kinds_after(0, 1)
-    watch = run.agent.pods_watch
-    assert watch is not None
-    await run.recorder.until(lambda: watch.state == "watching", 10)
-    await run.quiet_cycle()
-
-
 async def test_a_dra_gpu_failing_pages_once_naming_the_job_claim_and_message_and_heal_resolves(
     short_tmp: Path,
 ) -> None:
     fake = FakeKubelet(short_tmp / "kubelet", seed=11)
     fake.node.add_pod(dra_job_pod(POOL, DEVICE, labels={"team": "research"}))
     async with fake, _agent(short_tmp, fake) as (run, rx):
-        await _ready(run)
+        await run.pods_watching()
         changed_at = time.monotonic()
         fake.dra.set_health(DRIVER, POOL, DEVICE, "Unhealthy", XID)
         await rx.pager.wait_for(1, timeout=5)
@@ -138,7 +130,7 @@ async def test_unknown_is_one_warning_after_the_grace_and_never_a_page(short_tmp
     fake = FakeKubelet(short_tmp / "kubelet", seed=12)
     fake.node.add_pod(dra_job_pod(POOL, DEVICE, labels={"team": "research"}))
     async with fake, _agent(short_tmp, fake, grace=0.5) as (run, rx):
-        await _ready(run)
+        await run.pods_watching()
         mark = len(run.recorder.events)
         fake.dra.set_health(DRIVER, POOL, DEVICE, "Unknown", "no health report within 30s")
         await run.recorder.until(lambda: "device.health_unknown" in run.recorder.kinds(mark), 5)
@@ -195,7 +187,7 @@ async def test_a_failed_gpus_page_is_resolved_by_its_next_holder_and_a_later_fai
     first = dra_job_pod(POOL, DEVICE)
     fake.node.add_pod(first)
     async with fake, _agent(short_tmp, fake) as (run, rx):
-        await _ready(run)
+        await run.pods_watching()
         fake.dra.set_health(DRIVER, POOL, DEVICE, "Unhealthy", XID)
         await rx.pager.wait_for(1, timeout=5)
         mark = len(run.recorder.events)
@@ -223,7 +215,7 @@ async def test_a_gpu_nobody_takes_closes_its_page_unconfirmed_after_the_unheld_g
     first = dra_job_pod(POOL, DEVICE)
     fake.node.add_pod(first)
     async with fake, _agent(short_tmp, fake, unheld=0.5) as (run, rx):
-        await _ready(run)
+        await run.pods_watching()
         fake.dra.set_health(DRIVER, POOL, DEVICE, "Unhealthy", XID)
         await rx.pager.wait_for(1, timeout=5)
         fake.free(first.namespace, first.name)
@@ -242,7 +234,7 @@ async def test_a_driver_that_reports_no_health_says_nothing(short_tmp: Path) -> 
     pod.containers[0].claims[0].devices[0].health = "Unknown"
     fake.node.add_pod(pod)
     async with fake, _agent(short_tmp, fake, grace=0.2) as (run, rx):
-        await _ready(run)
+        await run.pods_watching()
         mark = len(run.recorder.events)
         deadline = time.monotonic() + 1.0  # five graces
         while time.monotonic() < deadline:
@@ -274,7 +266,7 @@ async def test_a_driver_crash_reaching_eight_pods_statuses_is_one_incident(
     for pod in _job_pods(8):
         fake.node.add_pod(pod)
     async with fake, _agent(short_tmp, fake) as (run, rx):
-        await _ready(run)
+        await run.pods_watching()
         mark = len(run.recorder.events)
         for i in range(8):
             fake.dra.set_health(DRIVER, POOL, f"gpu-{i}", "Unhealthy", "driver crashed")

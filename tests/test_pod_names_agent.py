@@ -44,14 +44,6 @@ def _settings(root: Path) -> Any:
     return make_settings(root, state_file_triggers=False, interval=3600.0)
 
 
-async def _watching(run: Running) -> None:
-    await run.recorder.kinds_after(0, 1)
-    watch = run.agent.pods_watch
-    assert watch is not None
-    await run.recorder.until(lambda: watch.state == "watching", 10)
-    await run.quiet_cycle()
-
-
 def _seen(events: list[Event]) -> list[tuple[str, str | None, Any]]:
     """Each event as (kind, the pod uid it names, its devices): what a failure shows."""
     return [(str(e.kind), e.details.get("pod_uid"), e.details.get("devices")) for e in events]
@@ -107,7 +99,7 @@ async def test_a_pod_recreated_under_its_name_is_one_removal_and_one_addition(
     # The Pods API sends the new pod's ADDED and the old one's DELETED together.
     fake = _fake(short_tmp, seed=41)
     async with fake, running_agent(_settings(short_tmp), fake) as run:
-        await _watching(run)
+        await run.pods_watching()
         mark, gets, lists = len(run.recorder.events), fake.calls["Get"], fake.calls["List"]
         fake.churn.replace_pod(_replica(NEW_UID, new_gpu, "new"))
         _assert_replaced(await _events(run, mark, 4), "GPU-a", new_gpu)
@@ -124,7 +116,7 @@ async def test_the_old_pods_late_update_after_the_new_ones_added_changes_nothing
     # then DELETED (old), as a kubelet sends them.
     fake = _fake(short_tmp, seed=42)
     async with fake, running_agent(_settings(short_tmp), fake) as run:
-        await _watching(run)
+        await run.pods_watching()
         watch = run.agent.pods_watch
         assert watch is not None
         mark = len(run.recorder.events)
@@ -152,7 +144,7 @@ async def test_a_force_deleted_pod_is_removed_once_when_pod_resources_no_longer_
 ) -> None:
     fake = _fake(short_tmp, seed=43)
     async with fake, running_agent(_settings(short_tmp), fake) as run:
-        await _watching(run)
+        await run.pods_watching()
         mark, cycles, gets = len(run.recorder.events), run.recorder.cycles, fake.calls["Get"]
         fake.churn.force_delete(*REPLICA)  # DELETED on the Pods API; its containers still run
         await _reported(run, OLD_UID, None)
