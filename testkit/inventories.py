@@ -121,15 +121,22 @@ def verdict_pod(
     )
 
 
-def dra_job_pod(pool: str, device: str, *, labels: Mapping[str, str] | None = None) -> FakePod:
-    """Job ml/llm-pretrain's pod, its container "trainer" holding DRIVER's `device` of `pool`
-    through claim llm-pretrain-0-gpu (request "gpu"), for the fake kubelet."""
+def dra_job_pod(
+    pool: str,
+    device: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    name: str = "llm-pretrain-0-abcde",
+    claim: str = "llm-pretrain-0-gpu",
+) -> FakePod:
+    """Job ml/llm-pretrain's pod `name`, its container "trainer" holding DRIVER's `device` of
+    `pool` through ResourceClaim `claim` (request "gpu"), for the fake kubelet."""
     gpu = FakeClaimDevice(DRIVER, pool, device, [f"nvidia.com/gpu={device}"])
-    claim = FakeClaim("ml", "llm-pretrain-0-gpu", [gpu], request="gpu")
+    held = FakeClaim("ml", claim, [gpu], request="gpu")
     return FakePod(
         "ml",
-        "llm-pretrain-0-abcde",
-        [FakeContainer("trainer", claims=[claim])],
+        name,
+        [FakeContainer("trainer", claims=[held])],
         labels=dict(labels or {}),
         owners=[FakeOwner("Job", "llm-pretrain", api_version="batch/v1")],
     )

@@ -168,14 +168,9 @@ async def test_a_dra_backed_gpu_is_never_called_missing(short_tmp: Path, pods_ap
         assert all(c.unavailable == 0 for c in inv.capacity)
 
 
-def _next_holder(name: str) -> FakePod:
-    """Another pod of the Job, given the same GPU once the first is gone (its own uid, its own
-    claim), its status saying Healthy."""
-    pod = dra_job_pod(POOL, DEVICE)
-    pod.name, pod.uid = name, ""
-    pod.__post_init__()
-    pod.containers[0].claims[0].name = f"{name}-gpu"
-    return pod
+def _next_holder(name: str, device: str = DEVICE) -> FakePod:
+    """Another pod of the Job holding `device` (its own uid, its own claim), its status Healthy."""
+    return dra_job_pod(POOL, device, name=name, claim=f"{name}-gpu")
 
 
 async def test_a_failed_gpus_page_is_resolved_by_its_next_holder_and_a_later_failure_pages_again(
@@ -246,14 +241,7 @@ async def test_a_driver_that_reports_no_health_says_nothing(short_tmp: Path) -> 
 
 def _job_pods(count: int) -> list[FakePod]:
     """`count` pods of one Job, each holding one GPU of the driver (gpu-0, gpu-1, ...)."""
-    pods = []
-    for i in range(count):
-        pod = _next_holder(f"llm-pretrain-{i}-abcde")
-        pod.containers[0].claims[0].devices[0] = FakeClaimDevice(
-            DRIVER, POOL, f"gpu-{i}", [f"nvidia.com/gpu=gpu-{i}"]
-        )
-        pods.append(pod)
-    return pods
+    return [_next_holder(f"llm-pretrain-{i}-abcde", f"gpu-{i}") for i in range(count)]
 
 
 @pytest.mark.parametrize("spread", [0.0, 0.015], ids=["at-once", "one-pod-sync-after-another"])

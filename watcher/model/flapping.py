@@ -71,15 +71,13 @@ class Flaps:
             if change.kind is Kind.DEVICE_HEALTH_UNOBSERVED:
                 # A DRA device's story ended with nobody holding it: so does any episode of it (its
                 # end, unmarked, closes what the episode held open; no flap_ended may reopen it).
-                devices.pop(
-                    (str(change.details.get("resource", "")), str(change.details.get("device", ""))), None
-                )
+                devices.pop(_key(change), None)
                 out.append(change)
                 continue
             if change.kind not in _HEALTH:
                 out.append(change)
                 continue
-            key = (str(change.details.get("resource", "")), str(change.details.get("device", "")))
+            key = _key(change)
             d = devices.get(key, _Device())
             times = tuple(t for t in (*d.times, now) if now - t <= rule.window)
             held = change.details.get("allocated_to") or d.allocated_to
@@ -153,6 +151,10 @@ class Flaps:
                 source=source if isinstance(source, str) else None,
             )
         return cls(tuple(sorted(devices.items())))
+
+
+def _key(change: Change) -> DeviceKey:
+    return (str(change.details.get("resource", "")), str(change.details.get("device", "")))
 
 
 def _capacity_marked(changes: list[Change]) -> list[Change]:
