@@ -1,0 +1,7 @@
+package main
+
+import (
+	_ "k8s.io/cri-client/pkg/fake"
+)
+
+func main() {}
