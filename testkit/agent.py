@@ -170,7 +170,7 @@ def make_settings(root: Path, *, kubelet_root: Path | None = None, **overrides: 
     if "pods_api" in overrides:  # the Pods API watch on (the default) or off
         overrides["pods"] = PodsSettings(api=overrides.pop("pods_api"))
     return Settings(
-        node="node-a",
+        node=overrides.pop("node", "node-a"),
         http=http,
         state_dir=root / "state",
         kubelet=kubelet,

@@ -71,6 +71,17 @@ class PeerProcess:
         assert self._proc is not None
         self._proc.send_signal(signal.SIGCONT)
 
+    async def kill(self) -> None:
+        """SIGKILL: the process gets no chance to clean up; reaped; idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        if self._reader is not None:
+            await self._reader
+
     async def stop(self) -> None:
         """SIGTERM, and SIGKILL if it has not exited within 10 s; idempotent."""
         proc, self._proc = self._proc, None

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import shutil
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from testkit.disks import FailingDisk, tmpfs
 from testkit.disks import failing_disk as make_failing_disk
 from testkit.kube_testcluster import KubeTestCluster, start_kube_testcluster
 from testkit.kubelet_lite import KubeletLite
+from testkit.real_node import RealNode
 from testkit.peers import peer
 from testkit.permissions import umask
 from testkit.planted_secret import PLANTED_SECRET
@@ -143,3 +145,15 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeTestC
     `viewer` (group `viewers`) is granted nothing."""
     with start_kube_testcluster(tmp_path_factory.mktemp("kube"), {"viewer": ["viewers"]}) as cluster:
         yield cluster
+
+
+# --- the upstream kubelet (the Go peers kubelet and fake-cri) ---
+
+
+@pytest.fixture
+async def real_node(kube_cluster: KubeTestCluster, short_tmp: Path) -> AsyncIterator[RealNode]:
+    """Upstream's kubelet on a fake CRI, registered with the session's API server as a Node of
+    its own (a fresh name: tests share the API server), Ready and schedulable; no plugins yet.
+    Stopped, and the Node and its pods deleted, afterwards."""
+    async with RealNode(kube_cluster, short_tmp / "node", f"node-{uuid.uuid4().hex[:8]}") as node:
+        yield node

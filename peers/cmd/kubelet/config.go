@@ -1,0 +1,52 @@
+package main
+
+import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilsysctl "k8s.io/component-helpers/node/util/sysctl"
+	kubeletconfig "k8s.io/kubernetes/pkg/kubelet/apis/config"
+)
+
+// configure changes the kubelet's v1beta1 defaults only where a node without a container
+// runtime, cgroup hierarchy of its own or network server needs it; everything else (the
+// managers' policies among it: none, None, none) is what a stock kubelet runs with.
+func configure(c *kubeletconfig.KubeletConfiguration, criSocket string) {
+	c.ContainerRuntimeEndpoint = "unix://" + criSocket
+	// The kubelet refuses cgroup v1 hosts by default (validation_linux.go); CI machines are v1.
+	c.FailCgroupV1 = false
+	c.FailSwapOn = false
+	// Nothing is written into cgroups: no QoS hierarchy, no node-allocatable enforcement.
+	c.CgroupsPerQOS = false
+	c.EnforceNodeAllocatable = []string{"none"}
+	c.CgroupDriver = "cgroupfs"
+	c.MakeIPTablesUtilChains = false
+	// No kubelet HTTP server: nothing listens on the node's address. Port must still be valid.
+	c.EnableServer = false
+	c.Port = 10250
+	c.ReadOnlyPort = 0
+	c.HealthzPort = 0
+	c.Authentication.Anonymous.Enabled = true
+	c.Authentication.Webhook.Enabled = false
+	c.Authorization.Mode = kubeletconfig.KubeletAuthorizationModeAlwaysAllow
+	// Under the private /var/lib, not the host's /usr/libexec.
+	c.VolumePluginDir = "/var/lib/kubelet/volume-plugins"
+	// The fake cAdvisor reports no filesystems: no image GC, no disk-pressure eviction.
+	c.ImageGCHighThresholdPercent = 100
+	c.EvictionHard = map[string]string{}
+	// Statuses reach the API server within seconds, as the tests wait for them.
+	c.NodeStatusUpdateFrequency = metav1.Duration{Duration: 2 * time.Second}
+}
+
+// kernelTunables are the sysctls (under /proc/sys) the container manager sets, with the values
+// it wants: upstream's own constants.
+func kernelTunables() map[string]int {
+	return map[string]int{
+		utilsysctl.VMOvercommitMemory: utilsysctl.VMOvercommitMemoryAlways,
+		utilsysctl.VMPanicOnOOM:       utilsysctl.VMPanicOnOOMInvokeOOMKiller,
+		utilsysctl.KernelPanic:        utilsysctl.KernelPanicRebootTimeout,
+		utilsysctl.KernelPanicOnOops:  utilsysctl.KernelPanicOnOopsAlways,
+		utilsysctl.RootMaxKeys:        utilsysctl.RootMaxKeysSetting,
+		utilsysctl.RootMaxBytes:       utilsysctl.RootMaxBytesSetting,
+	}
+}

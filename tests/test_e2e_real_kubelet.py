@@ -1,0 +1,137 @@
+"""The agent on a real node: upstream's whole kubelet (peers/cmd/kubelet: the real container
+manager, status manager, PLEG, pod-resources and Pods API servers) on a fake CRI, registered with
+the real kube-apiserver, our v1beta1 device plugin registered with it. Pods are created in the API
+server as a user does; the kubelet admits them, the device manager allocates, PLEG and the status
+manager publish container statuses. Each scenario counts the agent's events exactly."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from testkit.agent import AgentRun, agent_against, make_settings
+from testkit.real_node import RealNode
+
+pytestmark = pytest.mark.e2e
+
+GPU = "example.com/gpu"
+GPUS = {"gpu0": (0,), "gpu1": (1,)}
+
+# Host state the kubelet would change without its private mount namespace (its container manager
+# rewrites these six sysctls; its device-plugin socket and container logs are at fixed paths).
+SYSCTLS = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
+HOST_PATHS = (Path("/var/lib/kubelet"), Path("/var/log/containers"), Path("/var/log/pods"))
+
+
+def _host_state() -> dict[str, Any]:
+    state: dict[str, Any] = {s: Path("/proc/sys", s).read_text() for s in SYSCTLS}
+    for path in HOST_PATHS:
+        state[str(path)] = sorted(p.name for p in path.iterdir()) if path.exists() else None
+    return state
+
+
+@asynccontextmanager
+async def _agent(short_tmp: Path, node: RealNode, **overrides: Any) -> AsyncIterator[AgentRun]:
+    """The agent on the real kubelet's root dir, past its first look with the Pods API watch live."""
+    settings = make_settings(short_tmp, kubelet_root=node.root, node=node.name, **overrides)
+    async with agent_against(settings) as run:
+        await run.pods_watching(timeout=30)
+        await run.released()
+        yield run
+
+
+async def _readyz(run: AgentRun) -> dict[str, Any]:
+    assert run.agent.http is not None and run.agent.http.bound_port is not None
+    url = f"http://127.0.0.1:{run.agent.http.bound_port}/readyz"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        body: dict[str, Any] = await response.json()
+    return body
+
+
+async def _gpu_pod(node: RealNode, namespace: str, name: str, count: int = 1) -> dict[str, Any]:
+    await node.apply(node.pod(namespace, name, {GPU: count}))
+    pod: dict[str, Any] = await node.wait_pod(namespace, name)
+    return pod
+
+
+async def test_the_kubelet_changes_nothing_on_the_host(kube_cluster: Any, short_tmp: Path) -> None:
+    """Its private mount namespace keeps the six sysctls and the kubelet's fixed host paths as
+    they were, while the kubelet ran, registered the Node and ran a pod holding a device."""
+    before = _host_state()
+    name = f"node-{uuid.uuid4().hex[:8]}"
+    async with RealNode(kube_cluster, short_tmp / "node", name) as node:
+        await node.add_plugin(GPU, GPUS)
+        namespace = await node.namespace(f"host-{uuid.uuid4().hex[:6]}")
+        await _gpu_pod(node, namespace, "holder")
+        during = _host_state()
+        assert (node.root / "device-plugins" / "kubelet.sock").exists()  # the kubelet's, in the test dir
+    assert during == before
+    assert _host_state() == before
+
+
+async def test_start_says_the_pods_api_is_watching_and_nothing_but_started(
+    real_node: RealNode, short_tmp: Path
+) -> None:
+    await real_node.add_plugin(GPU, GPUS)
+    namespace = await real_node.namespace(f"start-{uuid.uuid4().hex[:6]}")
+    await _gpu_pod(real_node, namespace, "already-running")
+    async with _agent(short_tmp, real_node) as run:
+        ready = await _readyz(run)
+        assert ready["pods_api"]["state"] == "watching", ready
+        await run.quiet_cycle()
+        assert run.recorder.kinds() == ["watcher.started"]
+
+
+async def test_a_pod_given_a_gpu_is_one_allocation_added_with_its_uid(
+    real_node: RealNode, short_tmp: Path
+) -> None:
+    await real_node.add_plugin(GPU, GPUS)
+    namespace = await real_node.namespace(f"add-{uuid.uuid4().hex[:6]}")
+    async with _agent(short_tmp, real_node) as run:
+        mark = len(run.recorder.events)
+        pod = await _gpu_pod(real_node, namespace, "trainer")
+        await run.recorder.until(lambda: "allocation.added" in run.recorder.kinds(mark), timeout=15)
+        await run.quiet_cycle()
+        # With it, the free count's change (one fewer free GPU), which an info event reports.
+        assert run.recorder.kinds(mark) == ["allocation.added", "capacity.changed"]
+        added = run.recorder.events[mark]
+        assert (added.details["namespace"], added.details["pod"]) == (namespace, "trainer")
+        assert added.details["pod_uid"] == pod["metadata"]["uid"]
+
+
+async def test_kubelet_restarts_by_sigterm_and_sigkill_are_one_kubelet_restarted_each(
+    real_node: RealNode, short_tmp: Path
+) -> None:
+    """With a pod holding a GPU in place: the real checkpoint restore, the pods re-admitted from
+    the API server, the plugin registering again: nothing but kubelet.restarted."""
+    await real_node.add_plugin(GPU, GPUS)
+    namespace = await real_node.namespace(f"restart-{uuid.uuid4().hex[:6]}")
+    await _gpu_pod(real_node, namespace, "survivor")
+    async with _agent(short_tmp, real_node) as run:
+        before = run.agent.inventory
+        mark = len(run.recorder.events)
+        for n, how in enumerate((signal.SIGTERM, signal.SIGKILL)):
+            await real_node.restart(how)
+            await run.recorder.until(
+                lambda n=n: run.recorder.kinds(mark).count("kubelet.restarted") == n + 1, timeout=60
+            )
+            await real_node.wait_allocatable(GPU, set(GPUS), timeout=30)
+            await run.released()
+            await run.pods_watching(timeout=30)
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["kubelet.restarted"] * 2
+        assert run.agent.inventory == before
