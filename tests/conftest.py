@@ -19,10 +19,10 @@ from testkit.disks import FailingDisk, tmpfs
 from testkit.disks import failing_disk as make_failing_disk
 from testkit.kube_testcluster import KubeTestCluster, start_kube_testcluster
 from testkit.kubelet_lite import KubeletLite
-from testkit.real_node import RealNode
 from testkit.peers import peer
 from testkit.permissions import umask
 from testkit.planted_secret import PLANTED_SECRET
+from testkit.real_node import RealNode
 from watcher.sim.fake_kubelet import FakeKubelet
 
 
