@@ -20,6 +20,7 @@ __all__ = [
     "AGENT_NAMESPACE",
     "AGENT_SERVICE_ACCOUNT",
     "Answer",
+    "agent_identity",
     "bearer_request",
     "Placement",
     "READY",
@@ -149,14 +150,19 @@ def place_agent(cluster: KubeTestCluster, tag: str) -> Placement:
             "kind": "ServiceAccount",
             "metadata": {"name": "default", "namespace": namespace},
         },
-        pod_manifest(AGENT_NAMESPACE, pod, node, AGENT_SERVICE_ACCOUNT),
     )
     cluster.kubectl(
         "patch", "node", node, "--subresource=status", "--type=strategic", "-p",
         json.dumps({"status": {"conditions": [READY]}}),
     )  # fmt: skip
-    kubeconfig = cluster.service_account_kubeconfig(AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, pod)
-    return Placement(node, pod, namespace, kubeconfig)
+    return Placement(node, pod, namespace, agent_identity(cluster, node, pod))
+
+
+def agent_identity(cluster: KubeTestCluster, node: str, pod: str) -> Path:
+    """The agent's Pod `pod` bound to an existing `node` (a real kubelet's) and a kubeconfig
+    holding a token bound to that Pod, as the chart's projected token is."""
+    cluster.apply(pod_manifest(AGENT_NAMESPACE, pod, node, AGENT_SERVICE_ACCOUNT))
+    return cluster.service_account_kubeconfig(AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, pod)
 
 
 def pod_manifest(namespace: str, name: str, node: str, service_account: str = "default") -> dict[str, Any]:
