@@ -41,10 +41,17 @@ def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
 
 @asynccontextmanager
 async def _agent(
-    short_tmp: Path, node: RealNode, pager: PagerDutyReceiver, *, kubernetes: bool = True, **watch: Any
+    short_tmp: Path,
+    node: RealNode,
+    pager: PagerDutyReceiver,
+    *,
+    kubernetes: bool = True,
+    hold_down: float = 0.0,
+    **watch: Any,
 ) -> AsyncIterator[AgentRun]:
-    """The agent on the real kubelet, paging `pager`, and (with `kubernetes`) writing Events and
-    its Node condition as its own service account, bound to its Pod on this node."""
+    """The agent on the real kubelet, paging `pager` (resolves held `hold_down` s), and (with
+    `kubernetes`) writing Events and its Node condition as its own service account, bound to its
+    Pod on this node."""
     parsed = parse_settings(
         {
             "sinks": {
@@ -52,7 +59,7 @@ async def _agent(
                     "type": "pagerduty",
                     "routing_key": PD_KEY,
                     "endpoint": pager.url("/v2/enqueue"),
-                    "resolve_hold_down": 0,
+                    "resolve_hold_down": hold_down,
                 }
             }
         }
@@ -135,3 +142,60 @@ async def test_a_gpu_failing_at_its_plugin_is_one_page_a_pod_event_and_the_node_
     assert kinds == ["device.removed", "capacity.changed", "device.added", "capacity.changed"]
     reasons = await _pod_event_reasons(real_node, namespace, "trainer")
     assert reasons == ["DeviceFailed", "DeviceRecovered"], (reasons, kinds)
+
+
+def _incidents_opened(pager: PagerDutyReceiver) -> int:
+    """Triggers that opened an incident (a trigger of a key already open only adds to it)."""
+    open_keys: set[str] = set()
+    opened = 0
+    for e in pager.events:
+        if e["event_action"] == "trigger":
+            opened += e["dedup_key"] not in open_keys
+            open_keys.add(e["dedup_key"])
+        elif e["event_action"] == "resolve":
+            open_keys.discard(e["dedup_key"])
+    return opened
+
+
+async def test_a_flapping_gpu_is_one_page(real_node: RealNode, short_tmp: Path) -> None:
+    """Ten failures and heals of a held GPU at its plugin, each seen by the agent: one incident,
+    resolved once the flapping ends."""
+    plugin = await real_node.add_plugin(GPU, GPUS)
+    namespace = await real_node.namespace(f"flap-{uuid.uuid4().hex[:6]}")
+    await real_node.apply(real_node.pod(namespace, "trainer", {GPU: 2}))
+    await real_node.wait_pod(namespace, "trainer")
+    # Short settings standing for the defaults: a 2 s resolve hold-down for 60 s, quiet 1 s for 300 s.
+    flaps: dict[str, Any] = {"flap_limit": 4, "flap_window": 60.0, "flap_quiet": 1.0, "hold_down": 2.0}
+    async with (
+        PagerDutyReceiver() as pager,
+        _agent(short_tmp, real_node, pager, kubernetes=False, **flaps) as run,
+    ):
+        for n in range(1, 11):
+            for healthy, kind in ((False, "device.removed"), (True, "device.added")):
+                await plugin.set_healthy("gpu0", healthy)
+                await run.recorder.until(lambda kind=kind, n=n: run.recorder.kinds().count(kind) >= n, 15)
+        await run.recorder.until(lambda: "device.flap_ended" in run.recorder.kinds(), timeout=15)
+        await pager.wait_for(lambda _: any(e["event_action"] == "resolve" for e in pager.events), timeout=15)
+        await run.quiet_cycle()
+        assert _incidents_opened(pager) == 1, [e["event_action"] for e in pager.events]
+        assert run.recorder.kinds().count("device.flapping") == 1
+
+
+async def test_a_device_plugin_restart_pages_never(real_node: RealNode, short_tmp: Path) -> None:
+    plugin = await real_node.add_plugin(GPU, GPUS)
+    namespace = await real_node.namespace(f"plug-{uuid.uuid4().hex[:6]}")
+    await real_node.apply(real_node.pod(namespace, "trainer", {GPU: 1}))
+    await real_node.wait_pod(namespace, "trainer")
+    async with PagerDutyReceiver() as pager, _agent(short_tmp, real_node, pager, kubernetes=False) as run:
+        before = run.agent.inventory
+        mark = len(run.recorder.events)
+        await plugin.stop()  # the process ends, its socket goes; the kubelet drops its devices
+        await run.recorder.until(lambda: "plugin.unregistered" in run.recorder.kinds(mark), timeout=15)
+        await plugin.start()
+        await real_node.wait_allocatable(GPU, set(GPUS))
+        await run.recorder.until(lambda: "plugin.registered" in run.recorder.kinds(mark), timeout=15)
+        await run.released()
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["plugin.unregistered", "plugin.registered"]
+        assert run.agent.inventory == before
+        assert pager.events == []
