@@ -94,7 +94,7 @@ PEERS_LDFLAGS := $(foreach v,gitVersion=$(PEERS_K8S) gitMajor=$(word 1,$(subst .
 NFD_MODULE := sigs.k8s.io/node-feature-discovery
 NFD_VERSION := $(shell sed -n 's/^[[:space:]]*sigs.k8s.io\/node-feature-discovery \(v[0-9.]*\).*$$/\1/p' peers/nfd/go.mod)
 NFD_FLAGS := -tags osusergo,netgo -ldflags "-s -w -X $(NFD_MODULE)/pkg/version.version=$(NFD_VERSION) -X $(NFD_MODULE)/pkg/utils/hostpath.pathPrefix=/"
-peers: ## build the Go test peers (kube-testcluster, kubelet-lite, device-plugin, dra-test-driver, kube-apiserver from k8s.io/kubernetes; nfd-topology-updater from node-feature-discovery) into .peers/bin
+peers: ## build the Go test peers (kube-testcluster, kubelet-lite, device-plugin, dra-test-driver, kube-controllers, kube-apiserver from k8s.io/kubernetes; nfd-topology-updater from node-feature-discovery) into .peers/bin
 	@command -v go >/dev/null 2>&1 || { echo "peers: Go is not installed: install Go 1.26+ (Debian: apt-get install golang) and run make peers again"; exit 1; }
 	cd peers && nice -n 10 go build -buildvcs=false -ldflags "$(PEERS_LDFLAGS)" -o $(CURDIR)/.peers/bin/ ./cmd/...
 	cd peers/nfd && nice -n 10 go build -buildvcs=false $(NFD_FLAGS) -o $(CURDIR)/.peers/bin/ $(NFD_MODULE)/cmd/nfd-topology-updater

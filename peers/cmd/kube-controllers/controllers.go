@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/client-go/informers"
+	schedulinginformers "k8s.io/client-go/informers/scheduling/v1beta1"
+	"k8s.io/client-go/kubernetes"
+	restclient "k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/controller/job"
+	"k8s.io/kubernetes/pkg/controller/resourceclaim"
+	"k8s.io/kubernetes/pkg/features"
+)
+
+// The controller-manager's defaults for these two (RecommendedDefault...Configuration in each
+// controller's config/v1alpha1 package), so the queues drain as they do there.
+const (
+	resourceClaimWorkers = 50
+	jobWorkers           = 5
+)
+
+// kubeControllers are the two controllers on one shared informer factory, as the
+// controller-manager runs its controllers.
+type kubeControllers struct {
+	factory       informers.SharedInformerFactory
+	resourceClaim *resourceclaim.Controller
+	job           *job.Controller
+}
+
+// clientFor is the controller-manager's ClientBuilder in short: one client per controller, told
+// apart by its user agent in the API server's logs. All use the one kubeconfig's user, where the
+// controller-manager uses a service account per controller.
+func clientFor(config *restclient.Config, name string) (kubernetes.Interface, error) {
+	return kubernetes.NewForConfig(restclient.AddUserAgent(config, name))
+}
+
+func newControllers(ctx context.Context, kubeconfig string) (*kubeControllers, error) {
+	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	// The controller-manager's --kube-api-qps and --kube-api-burst defaults; client-go's own
+	// (5 and 10) would make a burst of test objects wait on the client's rate limiter.
+	config.QPS, config.Burst = 20, 30
+	informerClient, err := clientFor(config, "shared-informers")
+	if err != nil {
+		return nil, err
+	}
+	// No periodic resync: every change reaches the handlers as an event; the controller-manager's
+	// 12 h or more would not show within a test anyway.
+	factory := informers.NewSharedInformerFactory(informerClient, 0)
+
+	claimClient, err := clientFor(config, "resource-claim-controller")
+	if err != nil {
+		return nil, err
+	}
+	// The PodGroup informer is only started when a feature gate that uses it is on (the
+	// controller asks the factory for it then), as in the controller-manager.
+	resourceClaim, err := resourceclaim.NewController(
+		klog.FromContext(ctx),
+		claimClient,
+		factory.Core().V1().Pods(),
+		factory.Scheduling().V1beta1().PodGroups(),
+		factory.Resource().V1().ResourceClaims(),
+		factory.Resource().V1().ResourceClaimTemplates(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("resourceclaim controller: %w", err)
+	}
+
+	jobClient, err := clientFor(config, "job-controller")
+	if err != nil {
+		return nil, err
+	}
+	// As the controller-manager: the scheduling.k8s.io/v1beta1 informers only with WorkloadWithJob
+	// (alpha, off): otherwise that group may not even be served, and they would never sync.
+	var workloads schedulinginformers.WorkloadInformer
+	var podGroups schedulinginformers.PodGroupInformer
+	if utilfeature.DefaultFeatureGate.Enabled(features.WorkloadWithJob) {
+		workloads = factory.Scheduling().V1beta1().Workloads()
+		podGroups = factory.Scheduling().V1beta1().PodGroups()
+	}
+	jobController, err := job.NewController(ctx, jobClient, factory.Core().V1().Pods(), factory.Batch().V1().Jobs(), workloads, podGroups)
+	if err != nil {
+		return nil, fmt.Errorf("job controller: %w", err)
+	}
+	return &kubeControllers{factory: factory, resourceClaim: resourceClaim, job: jobController}, nil
+}
+
+// startInformers starts every informer the controllers asked the factory for.
+func (c *kubeControllers) startInformers(ctx context.Context) {
+	c.factory.Start(ctx.Done())
+}
+
+// waitForSync returns once every started informer has its initial list, or an error naming those
+// that have not when ctx ends.
+func (c *kubeControllers) waitForSync(ctx context.Context) error {
+	var missing []string
+	for informerType, synced := range c.factory.WaitForCacheSync(ctx.Done()) {
+		if !synced {
+			missing = append(missing, informerType.String())
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("not synced: %v", missing)
+	}
+	return ctx.Err()
+}
+
+// run runs both controllers until ctx ends; the channel closes once both have returned.
+func (c *kubeControllers) run(ctx context.Context) <-chan struct{} {
+	var wg sync.WaitGroup
+	wg.Go(func() { c.resourceClaim.Run(ctx, resourceClaimWorkers) })
+	wg.Go(func() { c.job.Run(ctx, jobWorkers) })
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		// The informers' goroutines end with ctx too; Shutdown waits for them, so nothing is
+		// still watching once the process exits 0.
+		c.factory.Shutdown()
+		close(done)
+	}()
+	return done
+}

@@ -1,0 +1,91 @@
+"""kube-controllers (the Go test peer in peers/cmd/kube-controllers) against a kube-testcluster:
+upstream's kube-scheduler, resourceclaim controller and Job controller in one process, so a test
+can create Pods without spec.nodeName, Pods whose claims come from ResourceClaimTemplates, and
+Jobs, and have them scheduled, allocated and created as on a cluster.
+
+What a test must create for a Pod to be scheduled (no kubelet or node lifecycle controller runs)
+is in peers/README.md, section kube-controllers.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testkit.kube_testcluster import KubeTestCluster
+from testkit.peers import peer
+
+__all__ = ["KubeControllers", "start_kube_controllers"]
+
+START_TIMEOUT_S = 60.0  # informers sync in well under a second; the slack is for a loaded machine
+STOP_TIMEOUT_S = 10.0  # it stops in about 2 s
+
+
+@dataclass(frozen=True)
+class KubeControllers:
+    """The running peer: its process id and its log (klog of all three, and its stderr)."""
+
+    pid: int
+    log: Path
+
+    def log_tail(self, lines: int = 20) -> str:
+        return _tail(self.log, lines)
+
+
+def _tail(log: Path, lines: int) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+
+
+def _ready_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The peer's one stdout line, or '' if it exits or says nothing within `timeout` s."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([proc.stdout], [], [], left)
+        if readable:
+            return proc.stdout.readline()
+    return ""
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=STOP_TIMEOUT_S)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+@contextmanager
+def start_kube_controllers(cluster: KubeTestCluster, directory: Path) -> Iterator[KubeControllers]:
+    """Run kube-controllers against `cluster` as its admin, logging to directory/kube-controllers.log;
+    yields once every informer has synced, stops it (SIGTERM) when the block ends. The peer not
+    built: a skip, or a failure under CI (testkit.peers)."""
+    binary = peer("kube-controllers")
+    directory.mkdir(parents=True, exist_ok=True)
+    log = directory / "kube-controllers.log"
+    args = [str(binary), "--kubeconfig", str(cluster.admin_kubeconfig), "--log-file", str(log)]
+    # stderr to the log as well: what the peer writes there before it redirects itself (a bad
+    # flag) or after (its own error line) lands next to klog's lines.
+    with log.open("ab") as stderr:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        line = _ready_line(proc, START_TIMEOUT_S)
+        answer: dict[str, Any] = json.loads(line) if line.strip() else {}
+        if not answer.get("ready"):
+            problem = answer.get("error") or f"no ready line within {START_TIMEOUT_S:g} s"
+            raise RuntimeError(f"kube-controllers did not start: {problem}\n{_tail(log, 20)}")
+        yield KubeControllers(pid=int(answer["pid"]), log=log)
+    finally:
+        _stop(proc)
