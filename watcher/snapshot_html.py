@@ -73,6 +73,7 @@ table{border-collapse:collapse}
 td,th{border:1px solid #bbb;padding:2px 8px;text-align:left}
 """
 _CSS += "".join(f".s-{state}{{background:{colour}}}\n" for state, colour in STATE_COLOURS.items())
+_CSS += ".health td.s-failed,.health td.s-unknown{color:#fff}.s-unknown{background:#757575}\n"
 
 
 def _text(value: str, limit: int = MAX_LABEL) -> str:
@@ -277,6 +278,39 @@ def _totals_html(inv: Inventory) -> str:
     )
 
 
+# Verdict rows shown before "+N more": a node runs a few hundred pods at most, each a few devices.
+MAX_VERDICTS = 500
+_HEALTH_CLASS = {"Unhealthy": "s-failed", "Unknown": "s-unknown"}
+
+
+def _health_html(snap: Snapshot) -> str:
+    """The kubelet's verdict on each allocated device, from the Pods API (the only place a DRA
+    device's failure shows on the node), the non-Healthy first; where it could not be read, why."""
+    view = snap.pods
+    if view is None:
+        return ""
+    if view.unavailable is not None:
+        body = f'<p class="note">Pods API not read: {_text(view.unavailable, 400)}</p>'
+    else:
+        verdicts = view.verdicts()
+        rows = "".join(
+            f'<tr data-health="{_text(v.health)}" data-verdict-device="{_text(v.resource_id)}">'
+            f"<td>{_text(pod.key)}</td><td>{_text(v.container)}</td><td>{_text(v.resource)}</td>"
+            f"<td>{_text(v.resource_id)}</td>"
+            f'<td class="{_HEALTH_CLASS.get(v.health, "")}">{_text(v.health)}</td>'
+            f"<td>{_text(v.message or '-', 400)}</td></tr>"
+            for pod, v in verdicts[:MAX_VERDICTS]
+        )
+        more = f"<p>+{len(verdicts) - MAX_VERDICTS} more</p>" if len(verdicts) > MAX_VERDICTS else ""
+        body = (
+            "<table><tr><th>pod</th><th>container</th><th>resource</th><th>device</th><th>health</th>"
+            f"<th>message</th></tr>{rows}</table>{more}"
+            if verdicts
+            else "<p>(no allocated device has a verdict)</p>"
+        )
+    return f'<section class="totals health"><h2>Device health (the kubelet\'s verdicts)</h2>{body}</section>'
+
+
 def render_html(snap: Snapshot, node: str) -> str:
     """The page for `snap` on the node named `node`: a complete HTML document."""
     inv = snap.inventory
@@ -316,5 +350,5 @@ def render_html(snap: Snapshot, node: str) -> str:
         f'<div>inventory <span class="hash" data-hash="{content_hash}">{content_hash}</span></div>'
         f'{note}<div class="legend">{legend}</div></header>'
         f'<div class="numas">{"".join(boxes) or "<p>(no devices or memory)</p>"}</div>'
-        f"{_cpus_html(inv)}{_totals_html(inv)}</body></html>\n"
+        f"{_cpus_html(inv)}{_totals_html(inv)}{_health_html(snap)}</body></html>\n"
     )
