@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,8 @@ class RealNode:
         self.plugin_dir = self.root / "device-plugins"
         self.cri_socket = directory / "cri.sock"
         self.plugins: list[DevicePlugin] = []
+        # What else runs against this node (DRA drivers): stopped before the kubelet on close.
+        self.closers: list[Callable[[], Awaitable[None]]] = []
         self.cri: PeerProcess | None = None
         self.process: PeerProcess | None = None
         self.starts = 0
@@ -117,6 +119,8 @@ class RealNode:
         try:
             for plugin in self.plugins:
                 await plugin.stop()
+            for close in self.closers:
+                await close()
         finally:
             try:
                 await self.stop()

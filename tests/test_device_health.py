@@ -158,9 +158,19 @@ def test_a_device_shared_by_two_pods_is_one_event_naming_both() -> None:
     assert healed.kind is Kind.DEVICE_HEALTHY and healed.details["allocated_to"] == ["ml/a/main", "ml/b/side"]
 
 
+def test_a_verdict_whose_pod_does_not_name_its_claim_resolves_by_its_device_id() -> None:
+    """A real kubelet's Pods API never carries resourceClaimStatuses (its status manager leaves
+    that field to the resourceclaim controller): a template-made claim's object is named only by
+    pod-resources. The verdict's device id (the CDI id) finds it there, in the same container."""
+    state, (change,) = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID, claims=()), node=NODE)
+    assert change.kind is Kind.DEVICE_UNHEALTHY and change.details["device"] == "node-1/gpu-3"
+    elsewhere = pod(UNHEALTHY, XID, claims=(), container="sidecar")  # another container's verdict
+    state, out = observe(DeviceHealth(), 0.0, elsewhere, node=NODE)
+    assert out == [] and len(state.pending) == 1
+
+
 def test_a_verdict_no_device_resolves_to_waits_and_is_never_guessed() -> None:
     unresolved = [
-        (pod(UNHEALTHY, XID, claims=()), NODE),  # the Pod status has not mapped the claim yet
         (pod(UNHEALTHY, XID), claim_inventory({})),  # pod-resources does not show the pod yet
         (pod(UNHEALTHY, XID, rid="k8s.gpu.nvidia.com/gpu=gpu-9"), NODE),  # nor that device
     ]

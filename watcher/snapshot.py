@@ -215,7 +215,7 @@ def format_table(snap: Snapshot) -> str:
     if snap.pods is not None:
         from watcher.snapshot_pods import format_pods_table
 
-        out += format_pods_table(snap.pods)
+        out += format_pods_table(snap.pods, snap.inventory)
     # Each item is one line: names chosen by plugins and users cannot add lines or colours.
     return "\n".join(printable(line) for line in out)
 
@@ -231,5 +231,5 @@ def format_json(snap: Snapshot) -> str:
     if snap.pods is not None:
         from watcher.snapshot_pods import format_pods_json
 
-        doc["pods_api"] = format_pods_json(snap.pods)
+        doc["pods_api"] = format_pods_json(snap.pods, snap.inventory)
     return json.dumps(doc, indent=2, sort_keys=True)

@@ -16,6 +16,8 @@ from google.protobuf.message import DecodeError
 from watcher import errors
 from watcher.kubelet.pod_decoding import pod_meta
 from watcher.kubelet.pods_api import PodsApiClient
+from watcher.model.dra_holders import claim_device_of
+from watcher.model.inventory import Inventory
 from watcher.model.pod_meta import HEALTHY, UNHEALTHY, DeviceVerdict, PodMeta
 from watcher.snapshot import patiently, table
 
@@ -92,12 +94,22 @@ def _owner(pod: PodMeta) -> str:
     return f"{pod.owner.kind}/{pod.owner.name}" if pod.owner is not None else "-"
 
 
-def _resource(pod: PodMeta, v: DeviceVerdict) -> str:
-    obj = pod.claim_object(v.claim[0]) if v.is_claim else None
+def _claim_object(pod: PodMeta, v: DeviceVerdict, inventory: Inventory | None) -> str | None:
+    """The ResourceClaim a DRA verdict is about: named by the pod's status where it says (a real
+    kubelet's never does), else found by the device's id in what pod-resources lists."""
+    if not v.is_claim:
+        return None
+    held = inventory.pod(pod.namespace, pod.name) if inventory is not None else None
+    found = claim_device_of(held, pod, v)
+    return found[0] if found is not None else pod.claim_object(v.claim[0])
+
+
+def _resource(pod: PodMeta, v: DeviceVerdict, inventory: Inventory | None) -> str:
+    obj = _claim_object(pod, v, inventory)
     return f"{v.resource} (ResourceClaim {obj})" if obj else v.resource
 
 
-def format_pods_table(view: PodsView) -> list[str]:
+def format_pods_table(view: PodsView, inventory: Inventory | None = None) -> list[str]:
     """The table's lines for the Pods API (each line made printable by the caller)."""
     if view.unavailable is not None:
         return ["", f"note: Pods API not available: {view.unavailable}"]
@@ -114,7 +126,7 @@ def format_pods_table(view: PodsView) -> list[str]:
             out.append(f"  ... and {view.skipped - UNDECODED_SHOWN} more (--output json names them all)")
     out += ["", "DEVICE HEALTH (the kubelet's verdicts, not Healthy first)"]
     verdicts = [
-        [pod.key, v.container, _resource(pod, v), v.resource_id, v.health, v.message or "-"]
+        [pod.key, v.container, _resource(pod, v, inventory), v.resource_id, v.health, v.message or "-"]
         for pod, v in view.verdicts()
     ]
     header = ["POD", "CONTAINER", "RESOURCE", "DEVICE", "HEALTH", "MESSAGE"]
@@ -122,7 +134,7 @@ def format_pods_table(view: PodsView) -> list[str]:
     return out
 
 
-def format_pods_json(view: PodsView) -> dict[str, Any]:
+def format_pods_json(view: PodsView, inventory: Inventory | None = None) -> dict[str, Any]:
     """The JSON document's `pods_api` field."""
     return {
         "available": view.unavailable is None,
@@ -148,7 +160,7 @@ def format_pods_json(view: PodsView) -> dict[str, Any]:
                 "resource_id": v.resource_id,
                 "health": v.health,
                 "message": v.message,
-                "claim": pod.claim_object(v.claim[0]) if v.is_claim else None,
+                "claim": _claim_object(pod, v, inventory),
             }
             for pod, v in view.verdicts()
         ],

@@ -26,10 +26,10 @@ from typing import Any
 from watcher.model.changes import Change, Kind
 from watcher.model.device_reports import SLICE_SOURCE, SOURCE, About, Said, story_change, unobserved_change
 from watcher.model.device_taints import DeviceTaint, failing
-from watcher.model.dra_holders import held_dra_devices
+from watcher.model.dra_holders import claim_device_of, held_dra_devices, resource_id_of
 from watcher.model.inventory import Inventory
 from watcher.model.pod_meta import HEALTHY, UNHEALTHY, UNKNOWN, DeviceVerdict, PodIndex, PodMeta
-from watcher.model.records import ClaimDevice, Pod
+from watcher.model.records import ClaimDevice
 from watcher.model.wording import printable
 
 __all__ = ["DeviceHealth", "SOURCE", "SLICE_SOURCE", "resource_id_of"]
@@ -43,11 +43,6 @@ _SOURCES = (SOURCE, SLICE_SOURCE)
 
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 PendingKey = tuple[str, str, str, str]  # (pod uid, container, status name, resource id)
-
-
-def resource_id_of(device: ClaimDevice) -> str:
-    """How the kubelet names a DRA device in the Pod status: its first CDI id, else driver/pool/device."""
-    return device.cdi_devices[0] if device.cdi_devices else f"{device.driver}/{device.pool}/{device.device}"
 
 
 @dataclass(frozen=True)
@@ -264,7 +259,7 @@ def _resolve(
             if not v.is_claim:
                 continue
             pkey = (pod.uid, v.container, v.resource, v.resource_id)
-            found = _device_of(inventory.pod(pod.namespace, pod.name), pod, v)
+            found = claim_device_of(inventory.pod(pod.namespace, pod.name), pod, v)
             if found is None:
                 still[pkey] = pending.get(pkey, now)
                 continue
@@ -282,24 +277,6 @@ def _resolve(
                 kept, uids=old.uids | {pod.uid}, first_seen=min(times, default=None)
             )
     return seen, still
-
-
-def _device_of(held: Pod | None, pod: PodMeta, v: DeviceVerdict) -> tuple[str, ClaimDevice] | None:
-    """(ResourceClaim name, device) of verdict `v`, from what pod-resources shows of the pod."""
-    if held is None:
-        return None
-    pod_claim, _ = v.claim
-    claim = pod.claim_object(pod_claim)
-    if claim is None:
-        return None
-    for container in held.containers:
-        for c in container.claims:
-            if c.name != claim or c.namespace != pod.namespace:
-                continue
-            for device in c.devices:
-                if resource_id_of(device) == v.resource_id:
-                    return claim, device
-    return None
 
 
 def _about_seen(s: _Seen) -> About:

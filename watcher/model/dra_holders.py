@@ -11,11 +11,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from watcher.model.inventory import Inventory
-from watcher.model.records import ClaimDevice
+from watcher.model.pod_meta import DeviceVerdict, PodMeta
+from watcher.model.records import ClaimDevice, Pod
 
-__all__ = ["DeviceKey", "held_dra_devices"]
+__all__ = ["DeviceKey", "claim_device_of", "held_dra_devices", "resource_id_of"]
 
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+
+
+def resource_id_of(device: ClaimDevice) -> str:
+    """The id the kubelet gives a DRA device in a Pod status: its first CDI id, else
+    driver/pool/device (upstream's cm/dra buildResourceHealth)."""
+    return device.cdi_devices[0] if device.cdi_devices else f"{device.driver}/{device.pool}/{device.device}"
 
 
 def held_dra_devices(
@@ -48,4 +55,29 @@ def _claim_giving(inventory: Inventory, holder: str, key: DeviceKey) -> tuple[st
                 for d in claim.devices:
                     if (d.driver, d.pool, d.device) == key:
                         return claim.name, d
+    return None
+
+
+def claim_device_of(held: Pod | None, pod: PodMeta, v: DeviceVerdict) -> tuple[str, ClaimDevice] | None:
+    """(ResourceClaim name, device) of verdict `v`, from what pod-resources shows of the pod.
+
+    The verdict names the pod's own claim entry ("claim:gpu"), not the ResourceClaim object. The
+    object's name is in the pod's status (resourceClaimStatuses) for a claim made from a template,
+    but a real kubelet's Pods API serves its own status, which never carries that field (the
+    status manager leaves it to the controller that owns it). So when the pod does not say, the
+    verdict's device id is looked up among the claims pod-resources lists for that container:
+    the id is the device's CDI id (else driver/pool/device), the same in both answers."""
+    if held is None:
+        return None
+    pod_claim, _ = v.claim
+    claim = pod.claim_object(pod_claim)
+    for container in held.containers:
+        if claim is None and container.name != v.container:
+            continue
+        for c in container.claims:
+            if c.namespace != pod.namespace or (claim is not None and c.name != claim):
+                continue
+            for device in c.devices:
+                if resource_id_of(device) == v.resource_id:
+                    return c.name, device
     return None

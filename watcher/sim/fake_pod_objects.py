@@ -107,13 +107,15 @@ def pod_object(node: FakeNode, pod: FakePod, node_name: str) -> core_v1_pb2.Pod:
     spec = core_v1_pb2.PodSpec(nodeName=node_name, containers=[_container(c) for c in pod.containers])
     claims = [(c.name, claim) for c in pod.containers for claim in c.claims]
     listed = sorted({claim.name for _, claim in claims if claim.extended_resource is None})
+    # Claims made from templates, as Jobs' pods have them. The real kubelet's Pods API serves the
+    # status its own status manager keeps, which never has resourceClaimStatuses (the
+    # resourceclaim controller owns that field in the API server): the claim object's name is
+    # nowhere in the pod, only in pod-resources' answer. The fake serves the same.
     for name in listed:
-        spec.resourceClaims.add(name=name, resourceClaimName=name)
+        spec.resourceClaims.add(name=name, resourceClaimTemplateName=f"{name}-template")
     status = core_v1_pb2.PodStatus(
         phase=pod.phase, containerStatuses=[_status(node, c) for c in pod.containers]
     )
-    for name in listed:
-        status.resourceClaimStatuses.add(name=name, resourceClaimName=name)
     for container, claim in claims:
         if claim.extended_resource is not None:
             extended = status.extendedResourceClaimStatus

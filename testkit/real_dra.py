@@ -1,0 +1,173 @@
+"""DRA on a real node, the way a user sets it up: upstream's DRA test driver registered with the
+real kubelet (testkit.dra_driver), a DeviceClass for its driver, a ResourceClaimTemplate, and a Job
+whose pod asks for a claim from it. The resourceclaim controller makes the claim, the real
+scheduler allocates it and binds the pod, the kubelet prepares it through the driver
+(NodePrepareResources) and reports the device's health in the pod's status.
+
+Names: the driver `<tag>.test.example.com`, its DeviceClass `<tag>`, so tests sharing one API
+server never select each other's devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from testkit.dra_driver import DraDriver
+from testkit.peers import peer
+from testkit.real_node import RealNode
+from testkit.waiting import wait_until
+
+__all__ = [
+    "DraSetup",
+    "add_dra_driver",
+    "allocated_device",
+    "claim_job",
+    "claim_of",
+    "job_pod",
+    "until_status_health",
+]
+
+REQUEST = "gpu"  # the request's name in every template: a status entry is claim:<claim>/gpu
+
+
+@dataclass(frozen=True)
+class DraSetup:
+    driver: DraDriver
+    device_class: str
+
+    @property
+    def name(self) -> str:
+        return self.driver.driver
+
+    @property
+    def pool(self) -> str:
+        return self.driver.pool
+
+
+async def add_dra_driver(
+    node: RealNode, tag: str, devices: tuple[str, ...] = ("gpu-0", "gpu-1"), *, health: bool = True
+) -> DraSetup:
+    """Start the driver on `node`, its DeviceClass in the API server; returns once the kubelet
+    registered the plugin and the driver's ResourceSlice is published."""
+    driver = DraDriver(
+        peer("dra-test-driver"),
+        node.root,
+        kubeconfig=node.cluster.admin_kubeconfig,
+        node=node.name,
+        driver=f"{tag}.test.example.com",
+        devices=devices,
+        health=health,
+    )
+    node.closers.append(driver.stop)
+    await driver.start()
+    await node.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": tag},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver.driver}"'}}]},
+        }
+    )
+
+    async def registered() -> bool:
+        state = await driver.state()
+        if not state.get("registered"):
+            return False
+        slices = await node.get("resourceslices", "--field-selector", f"spec.nodeName={node.name}")
+        return any(s["spec"]["driver"] == driver.driver for s in slices["items"])
+
+    await wait_until(registered, 30, interval=0.2, what=f"{driver.driver} registered and published")
+    return DraSetup(driver, tag)
+
+
+async def claim_job(node: RealNode, setup: DraSetup, namespace: str, name: str) -> None:
+    """A ResourceClaimTemplate asking for one device of the class, and a Job whose one pod (kept
+    to `node` by a node selector) takes a claim from it."""
+    template = f"{name}-gpu"
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "resourceClaims": [{"name": REQUEST, "resourceClaimTemplateName": template}],
+        "containers": [
+            {"name": "main", "image": "registry.test/trainer:1", "resources": {"claims": [{"name": REQUEST}]}}
+        ],
+    }
+    await node.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": template, "namespace": namespace},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": REQUEST, "exactly": {"deviceClassName": setup.device_class}}]
+                    }
+                }
+            },
+        },
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {"metadata": {"labels": {"team": "research"}}, "spec": pod_spec},
+            },
+        },
+    )
+
+
+async def job_pod(node: RealNode, namespace: str, job: str, timeout: float = 60.0) -> dict[str, Any]:
+    """The Job's pod once it runs on `node`: its claim allocated by the scheduler and prepared by
+    the driver."""
+    found: dict[str, Any] = {}
+
+    async def running() -> bool:
+        pods = await node.get("pods", "-n", namespace, "-l", f"batch.kubernetes.io/job-name={job}")
+        for pod in pods["items"]:
+            statuses = pod.get("status", {}).get("containerStatuses", [])
+            if pod["status"].get("phase") == "Running" and all(s["state"].get("running") for s in statuses):
+                found["pod"] = pod
+                return True
+        return False
+
+    await wait_until(running, timeout, interval=0.2, what=f"Job {namespace}/{job}'s pod Running")
+    pod: dict[str, Any] = found["pod"]
+    return pod
+
+
+async def claim_of(node: RealNode, pod: dict[str, Any]) -> dict[str, Any]:
+    """The ResourceClaim the pod's `gpu` entry names in its status (made from the template)."""
+    statuses = pod["status"].get("resourceClaimStatuses", [])
+    (name,) = [s["resourceClaimName"] for s in statuses if s["name"] == REQUEST]
+    claim: dict[str, Any] = await node.get("resourceclaim", "-n", pod["metadata"]["namespace"], name)
+    return claim
+
+
+def allocated_device(claim: dict[str, Any]) -> str:
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    return str(result["device"])
+
+
+async def until_status_health(
+    node: RealNode, namespace: str, pod: str, health: str, timeout: float = 30.0
+) -> dict[str, Any]:
+    """Until the pod's status (in the API server) gives its claim's device `health`; that entry."""
+    seen: dict[str, Any] = {}
+
+    async def says() -> bool:
+        got = await node.get("pod", "-n", namespace, pod)
+        for status in got["status"].get("containerStatuses", []):
+            for entry in status.get("allocatedResourcesStatus", []):
+                if entry["name"].startswith("claim:"):
+                    for resource in entry.get("resources", []):
+                        if resource.get("health") == health:
+                            seen["entry"] = {"name": entry["name"], **resource}
+                            return True
+        return False
+
+    await wait_until(says, timeout, interval=0.1, what=f"{namespace}/{pod}'s claim {health} in its status")
+    entry: dict[str, Any] = seen["entry"]
+    return entry
