@@ -126,10 +126,11 @@ async def test_kubelet_restarts_by_sigterm_and_sigkill_are_one_kubelet_restarted
         mark = len(run.recorder.events)
         for n, how in enumerate((signal.SIGTERM, signal.SIGKILL)):
             await real_node.restart(how)
-            seen = n + 1
-            await run.recorder.until(
-                lambda: run.recorder.kinds(mark).count("kubelet.restarted") == seen, timeout=60
-            )
+
+            def restarted(count: int = n + 1) -> bool:
+                return run.recorder.kinds(mark).count("kubelet.restarted") == count
+
+            await run.recorder.until(restarted, timeout=60)
             await real_node.wait_allocatable(GPU, set(GPUS), timeout=30)
             await run.released()
             await run.pods_watching(timeout=30)

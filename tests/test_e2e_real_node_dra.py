@@ -6,7 +6,9 @@ agent's events and pages. Each scenario counts the agent's events exactly."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,6 +18,8 @@ from typing import Any
 import pytest
 
 from testkit.agent import AgentRun, agent_against, make_settings
+from testkit.kube_reporting import agent_identity, install_reporting
+from testkit.kube_testcluster import KubeTestCluster
 from testkit.real_dra import (
     add_dra_driver,
     allocated_device,
@@ -26,9 +30,19 @@ from testkit.real_dra import (
 )
 from testkit.real_node import RealNode
 from testkit.receivers import PagerDutyReceiver
+from testkit.waiting import wait_until
 from watcher.settings_file import parse_settings
+from watcher.sinks.kubernetes import KubernetesSinkSettings
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
+    """The session's cluster with the shipped RBAC and admission policy in force."""
+    asyncio.run(install_reporting(kube_cluster))
+    return kube_cluster
+
 
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}
@@ -42,7 +56,7 @@ def _tag() -> str:
 
 @asynccontextmanager
 async def _agent(
-    short_tmp: Path, node: RealNode, pager: PagerDutyReceiver, **pods: Any
+    short_tmp: Path, node: RealNode, pager: PagerDutyReceiver, extra_sinks: tuple[Any, ...] = (), **pods: Any
 ) -> AsyncIterator[AgentRun]:
     parsed = parse_settings(
         {
@@ -58,7 +72,7 @@ async def _agent(
         }
     )
     base = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
-    settings = dataclasses.replace(base, sinks=(*base.sinks, *parsed.sinks), pods=parsed.pods)
+    settings = dataclasses.replace(base, sinks=(*base.sinks, *parsed.sinks, *extra_sinks), pods=parsed.pods)
     async with agent_against(settings) as run:
         await run.pods_watching(timeout=30)
         await run.released()
@@ -134,4 +148,188 @@ async def test_a_claims_device_failing_at_the_driver_is_one_page_with_its_words_
         await pager.wait_for(2, timeout=15)
         await run.quiet_cycle()
         assert run.recorder.kinds(mark) == ["device.unhealthy", "device.healthy"]
+        assert [p["event_action"] for p in pager.events] == ["trigger", "resolve"]
+
+
+async def test_a_driver_that_reports_no_health_leaves_its_devices_unknown_and_nothing_is_said(
+    scheduled_node: RealNode, short_tmp: Path
+) -> None:
+    """Unknown is the kubelet's default for a device no driver speaks for: not a fault. Even past
+    the Unknown grace (1 s here), the agent says nothing of it."""
+    node = scheduled_node
+    dra = await add_dra_driver(node, _tag(), health=False)
+    namespace = await node.namespace(f"mute-{uuid.uuid4().hex[:6]}")
+    async with PagerDutyReceiver() as pager, _agent(short_tmp, node, pager, health_unknown_grace=1.0) as run:
+        mark = len(run.recorder.events)
+        await claim_job(node, dra, namespace, "quiet")
+        pod = await job_pod(node, namespace, "quiet")
+        entry = await until_status_health(node, namespace, pod["metadata"]["name"], "Unknown")
+        assert entry["name"] == "claim:gpu"
+        await run.recorder.until(lambda: "allocation.added" in run.recorder.kinds(mark), timeout=15)
+        # An absence cannot be awaited: wait past the Unknown grace, when a warning would be due.
+        await asyncio.sleep(2.0)
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["allocation.added"]
+        assert pager.events == []
+
+
+async def test_kubelet_restarts_with_pods_and_claims_in_place_are_one_kubelet_restarted_each(
+    scheduled_node: RealNode, short_tmp: Path
+) -> None:
+    """SIGTERM, then SIGKILL: the kubelet restores devices and claims from its checkpoints, deletes
+    its node's ResourceSlices and the driver publishes them again, the plugin registers again:
+    nothing but kubelet.restarted, and no page."""
+    node = scheduled_node
+    plugin_gpus = await node.add_plugin(GPU, GPUS)
+    assert plugin_gpus.devices
+    dra = await add_dra_driver(node, _tag())
+    namespace = await node.namespace(f"rst-{uuid.uuid4().hex[:6]}")
+    await node.apply(node.pod(namespace, "plugin-holder", {GPU: 1}))
+    await node.wait_pod(namespace, "plugin-holder")
+    await claim_job(node, dra, namespace, "claim-holder")
+    pod = await job_pod(node, namespace, "claim-holder")
+    device = allocated_device(await claim_of(node, pod))
+    await dra.driver.set_health(dra.pool, device, "Healthy")
+    await until_status_health(node, namespace, pod["metadata"]["name"], "Healthy")
+    async with PagerDutyReceiver() as pager, _agent(short_tmp, node, pager) as run:
+        before = run.agent.inventory
+        mark = len(run.recorder.events)
+        for n, how in enumerate((signal.SIGTERM, signal.SIGKILL)):
+            await node.restart(how)
+
+            def restarted(count: int = n + 1) -> bool:
+                return run.recorder.kinds(mark).count("kubelet.restarted") == count
+
+            await run.recorder.until(restarted, timeout=60)
+            await node.wait_allocatable(GPU, set(GPUS), timeout=30)
+            await run.released()
+            await run.pods_watching(timeout=30)
+        await until_status_health(node, namespace, pod["metadata"]["name"], "Healthy")
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["kubelet.restarted"] * 2
+        assert run.agent.inventory == before
+        assert pager.events == []
+
+
+async def test_a_dra_driver_restart_pages_nobody(scheduled_node: RealNode, short_tmp: Path) -> None:
+    node = scheduled_node
+    dra = await add_dra_driver(node, _tag())
+    namespace = await node.namespace(f"drv-{uuid.uuid4().hex[:6]}")
+    await claim_job(node, dra, namespace, "held")
+    pod = await job_pod(node, namespace, "held")
+    device = allocated_device(await claim_of(node, pod))
+    await dra.driver.set_health(dra.pool, device, "Healthy")
+    await until_status_health(node, namespace, pod["metadata"]["name"], "Healthy")
+    async with PagerDutyReceiver() as pager, _agent(short_tmp, node, pager) as run:
+        mark = len(run.recorder.events)
+        await dra.driver.restart()
+        await dra.driver.set_health(dra.pool, device, "Healthy")  # a new process says it again
+
+        async def registered() -> bool:
+            return bool((await dra.driver.state()).get("registered"))
+
+        await wait_until(registered, 30, interval=0.2, what="the restarted driver registered")
+        await until_status_health(node, namespace, pod["metadata"]["name"], "Healthy")
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == []
+        assert pager.events == []
+
+
+@pytest.mark.timeout(180)
+async def test_a_driver_that_stops_reporting_is_unknown_after_the_grace_a_warning_never_a_page(
+    scheduled_node: RealNode, short_tmp: Path
+) -> None:
+    """The driver stays registered but sends no more health reports. The kubelet times a device's
+    health out 30 s after its last report (DefaultHealthTimeout, the driver giving none of its own)
+    and shows Unknown when it next syncs the pod: a periodic resync (1 to 1.5 min) or any update of
+    the pod, here an annotation, so the test need not wait for the resync. The agent: after its
+    Unknown grace, one warning; no page."""
+    node = scheduled_node
+    dra = await add_dra_driver(node, _tag())
+    namespace = await node.namespace(f"stale-{uuid.uuid4().hex[:6]}")
+    await claim_job(node, dra, namespace, "stale")
+    pod = await job_pod(node, namespace, "stale")
+    name = pod["metadata"]["name"]
+    device = allocated_device(await claim_of(node, pod))
+    await dra.driver.set_health(dra.pool, device, "Healthy")
+    await until_status_health(node, namespace, name, "Healthy")
+    async with PagerDutyReceiver() as pager, _agent(short_tmp, node, pager, health_unknown_grace=2.0) as run:
+        mark = len(run.recorder.events)
+        await dra.driver.mute()
+        muted_at = asyncio.get_running_loop().time()
+
+        async def unknown_after_nudge() -> bool:
+            # Nudge the kubelet into a pod sync, as any update of the pod would.
+            await asyncio.to_thread(
+                node.kubectl,
+                "annotate",
+                "pod",
+                name,
+                "-n",
+                namespace,
+                f"nudge={uuid.uuid4().hex[:6]}",
+                "--overwrite",
+            )
+            got = await node.get("pod", "-n", namespace, name)
+            return any(
+                r.get("health") == "Unknown"
+                for s in got["status"].get("containerStatuses", [])
+                for e in s.get("allocatedResourcesStatus", [])
+                for r in e.get("resources", [])
+            )
+
+        await wait_until(unknown_after_nudge, 90, interval=3.0, what="the muted driver's device Unknown")
+        stale_after = asyncio.get_running_loop().time() - muted_at
+        assert stale_after >= 25, stale_after  # the kubelet's own 30 s timeout, not before
+        await run.recorder.until(lambda: "device.health_unknown" in run.recorder.kinds(mark), timeout=20)
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["device.health_unknown"]
+        assert run.recorder.events[mark].severity.value == "warning"
+        assert pager.events == []
+
+
+async def test_a_resource_slice_taint_and_the_pod_status_saying_the_same_are_one_story(
+    reporting: KubeTestCluster, scheduled_node: RealNode, short_tmp: Path
+) -> None:
+    """The driver taints the device in its ResourceSlice (NoExecute) and reports it Unhealthy: one
+    critical device.unhealthy, one page; both sources hold it; untainted and Healthy: one heal."""
+    node = scheduled_node
+    dra = await add_dra_driver(node, _tag())
+    namespace = await node.namespace(f"taint-{uuid.uuid4().hex[:6]}")
+    await claim_job(node, dra, namespace, "tainted")
+    pod = await job_pod(node, namespace, "tainted")
+    name = pod["metadata"]["name"]
+    device = allocated_device(await claim_of(node, pod))
+    kubeconfig = await asyncio.to_thread(
+        agent_identity, node.cluster, node.name, f"agent-{uuid.uuid4().hex[:6]}"
+    )
+    sink = KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig, api_rate=50.0)
+    async with (
+        PagerDutyReceiver() as pager,
+        _agent(short_tmp, node, pager, extra_sinks=(sink,), resource_slices_interval=1.0) as run,
+    ):
+        mark = len(run.recorder.events)
+
+        def health() -> list[Any]:
+            return [e for e in run.recorder.events[mark:] if e.kind.startswith("device.")]
+
+        await dra.driver.taint(device, "gpu.test.example.com/xid", "79", "NoExecute")
+        await dra.driver.set_health(dra.pool, device, "Unhealthy", XID)
+        await until_status_health(node, namespace, name, "Unhealthy")
+        await pager.wait_for(1, timeout=20)
+
+        def sources() -> list[str]:
+            devices = run.agent.committer.state.device_health.to_json()["devices"]
+            return sorted({s for d in devices for s in d["sources"]})
+
+        await run.recorder.until(lambda: sources() == ["pod-status", "resource-slice"], 20)
+        await run.quiet_cycle()
+        assert [e.kind for e in health()] == ["device.unhealthy"]
+        assert health()[0].severity.value == "critical"
+        await dra.driver.untaint(device, "gpu.test.example.com/xid")
+        await dra.driver.set_health(dra.pool, device, "Healthy")
+        await run.recorder.until(lambda: len(health()) >= 2, 30)
+        await pager.wait_for(2, timeout=20)
+        await run.quiet_cycle()
+        assert [e.kind for e in health()] == ["device.unhealthy", "device.healthy"]
         assert [p["event_action"] for p in pager.events] == ["trigger", "resolve"]
