@@ -94,12 +94,12 @@ PEERS_LDFLAGS := $(foreach v,gitVersion=$(PEERS_K8S) gitMajor=$(word 1,$(subst .
 NFD_MODULE := sigs.k8s.io/node-feature-discovery
 NFD_VERSION := $(shell sed -n 's/^[[:space:]]*sigs.k8s.io\/node-feature-discovery \(v[0-9.]*\).*$$/\1/p' peers/nfd/go.mod)
 NFD_FLAGS := -tags osusergo,netgo -ldflags "-s -w -X $(NFD_MODULE)/pkg/version.version=$(NFD_VERSION) -X $(NFD_MODULE)/pkg/utils/hostpath.pathPrefix=/"
-peers: ## build the Go test peers (kube-testcluster, kubelet-lite, device-plugin, dra-test-driver, kube-controllers, kube-apiserver from k8s.io/kubernetes; nfd-topology-updater from node-feature-discovery) into .peers/bin
+peers: ## build the Go test peers (kube-testcluster, kubelet, fake-cri, kubelet-lite, device-plugin, dra-test-driver, kube-controllers, kube-apiserver from k8s.io/kubernetes; nfd-topology-updater from node-feature-discovery) into .peers/bin
 	@command -v go >/dev/null 2>&1 || { echo "peers: Go is not installed: install Go 1.26+ (Debian: apt-get install golang) and run make peers again"; exit 1; }
 	cd peers && nice -n 10 go build -buildvcs=false -ldflags "$(PEERS_LDFLAGS)" -o $(CURDIR)/.peers/bin/ ./cmd/...
 	cd peers/nfd && nice -n 10 go build -buildvcs=false $(NFD_FLAGS) -o $(CURDIR)/.peers/bin/ $(NFD_MODULE)/cmd/nfd-topology-updater
 
-e2e: peers tools ## the end-to-end tests against the Go test peers (the real kube-apiserver, kubelet-lite); builds them first
+e2e: peers tools ## the end-to-end tests against the Go test peers (the real kube-apiserver, scheduler and kubelet, kubelet-lite); builds them first
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -p no:cacheprovider -m e2e
 
 clean: ## remove the virtualenv and caches
