@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit.kube_testcluster import KubeTestCluster
-from testkit.kubelet_lite import DevicePlugin
+from testkit.kubelet_lite import AdmissionError, DevicePlugin
 from testkit.peer_process import PeerProcess
 from testkit.peers import peer
 from testkit.waiting import wait_until
@@ -57,6 +57,7 @@ class RealNode:
         self.plugins: list[DevicePlugin] = []
         # What else runs against this node (DRA drivers): stopped before the kubelet on close.
         self.closers: list[Callable[[], Awaitable[None]]] = []
+        self._namespaces: set[str] = set()
         self.cri: PeerProcess | None = None
         self.process: PeerProcess | None = None
         self.starts = 0
@@ -285,3 +286,59 @@ class RealNode:
         """Delete the pod (with `force`: from the API server at once, whatever the kubelet does)."""
         extra = ["--force", "--grace-period=0"] if force else ["--wait=false"]
         await asyncio.to_thread(self.kubectl, "delete", "pod", name, "-n", namespace, *extra)
+
+    # -- kubelet-lite's interface, so a scenario written for it plays here --
+
+    async def admit(
+        self, namespace: str, name: str, containers: Mapping[str, Mapping[str, int]]
+    ) -> dict[str, dict[str, list[str]]]:
+        """A pod (container -> resource -> count) bound to this node, as a user creates one; returns
+        once it runs: container -> resource -> the device ids the device manager gave it. Refused at
+        admission: AdmissionError with the kubelet's reason and message (the pod's status)."""
+        if namespace not in self._namespaces:
+            await self.namespace(namespace)
+            self._namespaces.add(namespace)
+        pod = self.pod(namespace, name)
+        pod["spec"]["containers"] = [
+            {"name": c, "image": "registry.test/job:1", "resources": {"limits": dict(r)}}
+            for c, r in containers.items()
+        ]
+        await self.apply(pod)
+
+        async def settled() -> bool:
+            got = await self.get("pod", "-n", namespace, name)
+            status = got.get("status", {})
+            if status.get("phase") == "Failed":
+                return True
+            running = status.get("containerStatuses", [])
+            return status.get("phase") == "Running" and all(s["state"].get("running") for s in running)
+
+        await wait_until(
+            settled, START_TIMEOUT_S, interval=0.1, what=f"pod {namespace}/{name} admitted or refused"
+        )
+        status = (await self.get("pod", "-n", namespace, name))["status"]
+        if status.get("phase") == "Failed":
+            raise AdmissionError(status.get("reason", ""), status.get("message", ""))
+        async with PodResourcesClient(str(self.socket_path)) as client:
+            answer = await client.get(namespace, name)
+        held: dict[str, dict[str, list[str]]] = {c: {} for c in containers}
+        for container in answer.pod_resources.containers:
+            for device in container.devices:
+                held.setdefault(container.name, {}).setdefault(device.resource_name, []).extend(
+                    device.device_ids
+                )
+        return held
+
+    async def remove(self, namespace: str, name: str) -> None:
+        """Delete the pod; returns once pod-resources no longer lists it (its devices freed)."""
+        await self.delete_pod(namespace, name)
+
+        async def gone() -> bool:
+            try:
+                async with PodResourcesClient(str(self.socket_path)) as client:
+                    listed = await client.list()
+            except RateLimitedError:
+                return False
+            return not any((p.namespace, p.name) == (namespace, name) for p in listed.pod_resources)
+
+        await wait_until(gone, START_TIMEOUT_S, interval=0.1, what=f"pod {namespace}/{name} gone from List")

@@ -1,7 +1,9 @@
-"""The agent against kubelet-lite: upstream's device manager, checkpoint restore, device plugin
-registration, pod-resources server and rate limiter (peers/cmd/kubelet-lite), with our v1beta1
-device plugin (peers/cmd/device-plugin). The same assertions the fake-kubelet tests make, on the
-real thing; and where it is cheap, the fake checked against the real one."""
+"""The agent against upstream's kubelet (peers/cmd/kubelet, the whole kubelet on a fake CRI): its
+device manager, checkpoint restore, device plugin registration, admission, pod-resources server and
+rate limiter, with our v1beta1 device plugin (peers/cmd/device-plugin). Pods are created in the API
+server and admitted by the kubelet. The same assertions the fake-kubelet tests make, on the real
+thing; and where it is cheap, the fake checked against the real one. (These ran on kubelet-lite,
+upstream's device manager and servers alone, before the whole kubelet ran here.)"""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import pytest
 from grpc import aio
 
 from testkit.agent import AgentRun, agent_against, make_settings
-from testkit.kubelet_lite import AdmissionError, KubeletLite
+from testkit.kubelet_lite import AdmissionError
+from testkit.real_node import RealNode
 from testkit.waiting import wait_until
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -33,9 +36,10 @@ FLIPS = 30  # health changes in the rate-limit test, each awaited by the agent's
 
 
 @asynccontextmanager
-async def _agent(short_tmp: Path, **overrides: Any) -> AsyncIterator[AgentRun]:
-    """The agent on kubelet-lite's root, past its first look and holding nothing back."""
-    async with agent_against(make_settings(short_tmp, **overrides)) as run:
+async def _agent(short_tmp: Path, node: RealNode, **overrides: Any) -> AsyncIterator[AgentRun]:
+    """The agent on the kubelet's root, past its first look and holding nothing back."""
+    settings = make_settings(short_tmp, kubelet_root=node.root, node=node.name, **overrides)
+    async with agent_against(settings) as run:
         await run.recorder.until(lambda: "watcher.started" in run.recorder.kinds())
         await run.released()
         yield run
@@ -75,16 +79,16 @@ def _devices_of(response: api_pb2.ListPodResourcesResponse, namespace: str, name
 
 
 async def test_kubelet_restarts_give_one_kubelet_restarted_each_and_nothing_else(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
     """The real checkpoint restore and plugin re-registration: no false 'device missing'."""
-    await kubelet_lite.add_plugin(GPU, GPUS)
-    await kubelet_lite.admit("ml", "trainer-restarts", {"main": {GPU: 2}})
-    async with _agent(short_tmp) as run:
+    await real_node.add_plugin(GPU, GPUS)
+    await real_node.admit("ml", "trainer-restarts", {"main": {GPU: 2}})
+    async with _agent(short_tmp, real_node) as run:
         before = run.agent.inventory
         mark = len(run.recorder.events)
         for n in range(2):
-            await kubelet_lite.restart()
+            await real_node.restart()
             await run.recorder.until(
                 lambda n=n: run.recorder.kinds(mark).count("kubelet.restarted") == n + 1, timeout=30
             )
@@ -95,11 +99,11 @@ async def test_kubelet_restarts_give_one_kubelet_restarted_each_and_nothing_else
 
 
 async def test_a_device_plugin_restart_gives_only_plugin_lifecycle_events(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
-    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
-    await kubelet_lite.admit("ml", "trainer-plugin", {"main": {GPU: 1}})
-    async with _agent(short_tmp) as run:
+    plugin = await real_node.add_plugin(GPU, GPUS)
+    await real_node.admit("ml", "trainer-plugin", {"main": {GPU: 1}})
+    async with _agent(short_tmp, real_node) as run:
         mark = len(run.recorder.events)
         await plugin.stop()  # the process ends and removes its socket
         # The kubelet drops the devices when the plugin's stream ends, a moment after the socket
@@ -114,14 +118,14 @@ async def test_a_device_plugin_restart_gives_only_plugin_lifecycle_events(
 
 
 async def test_a_plugin_whose_streams_outlive_its_socket_is_a_departure_not_a_failure(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
     """The socket goes first, the ListAndWatch stream 1 s later, and only then does the real
     device manager drop the devices (writing no file): the look the socket's removal triggers sees
     them all still there. That drop is the plugin leaving, never `device.removed`."""
-    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
-    await kubelet_lite.admit("ml", "trainer-linger", {"main": {GPU: 1}})
-    async with _agent(short_tmp) as run:
+    plugin = await real_node.add_plugin(GPU, GPUS)
+    await real_node.admit("ml", "trainer-linger", {"main": {GPU: 1}})
+    async with _agent(short_tmp, real_node) as run:
         mark = len(run.recorder.events)
         cycles = run.recorder.cycles
         await plugin.leave(linger=1.0)  # returns once the process has ended: the drop is due
@@ -133,13 +137,13 @@ async def test_a_plugin_whose_streams_outlive_its_socket_is_a_departure_not_a_fa
 
 
 async def test_a_quick_device_plugin_restart_gives_no_event_but_plugin_lifecycle(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
     """Stopped and started at once: whether the agent catches the gap is timing, but it never
     reports anything else (no device missing, no allocation change)."""
-    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
-    await kubelet_lite.admit("ml", "trainer-quick", {"main": {GPU: 1}})
-    async with _agent(short_tmp) as run:
+    plugin = await real_node.add_plugin(GPU, GPUS)
+    await real_node.admit("ml", "trainer-quick", {"main": {GPU: 1}})
+    async with _agent(short_tmp, real_node) as run:
         before = run.agent.inventory
         mark = len(run.recorder.events)
         await plugin.restart()
@@ -149,12 +153,12 @@ async def test_a_quick_device_plugin_restart_gives_no_event_but_plugin_lifecycle
 
 
 async def test_an_allocated_device_turning_unhealthy_is_critical_and_healing_resolves_it(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
-    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
-    held = await kubelet_lite.admit("ml", "trainer-health", {"main": {GPU: 1}})
+    plugin = await real_node.add_plugin(GPU, GPUS)
+    held = await real_node.admit("ml", "trainer-health", {"main": {GPU: 1}})
     (victim,) = held["main"][GPU]
-    async with _agent(short_tmp) as run:
+    async with _agent(short_tmp, real_node) as run:
         mark = len(run.recorder.events)
         await plugin.set_healthy(victim, False)  # through ListAndWatch
         await run.recorder.until(lambda: "device.removed" in run.recorder.kinds(mark))
@@ -171,9 +175,9 @@ async def test_an_allocated_device_turning_unhealthy_is_critical_and_healing_res
         assert list(added.details["numa"]) == list(GPUS[victim])
 
 
-async def test_a_hot_plugged_device_is_reported_added(kubelet_lite: KubeletLite, short_tmp: Path) -> None:
-    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
-    async with _agent(short_tmp) as run:
+async def test_a_hot_plugged_device_is_reported_added(real_node: RealNode, short_tmp: Path) -> None:
+    plugin = await real_node.add_plugin(GPU, GPUS)
+    async with _agent(short_tmp, real_node) as run:
         mark = len(run.recorder.events)
         await plugin.add_device("gpu-hotplug", (1,))
         await run.recorder.until(lambda: "device.added" in run.recorder.kinds(mark))
@@ -182,12 +186,12 @@ async def test_a_hot_plugged_device_is_reported_added(kubelet_lite: KubeletLite,
 
 
 async def test_a_pod_admitted_with_devices_and_removed_shows_as_the_agent_reports_it(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
-    await kubelet_lite.add_plugin(GPU, GPUS)
-    async with _agent(short_tmp) as run:
+    await real_node.add_plugin(GPU, GPUS)
+    async with _agent(short_tmp, real_node) as run:
         mark = len(run.recorder.events)
-        held = await kubelet_lite.admit("team", "job-alloc", {"main": {GPU: 2}})
+        held = await real_node.admit("team", "job-alloc", {"main": {GPU: 2}})
         ids = sorted(held["main"][GPU])
         assert len(ids) == 2
         await run.recorder.until(lambda: "allocation.added" in run.recorder.kinds(mark))
@@ -199,36 +203,38 @@ async def test_a_pod_admitted_with_devices_and_removed_shows_as_the_agent_report
         )
         assert added.details["devices"] == {GPU: ids}
         mark = len(run.recorder.events)
-        await kubelet_lite.remove("team", "job-alloc")
+        await real_node.remove("team", "job-alloc")
         # The kubelet rewrites no state file when a pod goes (the device manager frees its devices
         # in memory): the agent sees it at its next timer, which this forces.
         await run.quiet_cycle()
         (gone,) = [e for e in run.recorder.events[mark:] if e.kind == "allocation.removed"]
         assert gone.details["devices"] == {GPU: ids}
         # Freed for real: a pod can now take every device.
-        again = await kubelet_lite.admit("team", "job-all", {"main": {GPU: len(GPUS)}})
+        again = await real_node.admit("team", "job-all", {"main": {GPU: len(GPUS)}})
         assert sorted(again["main"][GPU]) == sorted(GPUS)
 
 
 async def test_the_device_manager_refuses_more_devices_than_are_free_in_upstreams_words(
-    kubelet_lite: KubeletLite,
+    real_node: RealNode,
 ) -> None:
-    await kubelet_lite.add_plugin(GPU, GPUS)
+    await real_node.add_plugin(GPU, GPUS)
     with pytest.raises(AdmissionError) as caught:
-        await kubelet_lite.admit("team", "job-greedy", {"main": {GPU: len(GPUS) + 1}})
+        await real_node.admit("team", "job-greedy", {"main": {GPU: len(GPUS) + 1}})
+    # The device manager's own words, as the kubelet puts them in the refused pod's status.
     assert caught.value.reason == "UnexpectedAdmissionError"
     assert caught.value.message == (
-        f"Allocate failed due to requested number of devices unavailable for {GPU}. "
+        f"Pod was rejected: Allocate failed due to requested number of devices unavailable for {GPU}. "
         f"Requested: {len(GPUS) + 1}, Available: {len(GPUS)}, which is unexpected"
     )
-    assert await kubelet_lite.pods() == []  # a refused pod is not admitted
+    listed = await _list(real_node.socket_path)
+    assert all(p.name != "job-greedy" for p in listed.pod_resources)  # a refused pod holds nothing
 
 
 async def test_the_agent_at_its_highest_rate_cap_stays_under_the_real_rate_limiter(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
-    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
-    async with _agent(short_tmp, max_rpc_rate=50) as run:  # the most [watch] max_rpc_rate allows
+    plugin = await real_node.add_plugin(GPU, GPUS)
+    async with _agent(short_tmp, real_node, max_rpc_rate=50) as run:  # the most [watch] max_rpc_rate allows
         answered = run.queries_ok()
         for flip in range(FLIPS):  # each flip rewrites the checkpoint: a trigger to re-query
             seen = run.queries_ok()
@@ -243,7 +249,7 @@ async def test_the_agent_at_its_highest_rate_cap_stays_under_the_real_rate_limit
 
 
 async def test_the_fake_and_the_real_limiter_reject_with_the_same_status_and_text(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
     async def burst(socket: Path) -> set[tuple[grpc.StatusCode, str]]:
         async with aio.insecure_channel(f"unix:{socket}") as channel:
@@ -251,7 +257,7 @@ async def test_the_fake_and_the_real_limiter_reject_with_the_same_status_and_tex
             results = await asyncio.gather(*(call(b"", timeout=5) for _ in range(40)), return_exceptions=True)
         return {(r.code(), r.details() or "") for r in results if isinstance(r, aio.AioRpcError)}
 
-    real = await burst(kubelet_lite.socket_path)
+    real = await burst(real_node.socket_path)
     async with FakeKubelet(short_tmp / "fake") as fake:
         faked = await burst(fake.socket_path)
     assert real == {(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")}
@@ -259,10 +265,10 @@ async def test_the_fake_and_the_real_limiter_reject_with_the_same_status_and_tex
 
 
 async def test_the_fake_and_the_real_answer_get_of_an_unknown_pod_alike(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
     request = api_pb2.GetPodResourcesRequest(pod_namespace="nowhere", pod_name="ghost").SerializeToString()
-    real = await _error(kubelet_lite.socket_path, "Get", request)
+    real = await _error(real_node.socket_path, "Get", request)
     async with FakeKubelet(short_tmp / "fake") as fake:
         faked = await _error(fake.socket_path, "Get", request)
     assert real == (grpc.StatusCode.UNKNOWN, "pod ghost in namespace nowhere not found")
@@ -270,42 +276,49 @@ async def test_the_fake_and_the_real_answer_get_of_an_unknown_pod_alike(
 
 
 async def test_the_fake_and_the_real_socket_have_one_mode_and_are_replaced_on_restart(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
     def identity(path: Path) -> tuple[int, int, int]:
         st = os.stat(path)
         return st.st_ino, st.st_mtime_ns, stat.S_IMODE(st.st_mode)
 
-    real_before = identity(kubelet_lite.socket_path)
-    await kubelet_lite.restart()
-    real_after = identity(kubelet_lite.socket_path)
+    real_before = identity(real_node.socket_path)
+    await real_node.restart()
+    real_after = identity(real_node.socket_path)
     fake = FakeKubelet(short_tmp / "fake")
     async with fake:
         fake_before = identity(fake.socket_path)
         await fake.restart()
         fake_after = identity(fake.socket_path)
-    assert stat.S_ISSOCK(os.stat(kubelet_lite.socket_path).st_mode)
+    assert stat.S_ISSOCK(os.stat(real_node.socket_path).st_mode)
     assert real_before[:2] != real_after[:2]  # a new file (its inode may be reused; its time is not)
     assert fake_before[:2] != fake_after[:2]
     assert real_after[2] == fake_after[2], f"socket mode: real {real_after[2]:o}, fake {fake_after[2]:o}"
 
 
 async def test_the_warm_up_shows_allocations_at_once_and_allocatable_empty_until_the_plugin_registers(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
-    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
-    held = await kubelet_lite.admit("ml", "trainer-warmup", {"main": {GPU: 2}})
-    await kubelet_lite.stop()
+    plugin = await real_node.add_plugin(GPU, GPUS)
+    held = await real_node.admit("ml", "trainer-warmup", {"main": {GPU: 2}})
+    await real_node.stop()
     await plugin.stop()  # a plugin not back yet: the kubelet knows its devices only by its checkpoint
-    await kubelet_lite.start()
-    assert _devices_of(await _list(kubelet_lite.socket_path), "ml", "trainer-warmup") == set(
-        held["main"][GPU]
-    )
-    assert [d for d in (await _allocatable(kubelet_lite.socket_path)).devices if d.resource_name == GPU] == []
+    await real_node.start()
+
+    # The pods come back as soon as the kubelet has them from the API server (its pod manager is
+    # empty for a moment after a start: List may say nothing at first), with their devices from
+    # the checkpoint, while the plugin's devices are not allocatable.
+    async def allocations_back() -> bool:
+        return _devices_of(await _list(real_node.socket_path), "ml", "trainer-warmup") == set(
+            held["main"][GPU]
+        )
+
+    await wait_until(allocations_back, 30, interval=0.05, what="the pod's devices listed again")
+    assert [d for d in (await _allocatable(real_node.socket_path)).devices if d.resource_name == GPU] == []
     await plugin.start()
 
     async def all_back() -> bool:  # registered; its first ListAndWatch answer follows
-        allocatable = await _allocatable(kubelet_lite.socket_path)
+        allocatable = await _allocatable(real_node.socket_path)
         return {i for d in allocatable.devices for i in d.device_ids} == set(GPUS)
 
     await wait_until(all_back, what="the plugin's devices back in allocatable")
@@ -337,24 +350,24 @@ async def test_the_warm_up_shows_allocations_at_once_and_allocatable_empty_until
 
 
 async def test_a_restart_whose_first_look_is_rate_limited_still_holds_the_warm_up(
-    kubelet_lite: KubeletLite, short_tmp: Path
+    real_node: RealNode, short_tmp: Path
 ) -> None:
     """Issue 36 item 4 on the real limiter and checkpoint restore: another client spends the new
     kubelet's shared limit, so the agent's first look after the restart is refused; the device
     plugin is slow to register again (paused), so the next answer is the warm-up itself. Only
     `kubelet.restarted` may come of it."""
-    plugin = await kubelet_lite.add_plugin(GPU, GPUS)
-    await kubelet_lite.admit("ml", "trainer-warm", {"main": {GPU: 2}})
-    async with _agent(short_tmp) as run:
+    plugin = await real_node.add_plugin(GPU, GPUS)
+    await real_node.admit("ml", "trainer-warm", {"main": {GPU: 2}})
+    async with _agent(short_tmp, real_node) as run:
         before, mark = run.agent.inventory, len(run.recorder.events)
         registered = plugin.registrations
         assert plugin.process is not None
         plugin.process.pause()
         busy = asyncio.Event()
-        others = [asyncio.create_task(_spend_the_limit(kubelet_lite.socket_path, busy)) for _ in range(8)]
+        others = [asyncio.create_task(_spend_the_limit(real_node.socket_path, busy)) for _ in range(8)]
         try:
-            await kubelet_lite.stop()
-            await kubelet_lite.start()
+            await real_node.stop()
+            await real_node.start()
             metrics = run.agent.metrics
             await run.recorder.until(
                 lambda: (
@@ -369,7 +382,7 @@ async def test_a_restart_whose_first_look_is_rate_limited_still_holds_the_warm_u
         await run.quiet_cycle()  # answered now: allocations restored, no GPU allocatable yet
         plugin.process.resume()
         await plugin.wait_registered(registered + 1)
-        await kubelet_lite.wait_allocatable(GPU, set(GPUS))
+        await real_node.wait_allocatable(GPU, set(GPUS))
         await run.released()
         await run.quiet_cycle()
         assert run.recorder.kinds(mark) == ["kubelet.restarted"]
