@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-dev
 RUN_STAMP := $(VENV)/.installed-run
 PY_CHECK  := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
 
-.PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos docs peers e2e clean help
+.PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos docs peers e2e real-node real-node-stop clean help
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -101,6 +101,18 @@ peers: ## build the Go test peers (kube-testcluster, kubelet, fake-cri, kubelet-
 
 e2e: peers tools ## the end-to-end tests against the Go test peers (the real kube-apiserver, scheduler and kubelet, kubelet-lite); builds them first
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -p no:cacheprovider -m e2e
+
+# A whole node to try the agent on (docs/real-node.md): the API server, scheduler and controllers,
+# upstream's kubelet on a fake CRI, a device plugin, the DRA test driver and the agent, until Ctrl-C
+# or `make real-node-stop`. As root (the kubelet's private mount namespace). REAL_NODE_FLAGS=--play
+# plays a short story instead; --keep leaves the directory (logs, the agent's state) behind.
+REAL_NODE_DIR ?= /tmp/prw-real-node
+REAL_NODE_FLAGS ?=
+real-node: peers tools ## bring up a real node (upstream kubelet, scheduler, DRA driver) and the agent on it; as root
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/python -m testkit.real_node_up start --dir $(REAL_NODE_DIR) $(REAL_NODE_FLAGS)
+
+real-node-stop: ## stop what `make real-node` started and remove its directory
+	$(BIN)/python -m testkit.real_node_up stop --dir $(REAL_NODE_DIR)
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
