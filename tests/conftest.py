@@ -17,7 +17,7 @@ import structlog
 from testkit.certificates import make_pki
 from testkit.disks import FailingDisk, tmpfs
 from testkit.disks import failing_disk as make_failing_disk
-from testkit.kube_controllers import start_kube_controllers
+from testkit.kube_controllers import KubeControllers, start_kube_controllers
 from testkit.kube_testcluster import KubeTestCluster, start_kube_testcluster
 from testkit.kubelet_lite import KubeletLite
 from testkit.peers import peer
@@ -163,15 +163,18 @@ async def real_node(kube_cluster: KubeTestCluster, short_tmp: Path) -> AsyncIter
 @pytest.fixture(scope="session")
 def kube_controllers(
     kube_cluster: KubeTestCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[KubeTestCluster]:
-    """The session's cluster with upstream's scheduler, resourceclaim and Job controllers running
-    against it (peers/cmd/kube-controllers), for tests that create Jobs and claims as users do."""
-    with start_kube_controllers(kube_cluster, tmp_path_factory.mktemp("kube-controllers")):
-        yield kube_cluster
+) -> Iterator[KubeControllers]:
+    """Upstream's scheduler, resourceclaim and Job controllers (peers/cmd/kube-controllers) against
+    the session's cluster, for tests that create Jobs and claims as users do. One for the session:
+    two schedulers or Job controllers on one cluster would race for the same pods."""
+    with start_kube_controllers(kube_cluster, tmp_path_factory.mktemp("kube-controllers")) as running:
+        yield running
 
 
 @pytest.fixture
-async def scheduled_node(kube_controllers: KubeTestCluster, short_tmp: Path) -> AsyncIterator[RealNode]:
+async def scheduled_node(
+    kube_cluster: KubeTestCluster, kube_controllers: KubeControllers, short_tmp: Path
+) -> AsyncIterator[RealNode]:
     """`real_node`, on a cluster whose scheduler and controllers run."""
-    async with RealNode(kube_controllers, short_tmp / "node", f"node-{uuid.uuid4().hex[:8]}") as node:
+    async with RealNode(kube_cluster, short_tmp / "node", f"node-{uuid.uuid4().hex[:8]}") as node:
         yield node

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from testkit.kube_controllers import KubeControllers, start_kube_controllers
+from testkit.kube_controllers import KubeControllers
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.waiting import wait_until
 
@@ -42,12 +42,10 @@ class Site:
     devices: tuple[str, ...]
 
 
-@pytest.fixture(scope="module")
-def controllers(
-    kube_cluster: KubeTestCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[KubeControllers]:
-    with start_kube_controllers(kube_cluster, tmp_path_factory.mktemp("kube-controllers")) as running:
-        yield running
+@pytest.fixture
+def controllers(kube_controllers: KubeControllers) -> KubeControllers:
+    """The session's kube-controllers (tests/conftest.py): one scheduler per cluster."""
+    return kube_controllers
 
 
 @pytest.fixture
