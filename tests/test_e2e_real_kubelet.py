@@ -87,6 +87,9 @@ async def test_start_says_the_pods_api_is_watching_and_nothing_but_started(
     real_node: RealNode, short_tmp: Path
 ) -> None:
     await real_node.add_plugin(GPU, GPUS)
+    node = await real_node.get("node", real_node.name)
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.37.2"  # stamped at build (make peers)
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("fakeRuntime://")
     namespace = await real_node.namespace(f"start-{uuid.uuid4().hex[:6]}")
     await _gpu_pod(real_node, namespace, "already-running")
     async with _agent(short_tmp, real_node) as run:
