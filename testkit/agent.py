@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+import aiohttp
 import jsonschema  # type: ignore[import-untyped]  # the test extra's, untyped
 
 from testkit.changes import Changes
@@ -102,6 +103,15 @@ class AgentRun:
         """Re-queries the kubelet answered (changed or not)."""
         m = self.agent.metrics
         return m.value("requeries_total", result="changed") + m.value("requeries_total", result="unchanged")
+
+    async def readyz(self) -> dict[str, Any]:
+        """GET /readyz from the agent's HTTP server, its JSON answer."""
+        assert self.agent.http is not None
+        assert self.agent.http.bound_port is not None
+        url = f"http://127.0.0.1:{self.agent.http.bound_port}/readyz"
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            body: dict[str, Any] = await response.json()
+        return body
 
     async def released(self) -> None:
         """Until the agent holds nothing back (its warm-up holds end on the clock)."""

@@ -10,23 +10,19 @@ is in peers/README.md, section kube-controllers.
 from __future__ import annotations
 
 import json
-import select
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testkit.kube_testcluster import KubeTestCluster
+from testkit.kube_testcluster import KubeTestCluster, read_ready_line, stop_process
 from testkit.peers import peer
 
 __all__ = ["KubeControllers", "start_kube_controllers"]
 
 START_TIMEOUT_S = 60.0  # informers sync in well under a second; the slack is for a loaded machine
-STOP_TIMEOUT_S = 10.0  # it stops in about 2 s
 
 
 @dataclass(frozen=True)
@@ -44,29 +40,6 @@ def _tail(log: Path, lines: int) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
 
 
-def _ready_line(proc: subprocess.Popen[str], timeout: float) -> str:
-    """The peer's one stdout line, or '' if it exits or says nothing within `timeout` s."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        readable, _, _ = select.select([proc.stdout], [], [], left)
-        if readable:
-            return proc.stdout.readline()
-    return ""
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=STOP_TIMEOUT_S)
-    if proc.stdout is not None:
-        proc.stdout.close()
-
-
 @contextmanager
 def start_kube_controllers(cluster: KubeTestCluster, directory: Path) -> Iterator[KubeControllers]:
     """Run kube-controllers against `cluster` as its admin, logging to directory/kube-controllers.log;
@@ -81,11 +54,11 @@ def start_kube_controllers(cluster: KubeTestCluster, directory: Path) -> Iterato
     with log.open("ab") as stderr:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
-        line = _ready_line(proc, START_TIMEOUT_S)
+        line = read_ready_line(proc, START_TIMEOUT_S)
         answer: dict[str, Any] = json.loads(line) if line.strip() else {}
         if not answer.get("ready"):
             problem = answer.get("error") or f"no ready line within {START_TIMEOUT_S:g} s"
             raise RuntimeError(f"kube-controllers did not start: {problem}\n{_tail(log, 20)}")
         yield KubeControllers(pid=int(answer["pid"]), log=log)
     finally:
-        _stop(proc)
+        stop_process(proc)

@@ -24,7 +24,7 @@ from typing import Any
 from testkit.peers import peer
 from testkit.tools import tool
 
-__all__ = ["KubeTestCluster", "start_kube_testcluster"]
+__all__ = ["KubeTestCluster", "read_ready_line", "start_kube_testcluster", "stop_process"]
 
 # Its measured start is ~4 s on an idle 2-core machine; a busy one (other builds) takes longer.
 START_TIMEOUT_S = 90.0
@@ -104,7 +104,7 @@ class KubeTestCluster:
         return path
 
 
-def _read_ready_line(proc: subprocess.Popen[str], timeout: float) -> str:
+def read_ready_line(proc: subprocess.Popen[str], timeout: float) -> str:
     """The peer's one stdout line, or '' if it exits or says nothing within `timeout` s."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
@@ -120,7 +120,8 @@ def _log_tail(directory: Path, lines: int = 20) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
+def stop_process(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, SIGKILL if it lingers, reaped; its pipes closed."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -146,7 +147,7 @@ def start_kube_testcluster(
         args += ["--identity", f"{name}:{','.join(groups)}" if groups else name]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        line = _read_ready_line(proc, START_TIMEOUT_S)
+        line = read_ready_line(proc, START_TIMEOUT_S)
         answer: dict[str, Any] = json.loads(line) if line.strip() else {}
         if not answer.get("ready"):
             problem = answer.get("error") or f"no ready line within {START_TIMEOUT_S:g} s"
@@ -159,4 +160,4 @@ def start_kube_testcluster(
             kubeconfigs={name: Path(path) for name, path in answer["kubeconfigs"].items()},
         )
     finally:
-        _stop(proc)
+        stop_process(proc)

@@ -8,13 +8,13 @@ nothing here sleeps: every wait is on a line. A kubelet restart is a new process
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from testkit import unix_http
 from testkit.peer_process import PeerProcess
 from testkit.waiting import wait_until
 from watcher.errors import RateLimitedError
@@ -30,6 +30,22 @@ class AdmissionError(Exception):
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
+
+
+async def wait_allocatable(socket: Path, resource: str, devices: set[str], timeout: float = 15.0) -> None:
+    """Until `GetAllocatableResources` on `socket` lists exactly `devices` of `resource`. A
+    registration is not enough: the kubelet then dials the plugin and learns its devices from
+    ListAndWatch, and until then it admits pods asking for the resource without giving them any."""
+
+    async def listed() -> bool:
+        try:
+            async with PodResourcesClient(str(socket)) as client:
+                answer = await client.allocatable()
+        except RateLimitedError:  # an agent under test shares the kubelet's limiter
+            return False
+        return {i for d in answer.devices if d.resource_name == resource for i in d.device_ids} == devices
+
+    await wait_until(listed, timeout, interval=0.1, what=f"{resource} devices {sorted(devices)} allocatable")
 
 
 class DevicePlugin:
@@ -164,21 +180,7 @@ class KubeletLite:
         return plugin
 
     async def wait_allocatable(self, resource: str, devices: set[str], timeout: float = 15.0) -> None:
-        """Until `GetAllocatableResources` lists exactly `devices` of `resource`. A registration is
-        not enough: the kubelet then dials the plugin and learns its devices from ListAndWatch,
-        and until then it admits pods asking for the resource without giving them any."""
-
-        async def listed() -> bool:
-            try:
-                async with PodResourcesClient(str(self.socket_path)) as client:
-                    answer = await client.allocatable()
-            except RateLimitedError:  # an agent under test shares the kubelet's limiter
-                return False
-            return {i for d in answer.devices if d.resource_name == resource for i in d.device_ids} == devices
-
-        await wait_until(
-            listed, timeout, interval=0.1, what=f"{resource} devices {sorted(devices)} allocatable"
-        )
+        await wait_allocatable(self.socket_path, resource, devices, timeout)
 
     async def close(self) -> None:
         """Stop every plugin and the kubelet, even when one of them fails to stop."""
@@ -238,17 +240,4 @@ class KubeletLite:
         return list(body or [])
 
     async def _http(self, method: str, path: str, payload: object = None) -> tuple[int, Any]:
-        # HTTP/1.0: Go answers without chunking and closes, so reading to EOF is the whole reply.
-        data = b"" if payload is None else json.dumps(payload).encode()
-        reader, writer = await asyncio.open_unix_connection(str(self.control_socket))
-        try:
-            head = f"{method} {path} HTTP/1.0\r\nHost: kubelet-lite\r\nContent-Length: {len(data)}\r\n"
-            writer.write(head.encode() + b"Content-Type: application/json\r\n\r\n" + data)
-            await writer.drain()
-            reply = await asyncio.wait_for(reader.read(), 15)
-        finally:
-            writer.close()
-            await writer.wait_closed()
-        header, _, body = reply.partition(b"\r\n\r\n")
-        status = int(header.split(b" ", 2)[1])
-        return status, json.loads(body) if body.strip() else None
+        return await unix_http.request(self.control_socket, method, path, payload)

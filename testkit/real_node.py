@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit.kube_testcluster import KubeTestCluster
-from testkit.kubelet_lite import AdmissionError, DevicePlugin
+from testkit.kubelet_lite import AdmissionError, DevicePlugin, wait_allocatable
 from testkit.peer_process import PeerProcess
 from testkit.peers import peer
 from testkit.waiting import wait_until
@@ -200,20 +200,8 @@ class RealNode:
         return plugin
 
     async def wait_allocatable(self, resource: str, devices: set[str], timeout: float = 15.0) -> None:
-        """Until `GetAllocatableResources` lists exactly `devices` of `resource` (a registration
-        alone is not enough: the kubelet learns the devices from ListAndWatch afterwards)."""
-
-        async def listed() -> bool:
-            try:
-                async with PodResourcesClient(str(self.socket_path)) as client:
-                    answer = await client.allocatable()
-            except RateLimitedError:  # an agent under test shares the kubelet's limiter
-                return False
-            return {i for d in answer.devices if d.resource_name == resource for i in d.device_ids} == devices
-
-        await wait_until(
-            listed, timeout, interval=0.1, what=f"{resource} devices {sorted(devices)} allocatable"
-        )
+        """Until `GetAllocatableResources` lists exactly `devices` of `resource`."""
+        await wait_allocatable(self.socket_path, resource, devices, timeout)
 
     # -- pods, as a user creates them --
 

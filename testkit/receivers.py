@@ -217,6 +217,18 @@ class PagerDutyReceiver(Receiver):
         """The accepted events, in order."""
         return [r.parsed for r in self.accepted]
 
+    def incidents_opened(self) -> int:
+        """Triggers that opened an incident: a trigger of a dedup key already open adds to it."""
+        open_keys: set[str] = set()
+        opened = 0
+        for e in self.events:
+            if e["event_action"] == "trigger":
+                opened += e["dedup_key"] not in open_keys
+                open_keys.add(e["dedup_key"])
+            elif e["event_action"] == "resolve":
+                open_keys.discard(e["dedup_key"])
+        return opened
+
     def inspect(self, rec: Received) -> None:
         if len(rec.body) > self.MAX_BYTES:
             rec.violations.append(f"event is {len(rec.body)} bytes > {self.MAX_BYTES}")

@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from testkit.agent import AgentRun, agent_against, make_settings
@@ -54,14 +53,6 @@ async def _agent(short_tmp: Path, node: RealNode, **overrides: Any) -> AsyncIter
         yield run
 
 
-async def _readyz(run: AgentRun) -> dict[str, Any]:
-    assert run.agent.http is not None and run.agent.http.bound_port is not None
-    url = f"http://127.0.0.1:{run.agent.http.bound_port}/readyz"
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        body: dict[str, Any] = await response.json()
-    return body
-
-
 async def _gpu_pod(node: RealNode, namespace: str, name: str, count: int = 1) -> dict[str, Any]:
     await node.apply(node.pod(namespace, name, {GPU: count}))
     pod: dict[str, Any] = await node.wait_pod(namespace, name)
@@ -93,7 +84,7 @@ async def test_start_says_the_pods_api_is_watching_and_nothing_but_started(
     namespace = await real_node.namespace(f"start-{uuid.uuid4().hex[:6]}")
     await _gpu_pod(real_node, namespace, "already-running")
     async with _agent(short_tmp, real_node) as run:
-        ready = await _readyz(run)
+        ready = await run.readyz()
         assert ready["pods_api"]["state"] == "watching", ready
         await run.quiet_cycle()
         assert run.recorder.kinds() == ["watcher.started"]

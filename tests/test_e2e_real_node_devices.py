@@ -144,19 +144,6 @@ async def test_a_gpu_failing_at_its_plugin_is_one_page_a_pod_event_and_the_node_
     assert reasons == ["DeviceFailed", "DeviceRecovered"], (reasons, kinds)
 
 
-def _incidents_opened(pager: PagerDutyReceiver) -> int:
-    """Triggers that opened an incident (a trigger of a key already open only adds to it)."""
-    open_keys: set[str] = set()
-    opened = 0
-    for e in pager.events:
-        if e["event_action"] == "trigger":
-            opened += e["dedup_key"] not in open_keys
-            open_keys.add(e["dedup_key"])
-        elif e["event_action"] == "resolve":
-            open_keys.discard(e["dedup_key"])
-    return opened
-
-
 async def test_a_flapping_gpu_is_one_page(real_node: RealNode, short_tmp: Path) -> None:
     """Ten failures and heals of a held GPU at its plugin, each seen by the agent: one incident,
     resolved once the flapping ends."""
@@ -177,7 +164,7 @@ async def test_a_flapping_gpu_is_one_page(real_node: RealNode, short_tmp: Path) 
         await run.recorder.until(lambda: "device.flap_ended" in run.recorder.kinds(), timeout=15)
         await pager.wait_for(lambda _: any(e["event_action"] == "resolve" for e in pager.events), timeout=15)
         await run.quiet_cycle()
-        assert _incidents_opened(pager) == 1, [e["event_action"] for e in pager.events]
+        assert pager.incidents_opened() == 1, [e["event_action"] for e in pager.events]
         assert run.recorder.kinds().count("device.flapping") == 1
 
 

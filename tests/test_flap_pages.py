@@ -59,16 +59,7 @@ class Receivers:
         return self.pager.events
 
     def incidents_opened(self) -> int:
-        """Triggers that opened an incident: a trigger of a dedup key already open adds to it."""
-        open_keys: set[str] = set()
-        opened = 0
-        for e in self.pages():
-            if e["event_action"] == "trigger":
-                opened += e["dedup_key"] not in open_keys
-                open_keys.add(e["dedup_key"])
-            elif e["event_action"] == "resolve":
-                open_keys.discard(e["dedup_key"])
-        return opened
+        return self.pager.incidents_opened()
 
     def actions(self) -> list[str]:
         return [e["event_action"] for e in self.pages()]

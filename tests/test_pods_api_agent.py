@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import grpc
 from structlog.testing import capture_logs
 
@@ -42,14 +41,6 @@ async def _watching(run: Running) -> None:
     assert watch is not None
     await run.recorder.until(lambda: watch.state == "watching", 10)
     await run.quiet_cycle()
-
-
-async def _readyz(run: Running) -> dict[str, Any]:
-    assert run.agent.http is not None and run.agent.http.bound_port is not None
-    url = f"http://127.0.0.1:{run.agent.http.bound_port}/readyz"
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        body: dict[str, Any] = await response.json()
-    return body
 
 
 def _job_pod(name: str, cpus: set[int]) -> FakePod:
@@ -186,7 +177,7 @@ async def test_without_the_socket_the_agent_works_as_before_and_says_so(short_tm
         assert await run.recorder.kinds_after(mark, 2) == ["allocation.added", "capacity.changed"]
         added = run.recorder.events[mark]
         assert "pod_uid" not in added.details and "owner" not in added.details
-        ready = await _readyz(run)
+        ready = await run.readyz()
         assert ready["pods_api"]["state"] == "absent"
 
 
@@ -202,7 +193,7 @@ async def test_a_kubelet_refusing_the_api_is_disabled_and_the_agent_works_as_bef
         fake.add_pod(_job_pod("llm-pretrain-5", {65}))
         assert await run.recorder.kinds_after(mark, 2) == ["allocation.added", "capacity.changed"]
         assert "owner" not in run.recorder.events[mark].details
-        ready = await _readyz(run)
+        ready = await run.readyz()
         assert ready["pods_api"] == {"state": "disabled", "detail": watch.detail}
         assert "UNIMPLEMENTED" in watch.detail or "unknown service" in watch.detail
 
@@ -228,7 +219,7 @@ async def test_an_endless_snapshot_leaves_the_agent_on_pod_resources_and_says_so
             watch = run.agent.pods_watch
             assert watch is not None
             await wait_until(lambda: watch.state == "capped", what="the snapshot given up")
-            ready = await _readyz(run)
+            ready = await run.readyz()
             assert ready["pods_api"]["state"] == "capped"
             assert "no INITIAL_SYNC_COMPLETE within 1 s" in ready["pods_api"]["detail"]
             mark = len(run.recorder.events)
