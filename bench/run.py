@@ -26,6 +26,10 @@ Every figure comes from this run, on this machine. Sections (their --only names)
      same kubelet (kubelet-lite, then the fake), in one run: change to each tool's output, idle
      CPU, RSS, kubelet calls per minute; NVSentinel's documented poll as a reference row
      (bench/peer_beside.py)
+ 13. real-kubelet: upstream's kubelet (make peers) with our device plugin and upstream's DRA test
+     driver: a flip at each to the stored event, split at the Pods API; a pod's creation to its
+     allocation.added; the agent's idle CPU and RSS as a process; the same flip at kubelet-lite and
+     the fake beside it (bench/real_kubelet.py)
 
     .venv/bin/python bench/run.py [--quick] [--only NAMES] [--list] [--output FILE]
 """
