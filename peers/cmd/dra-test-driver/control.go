@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"net"
+	"github.com/pod-resources-watcher/peers/internal/peerkit"
 	"net/http"
-	"os"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -45,13 +43,6 @@ type claimView struct {
 //	POST /mute, POST /unmute  withhold the health stream's reports, and stop withholding them
 //	GET  /state   prepared claims, registration, health stream figures, taints, errors
 func serveControl(ctx context.Context, path string, d *driver) (*http.Server, error) {
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, err
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /health", func(w http.ResponseWriter, r *http.Request) {
 		var req healthRequest
@@ -148,9 +139,7 @@ func serveControl(ctx context.Context, path string, d *driver) (*http.Server, er
 			"errors":           d.errorsView(),
 		})
 	})
-	server := &http.Server{Handler: mux, BaseContext: func(net.Listener) context.Context { return ctx }}
-	go func() { _ = server.Serve(l) }()
-	return server, nil
+	return peerkit.ServeControl(ctx, path, mux)
 }
 
 func decode(w http.ResponseWriter, r *http.Request, into any) bool {
@@ -173,8 +162,5 @@ func errorBody(message string) map[string]string {
 	return map[string]string{"error": message}
 }
 
-func reply(w http.ResponseWriter, status int, body any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(body)
-}
+// reply answers with status and body as JSON.
+var reply = peerkit.Reply

@@ -5,9 +5,10 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
-	"net"
+	"github.com/pod-resources-watcher/peers/internal/peerkit"
 	"os"
 	"os/signal"
 	"syscall"
@@ -40,7 +41,7 @@ the socket accepts; SIGTERM or SIGINT stops it.
 		fmt.Fprintln(os.Stderr, "fake-cri:", err)
 		os.Exit(1)
 	}
-	if err := awaitSocket(*socket); err != nil {
+	if err := peerkit.AwaitSocket(context.Background(), *socket, 10*time.Second); err != nil {
 		fmt.Fprintln(os.Stderr, "fake-cri:", err)
 		os.Exit(1)
 	}
@@ -65,19 +66,5 @@ the socket accepts; SIGTERM or SIGINT stops it.
 			runtime.ImageService.Called = nil
 			runtime.ImageService.Unlock()
 		}
-	}
-}
-
-func awaitSocket(path string) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		conn, err := net.Dial("unix", path)
-		if err == nil {
-			return conn.Close()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s never accepted: %w", path, err)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

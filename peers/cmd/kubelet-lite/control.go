@@ -4,9 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
+	"github.com/pod-resources-watcher/peers/internal/peerkit"
 	"net/http"
-	"os"
 )
 
 // serveControl is the tests' handle on kubelet-lite: HTTP+JSON on a unix socket.
@@ -16,13 +15,6 @@ import (
 //	                              admission's reason and message when the kubelet rejects it
 //	DELETE /pods/{namespace}/{name}  remove it (404 when unknown)
 func serveControl(ctx context.Context, path string, n *node) (*http.Server, error) {
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, err
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /pods", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusOK, n.list())
@@ -60,13 +52,8 @@ func serveControl(ctx context.Context, path string, n *node) (*http.Server, erro
 			reply(w, http.StatusOK, map[string]bool{"removed": true})
 		}
 	})
-	server := &http.Server{Handler: mux, BaseContext: func(net.Listener) context.Context { return ctx }}
-	go func() { _ = server.Serve(l) }()
-	return server, nil
+	return peerkit.ServeControl(ctx, path, mux)
 }
 
-func reply(w http.ResponseWriter, status int, body any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(body)
-}
+// reply answers with status and body as JSON.
+var reply = peerkit.Reply

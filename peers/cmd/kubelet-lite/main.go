@@ -8,7 +8,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
+	"github.com/pod-resources-watcher/peers/internal/peerkit"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -124,7 +124,7 @@ func run(rootDir string, numaNodes, cpus int, control string) error {
 		return err
 	}
 	for _, endpoint := range waiting {
-		if err := awaitSocket(ctx, endpoint); err != nil {
+		if err := peerkit.AwaitSocket(ctx, strings.TrimPrefix(endpoint, "unix:"), 10*time.Second); err != nil {
 			if ctx.Err() != nil {
 				return nil // stopped while starting
 			}
@@ -144,25 +144,4 @@ func cpuIDs(n int) []int64 {
 		ids[i] = int64(i)
 	}
 	return ids
-}
-
-// awaitSocket dials endpoint (upstream's LocalEndpoint form, unix:/path) until it accepts, for
-// at most 10 seconds.
-func awaitSocket(ctx context.Context, endpoint string) error {
-	path := strings.TrimPrefix(endpoint, "unix:")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		conn, err := net.Dial("unix", path)
-		if err == nil {
-			return conn.Close()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s never accepted: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }

@@ -8,10 +8,9 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
-	"net"
+	"github.com/pod-resources-watcher/peers/internal/peerkit"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,7 +133,14 @@ func run(s settings) error {
 	root := flags.RootDirectory
 	ready := make(chan error, 1)
 	go func() {
-		ready <- awaitSockets(ctx, filepath.Join(root, "pod-resources", "kubelet.sock"), filepath.Join(root, "pods-api", "pods-api.sock"))
+		// The kubelet starts its servers well after its API client: up to two minutes on a busy machine.
+		for _, socket := range []string{filepath.Join(root, "pod-resources", "kubelet.sock"), filepath.Join(root, "pods-api", "pods-api.sock")} {
+			if err := peerkit.AwaitSocket(ctx, socket, 2*time.Minute); err != nil {
+				ready <- err
+				return
+			}
+		}
+		ready <- nil
 	}()
 	select {
 	case err := <-failed:
@@ -184,30 +190,6 @@ func privateMounts(dir string) error {
 		}
 		if err := syscall.Mount(file, filepath.Join("/proc/sys", name), "", syscall.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind over /proc/sys/%s: %w", name, err)
-		}
-	}
-	return nil
-}
-
-// awaitSockets dials each unix socket until it accepts (the kubelet starts its servers well
-// after the API client), for at most two minutes.
-func awaitSockets(ctx context.Context, paths ...string) error {
-	deadline := time.Now().Add(2 * time.Minute)
-	for _, path := range paths {
-		for {
-			conn, err := net.Dial("unix", path)
-			if err == nil {
-				conn.Close()
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%s never accepted: %w", path, err)
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(50 * time.Millisecond):
-			}
 		}
 	}
 	return nil
