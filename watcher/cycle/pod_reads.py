@@ -35,12 +35,23 @@ from watcher.ratelimit import RateLimiter
 if TYPE_CHECKING:  # the watch itself runs beside the reactor, not under it
     from watcher.kubelet.pods_watch import PodChange
 
-__all__ = ["PodAnswers", "PodReads", "POD_READS", "POD_STATUS", "RESYNC", "READS_MAX", "TERMINAL_PHASES"]
+__all__ = [
+    "PLUGIN_HEALTH",
+    "PodAnswers",
+    "PodReads",
+    "POD_READS",
+    "POD_STATUS",
+    "RESYNC",
+    "READS_MAX",
+    "TERMINAL_PHASES",
+]
 
 log = structlog.get_logger("watcher.cycle.pod_reads")
 
-# The trigger reasons the watch fires: pods to read, a status to look at, a fresh snapshot.
+# The trigger reasons the watch fires: pods to read, a status to look at, a fresh snapshot, and a
+# device plugin's device whose health a pod's status changed (a whole look: see on_changes).
 POD_READS, POD_STATUS, RESYNC = "pods-api", "pod-status", "pods-api-resync"
+PLUGIN_HEALTH = "pod-status-plugin-health"
 # More pods than this changed at once: one List is cheaper than their Gets (the kubelet's limiter
 # allows a burst of 10, shared by every client on the node).
 READS_MAX = 4
@@ -77,7 +88,7 @@ class PodReads:
 
     def on_changes(self, changes: Sequence[PodChange], resync: bool) -> None:
         """The watch's callback: note what to read, fire the trigger (cheap; the stream goes on)."""
-        reads = status = False
+        reads = status = plugin = False
         new: list[PodMeta] = []
         for change in changes:
             meta = change.after or change.before
@@ -85,6 +96,7 @@ class PodReads:
                 continue
             if not change.resources:
                 status = True
+                plugin = plugin or _plugin_health_changed(change.before, change.after)
             elif change.uid in self.superseded:
                 if change.after is None:
                     self.superseded.discard(change.uid)  # its last event
@@ -104,6 +116,12 @@ class PodReads:
             self.trigger.fire(POD_READS, urgent=True)
         if status:
             self.trigger.fire(POD_STATUS, urgent=True)
+        if plugin:
+            # The kubelet puts a plugin device's new health in its holders' statuses within
+            # milliseconds of the plugin saying so, after its device manager took the device out of
+            # (or back into) allocatable; the checkpoint it rewrites is seen up to a watch step
+            # later. A whole look now sees the device go or come back that much sooner.
+            self.trigger.fire(PLUGIN_HEALTH, urgent=True)
 
     def _ended_or_changed(self, meta: PodMeta, before: PodMeta, after: PodMeta | None) -> bool:
         """Note a known pod's change; whether its name is to be read or taken out."""
@@ -217,3 +235,14 @@ class PodReads:
                 return None
             out[(namespace, name)] = build_pod(namespace, name, [answer])
         return out
+
+
+def _plugin_health_changed(before: PodMeta | None, after: PodMeta | None) -> bool:
+    """Whether a device plugin's device (not a DRA claim's) changed health in the pod's status."""
+    if before is None or after is None:
+        return False
+
+    def plugin(meta: PodMeta) -> set[tuple[str, str, str, str]]:
+        return {(v.container, v.resource, v.resource_id, v.health) for v in meta.verdicts if not v.is_claim}
+
+    return plugin(before) != plugin(after)
