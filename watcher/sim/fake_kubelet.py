@@ -14,8 +14,10 @@ nothing (they are those of the kubelet's own pod-resources server and device man
 - `device-plugins/kubelet_internal_checkpoint` is rewritten (temp file + rename) on every
   device change a plugin reports (health, hot-plug, unplug, registration) and on an allocation of
   devices, but not when a plugin leaves (the kubelet writes nothing then either); `cpu_manager_state` and
-  `memory_manager_state` when their content changes. (Unlike the kubelet, `free()` rewrites the
-  checkpoint: the kubelet frees a pod's devices in memory and writes nothing.)
+  `memory_manager_state` when their content changes; `dra_manager_state` whenever a pod starts or
+  ends, with claims or without, as the kubelet's DRA manager prepares and unprepares every pod.
+  (Unlike the kubelet, `free()` rewrites the checkpoint: the kubelet frees a pod's devices in
+  memory and writes nothing.)
 
 Beside it, unless `pods_api=False`, it serves the kubelet's Pods API at
 `pods-api/pods-api.sock` (watcher.sim.fake_pods_api), the pods as core/v1 Pod messages. The two
@@ -81,6 +83,7 @@ class FakeKubelet:
         self.checkpoint_path = self.root / "device-plugins" / "kubelet_internal_checkpoint"
         self.cpu_state_path = self.root / "cpu_manager_state"
         self.memory_state_path = self.root / "memory_manager_state"
+        self.dra_state_path = self.root / "dra_manager_state"
         self.rate = rate
         self.burst = burst
         self.bucket = TokenBucket(rate, burst)
@@ -108,7 +111,9 @@ class FakeKubelet:
         # The Pods API (on by default since 1.37): False is a kubelet without it (no socket).
         self.node_name = node_name
         # Pods deleted and recreated in the ways that part the Pods API from pod-resources.
-        self.churn = PodChurn(self.node, lambda checkpoint: self._changed(checkpoint=checkpoint))
+        self.churn = PodChurn(
+            self.node, lambda checkpoint, dra: self._changed(checkpoint=checkpoint, dra=dra)
+        )
         self.pods_api = (
             FakePodsApi(
                 self.root,
@@ -146,6 +151,8 @@ class FakeKubelet:
         self.starts += 1
         self.plugins.kubelet_started()
         self.write_state_files()
+        if not self.dra_state_path.exists():  # the DRA manager makes its checkpoint on its first start
+            self.write_dra_state()
 
     async def stop(self, *, remove_socket: bool = False) -> None:
         """Stop serving. Like a killed kubelet, leave the stale socket unless told otherwise."""
@@ -184,9 +191,12 @@ class FakeKubelet:
 
     # -- scripting --
 
-    def _changed(self, *, checkpoint: bool = True) -> None:
+    def _changed(self, *, checkpoint: bool = True, dra: bool = False) -> None:
+        """Tell the files and the Pods API; `dra`: a pod started or ended."""
         if self.running:
             self.write_state_files(checkpoint=checkpoint)
+            if dra:
+                self.write_dra_state()
             if self.pods_api is not None:
                 self.pods_api.changed()
 
@@ -239,6 +249,7 @@ class FakeKubelet:
     ) -> None:
         """Give a container devices, CPUs or memory, creating the pod and container if needed."""
         fake_pod = self.node.pods.get((namespace, pod))
+        started = fake_pod is None
         if fake_pod is None:
             fake_pod = FakePod(namespace, pod)
             self.node.add_pod(fake_pod)
@@ -250,17 +261,17 @@ class FakeKubelet:
         c.memory.extend(memory)
         # The device manager writes its checkpoint for a container given devices, not for one
         # that asks for none.
-        self._changed(checkpoint=any(devices.values()) if devices else False)
+        self._changed(checkpoint=any(devices.values()) if devices else False, dra=started)
 
     def free(self, namespace: str, pod: str) -> None:
         """The pod ended: its allocations are released."""
         del self.node.pods[(namespace, pod)]
         self.churn.force_deleted.discard((namespace, pod))
-        self._changed()
+        self._changed(dra=True)
 
     def add_pod(self, pod: FakePod) -> None:
         self.node.add_pod(pod)
-        self._changed(checkpoint=any(any(c.devices.values()) for c in pod.containers))
+        self._changed(checkpoint=any(any(c.devices.values()) for c in pod.containers), dra=True)
 
     # -- the wire --
 
@@ -342,12 +353,17 @@ class FakeKubelet:
             checkpoint=checkpoint,
         )
 
+    def write_dra_state(self) -> None:
+        """Rewrite the DRA manager's checkpoint, as the kubelet does when a pod starts or ends."""
+        fake_state_files.write_dra_state(self.node, self.dra_state_path)
+
 
 class PodChurn:
     """Pods deleted and recreated the ways that make the Pods API and pod-resources disagree for a
-    while, each change told to the kubelet (`changed(checkpoint)`) as the others are."""
+    while, each change told to the kubelet (`changed(checkpoint, dra)`: dra when a pod started
+    or ended) as the others are."""
 
-    def __init__(self, node: FakeNode, changed: Callable[[bool], None]) -> None:
+    def __init__(self, node: FakeNode, changed: Callable[[bool, bool], None]) -> None:
         self.node = node
         self.changed = changed
         self.force_deleted: set[tuple[str, str]] = set()  # hidden from the Pods API, still listed
@@ -357,7 +373,7 @@ class PodChurn:
         """`kubectl delete --force`: the API server forgets the pod at once and the Pods API sends
         DELETED while its containers still run, so pod-resources lists it until `free()`."""
         self.force_deleted.add((namespace, pod))
-        self.changed(False)
+        self.changed(False, False)  # its containers still run: nothing is unprepared yet
 
     def replace_pod(self, pod: FakePod, *, old_stays: bool = False) -> FakePod:
         """`pod` (another uid) takes the namespace/name of the pod there, as a StatefulSet's pod
@@ -369,18 +385,18 @@ class PodChurn:
         self.node.add_pod(pod)
         if old_stays:
             self.old_pods[old.uid] = old
-        self.changed(any(any(c.devices.values()) for c in pod.containers))
+        self.changed(any(any(c.devices.values()) for c in pod.containers), True)
         return old
 
     def update_old_pod(self, uid: str, *, phase: str) -> None:
         """The terminating old pod's late status update (a MODIFIED for its uid)."""
         self.old_pods[uid].phase = phase
-        self.changed(False)
+        self.changed(False, False)
 
     def remove_old_pod(self, uid: str) -> None:
         """The terminating old pod is gone: its DELETED, its last event."""
         del self.old_pods[uid]
-        self.changed(False)
+        self.changed(False, True)
 
     def old_objects(self, node_name: str) -> list[core_v1_pb2.Pod]:
         """The old pods as the Pods API still shows them."""

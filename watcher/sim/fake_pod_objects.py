@@ -1,9 +1,9 @@
 """The fake node's pods as the kubelet's Pods API sends them: k8s.io.api.core.v1.Pod messages.
 
-What the kubelet puts there and the fake copies: the pod's metadata (uid, labels, owner references,
-creation time), each container with its extended resources as limits and requests (equal: those
-cannot be overcommitted) and its DRA claims, the node name, the phase, and per container the
-kubelet's own verdict on each device it holds (`allocatedResourcesStatus`, the
+What the kubelet puts there and the fake copies: the pod's metadata (uid, generation, labels, owner
+references, creation time), each container with its extended resources as limits and requests
+(equal: those cannot be overcommitted) and its DRA claims, the node name, the phase, and per
+container the kubelet's own verdict on each device it holds (`allocatedResourcesStatus`, the
 ResourceHealthStatus gate, on by default since 1.36). Init containers get none.
 
 - A device-plugin device: the device manager's verdict, under the resource's name; Healthy or
@@ -91,6 +91,9 @@ def pod_object(node: FakeNode, pod: FakePod, node_name: str) -> core_v1_pb2.Pod:
         name=pod.name,
         namespace=pod.namespace,
         uid=pod.uid,
+        # The API server gives a pod generation 1 when it is created (and one more per change of
+        # its spec, which the fake never makes), and the kubelet's Pods API passes it on.
+        generation=1,
         creationTimestamp=meta_v1_pb2.Time(seconds=int(pod.created)),
     )
     for key, value in sorted(pod.labels.items()):

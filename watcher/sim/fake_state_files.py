@@ -1,8 +1,13 @@
 """The files the kubelet keeps about its allocations, as the fake node would have them.
 
-`device-plugins/kubelet_internal_checkpoint`, `cpu_manager_state` and
-`memory_manager_state`, each rewritten whole (temp file + rename) as the
-kubelet does, so a directory watch sees a new file every time one is written.
+`device-plugins/kubelet_internal_checkpoint`, `cpu_manager_state`,
+`memory_manager_state` and `dra_manager_state`, each rewritten whole (temp file + rename)
+as the kubelet does, so a directory watch sees a new file every time one is written.
+
+The DRA manager's checkpoint is rewritten whenever a pod starts (its sandbox is made: the
+manager prepares the pod's claims) and whenever one ends (its containers gone: it unprepares
+them), claims or not: upstream (1.37.2, `cm/dra/manager.go`) stores it on every prepare and
+unprepare, so on a real node every pod's start and end rewrites it.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import uuid
 import zlib
 from pathlib import Path
 from typing import Any
@@ -17,7 +23,10 @@ from typing import Any
 from watcher.model.wording import cpuset_string
 from watcher.sim.fake_node import FakeNode
 
-__all__ = ["write_state_files"]
+__all__ = ["write_dra_state", "write_state_files"]
+
+# The DRA manager's checkpoint, as `pkg/kubelet/cm/dra/state` writes it.
+_DRA_KIND, _DRA_API_VERSION = "DRACheckpoint", "checkpoint.dra.kubelet.k8s.io/v1"
 
 
 def write_state_files(
@@ -76,6 +85,41 @@ def write_state_files(
     _write_if_changed(cpu_state_path, json.dumps(cpu_state).encode())
     memory_state = {"policyName": "Static", "entries": memory_entries}
     _write_if_changed(memory_state_path, json.dumps(memory_state).encode())
+
+
+def write_dra_state(node: FakeNode, path: Path) -> None:
+    """The DRA manager's checkpoint: each prepared claim, the pods using it and its devices. Its
+    checksum is upstream's (CRC-32 of the Data string), so the kubelet would read it back."""
+    claims: dict[tuple[str, str], dict[str, Any]] = {}
+    for pod in node.pods.values():
+        for c in pod.containers:
+            for claim in c.claims:
+                key = (claim.namespace, claim.name)
+                state = claims.setdefault(
+                    key,
+                    {
+                        "ClaimUID": str(uuid.uuid5(uuid.NAMESPACE_URL, f"claim/{key[0]}/{key[1]}")),
+                        "ClaimName": claim.name,
+                        "Namespace": claim.namespace,
+                        "PodUIDs": {},
+                        "DriverState": {},
+                    },
+                )
+                state["PodUIDs"][pod.uid] = {}
+                for d in claim.devices:
+                    devices = state["DriverState"].setdefault(d.driver, {"Devices": []})["Devices"]
+                    entry = {
+                        "PoolName": d.pool,
+                        "DeviceName": d.device,
+                        "ShareID": d.share_id,
+                        "RequestNames": [claim.request] if claim.request else None,
+                        "CDIDeviceIDs": list(d.cdi_devices) or None,
+                    }
+                    if entry not in devices:
+                        devices.append(entry)
+    data = {"kind": _DRA_KIND, "apiVersion": _DRA_API_VERSION, "ClaimInfoStateList": list(claims.values())}
+    text = json.dumps(data, separators=(",", ":"))
+    _write_atomically(path, json.dumps({"Data": text, "Checksum": zlib.crc32(text.encode())}).encode())
 
 
 def _write_if_changed(path: Path, data: bytes) -> None:
