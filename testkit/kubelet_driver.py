@@ -1,4 +1,5 @@
-"""One scripting interface over the fake kubelet and kubelet-lite, so a scenario plays on both.
+"""One scripting interface over the fake kubelet, kubelet-lite and the upstream kubelet
+(`testkit.real_driver.RealDriver`), so a scenario plays on each.
 
 A driver serves one device-plugin resource. Each step returns once the kubelet answers with its
 outcome (a health change, a plug or a plugin's return is in `GetAllocatableResources`), so what
@@ -9,6 +10,7 @@ whenever it has more free devices than it needs), so both kubelets give a pod th
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -18,7 +20,7 @@ from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod
 from watcher.sim.fake_plugins import plugin_socket_name
 
-__all__ = ["FakeDriver", "KubeletDriver", "LiteDriver", "preferred_devices"]
+__all__ = ["FakeDriver", "KubeletDriver", "LiteDriver", "PluginDriver", "preferred_devices"]
 
 # container -> resource -> how many devices
 Containers = Mapping[str, Mapping[str, int]]
@@ -48,7 +50,15 @@ class KubeletDriver(Protocol):
 
     async def admit(
         self, namespace: str, pod: str, containers: Containers, *, uid: str | None = None
-    ) -> Held: ...
+    ) -> Held:
+        """The pod running with `containers`; what each container holds. `uid` is the pod's uid
+        where the kubelet takes it from the test (the fake, kubelet-lite); the upstream kubelet
+        takes it from the API server and ignores it: tests ask `uid()` for the one it has."""
+        ...
+
+    async def uid(self, namespace: str, pod: str) -> str:
+        """The uid the kubelet knows the admitted pod by."""
+        ...
 
     async def remove(self, namespace: str, pod: str) -> None: ...
 
@@ -139,6 +149,9 @@ class FakeDriver:
             out[container] = {self.resource: sorted(ids)} if ids else {}
         return out
 
+    async def uid(self, namespace: str, pod: str) -> str:
+        return self.fake.node.pods[(namespace, pod)].uid
+
     async def remove(self, namespace: str, pod: str) -> None:
         self.fake.free(namespace, pod)
 
@@ -162,51 +175,48 @@ class FakeDriver:
         self.fake.plugins.register(self.resource)
 
 
-class LiteDriver:
-    """kubelet-lite with one device-plugin process serving `resource`."""
+class PluginHost(Protocol):
+    """What a kubelet process with device plugins offers a driver (KubeletLite, RealNode)."""
 
-    name = "real"
+    root: Path
+    socket_path: Path
+    pods_api_socket: Path
 
-    def __init__(self, lite: KubeletLite, plugin: DevicePlugin) -> None:
-        self.lite = lite
+    async def wait_allocatable(self, resource: str, devices: set[str], timeout: float = 15.0) -> None: ...
+
+    async def restart(self) -> None: ...
+
+
+class PluginDriver:
+    """The device-plugin steps on a kubelet process with one plugin serving `resource`; each
+    settles on `GetAllocatableResources`. Pods are the subclass's (each kubelet admits its way)."""
+
+    name = ""
+
+    def __init__(self, host: PluginHost, plugin: DevicePlugin) -> None:
+        self.host = host
         self.plugin = plugin
         self.resource = plugin.resource
         self._unhealthy: set[str] = set()
 
-    @classmethod
-    async def create(
-        cls, lite: KubeletLite, resource: str, devices: Mapping[str, Sequence[int]]
-    ) -> LiteDriver:
-        """Start the plugin on the running `lite`; returns once its devices are allocatable."""
-        return cls(lite, await lite.add_plugin(resource, devices))
-
     @property
     def root(self) -> Path:
-        return self.lite.root
+        return self.host.root
 
     @property
     def socket_path(self) -> Path:
-        return self.lite.socket_path
+        return self.host.socket_path
 
     @property
     def plugin_socket(self) -> str:
         return self.plugin.socket_name
 
-    async def _settled(self) -> None:
-        await self.lite.wait_allocatable(self.resource, set(self.plugin.devices) - self._unhealthy)
-
     @property
     def pods_api_socket(self) -> Path:
-        return self.lite.pods_api_socket
+        return self.host.pods_api_socket
 
-    async def admit(
-        self, namespace: str, pod: str, containers: Containers, *, uid: str | None = None
-    ) -> Held:
-        held = await self.lite.admit(namespace, pod, containers, uid=uid)
-        return {c: {r: sorted(ids) for r, ids in by.items()} for c, by in held.items()}
-
-    async def remove(self, namespace: str, pod: str) -> None:
-        await self.lite.remove(namespace, pod)
+    async def _settled(self) -> None:
+        await self.host.wait_allocatable(self.resource, set(self.plugin.devices) - self._unhealthy)
 
     async def set_healthy(self, device: str, healthy: bool) -> None:
         await self.plugin.set_healthy(device, healthy)
@@ -226,15 +236,47 @@ class LiteDriver:
         await self._settled()
 
     async def restart(self) -> None:
-        await self.lite.restart()
+        await self.host.restart()
         await self._settled()
 
     async def stop_plugin(self) -> None:
         await self.plugin.stop()
         # The devices leave when the plugin's stream ends, a moment after its socket is gone.
-        await self.lite.wait_allocatable(self.resource, set())
+        await self.host.wait_allocatable(self.resource, set())
 
     async def start_plugin(self) -> None:
         await self.plugin.start()
         self._unhealthy.clear()  # a new process reports every device healthy
         await self._settled()
+
+
+class LiteDriver(PluginDriver):
+    """kubelet-lite with one device-plugin process serving `resource`."""
+
+    name = "lite"
+
+    def __init__(self, lite: KubeletLite, plugin: DevicePlugin) -> None:
+        super().__init__(lite, plugin)
+        self.lite = lite
+        self._uids: dict[tuple[str, str], str] = {}
+
+    @classmethod
+    async def create(
+        cls, lite: KubeletLite, resource: str, devices: Mapping[str, Sequence[int]]
+    ) -> LiteDriver:
+        """Start the plugin on the running `lite`; returns once its devices are allocatable."""
+        return cls(lite, await lite.add_plugin(resource, devices))
+
+    async def admit(
+        self, namespace: str, pod: str, containers: Containers, *, uid: str | None = None
+    ) -> Held:
+        uid = uid or str(uuid.uuid4())
+        held = await self.lite.admit(namespace, pod, containers, uid=uid)
+        self._uids[(namespace, pod)] = uid
+        return {c: {r: sorted(ids) for r, ids in by.items()} for c, by in held.items()}
+
+    async def uid(self, namespace: str, pod: str) -> str:
+        return self._uids[(namespace, pod)]
+
+    async def remove(self, namespace: str, pod: str) -> None:
+        await self.lite.remove(namespace, pod)

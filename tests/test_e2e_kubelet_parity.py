@@ -1,27 +1,34 @@
-"""The fake kubelet (watcher.sim) against the real one (kubelet-lite: upstream's device manager and
-pod-resources server, with our device-plugin peer): the same scenario played on both through
-`testkit.kubelet_driver`, with the agent watching each, compared step by step. After every step
-the agent's decoded answers (List and GetAllocatableResources) are equal, so are its events
-(kind, severity and what they name), and the watched files each kubelet created, replaced or
-deleted are the ones in this table (the agent re-queries on them; `<plugin>.sock` is the
-plugin's own socket, whose name is the plugin's choice):
+"""The fake kubelet (watcher.sim) against the real ones: kubelet-lite ([lite]: upstream's device
+manager and pod-resources server) and upstream's whole kubelet on a Node of a real API server
+([upstream], peers/cmd/kubelet), each with our device-plugin peer. The same scenario
+(`testkit.parity_scenario`) is played on the fake and on each real one through
+`testkit.kubelet_driver` / `testkit.real_driver`, with the agent watching each, compared step by
+step. After every step the agent's decoded answers (List and GetAllocatableResources) are equal,
+so are its events (kind, severity and what they name), and the watched files each kubelet created,
+replaced or deleted are the ones in this table (the agent re-queries on them; `<plugin>.sock` is
+the plugin's own socket, whose name is the plugin's choice):
 
-| step | real kubelet rewrites | fake kubelet rewrites |
-|---|---|---|
-| admit a pod with devices | checkpoint | checkpoint |
-| admit a pod without devices | nothing | nothing (was: checkpoint) |
-| a device unhealthy, healthy | checkpoint | checkpoint |
-| hot-plug, unplug a device | checkpoint | checkpoint |
-| remove a pod | nothing | checkpoint (kept: `free()`) |
-| kubelet restart | socket, checkpoint, registration, plugin | socket, checkpoint, plugin (kept) |
-| plugin stops | plugin deleted | plugin deleted |
-| plugin starts | plugin created, checkpoint | plugin created, checkpoint |
+| step | upstream kubelet | kubelet-lite | fake kubelet |
+|---|---|---|---|
+| admit a pod with devices | checkpoint, dra | checkpoint | checkpoint, dra |
+| admit a pod without devices | dra | nothing | dra (was: nothing) |
+| a device unhealthy, healthy | checkpoint | checkpoint | checkpoint |
+| hot-plug, unplug a device | checkpoint | checkpoint | checkpoint |
+| remove a pod | dra | nothing | checkpoint (kept: `free()`), dra |
+| kubelet restart | socket, checkpoint, registration, plugin | the same | socket, checkpoint, plugin (kept) |
+| plugin stops | plugin deleted | plugin deleted | plugin deleted |
+| plugin starts | plugin created, checkpoint | the same | plugin created, checkpoint |
 
 (socket: `pod-resources/kubelet.sock`; checkpoint: `device-plugins/kubelet_internal_checkpoint`;
-registration: `device-plugins/kubelet.sock`; plugin: `<plugin>.sock` there; cpu, memory:
-`cpu_manager_state`, `memory_manager_state`, which kubelet-lite does not serve. The fake
-rewrote both at every step above that rewrites anything; it now rewrites each only when its
-content changes, as the CPU and memory managers take no part in a device step.)
+registration: `device-plugins/kubelet.sock`; plugin: `<plugin>.sock` there; dra:
+`dra_manager_state`, which the upstream kubelet's DRA manager rewrites when it prepares a pod (its
+sandbox made) and when it unprepares it (its containers gone), claims or not; kubelet-lite runs no
+DRA manager, and the fake, which never wrote it, now writes it as upstream does. cpu, memory:
+`cpu_manager_state`, `memory_manager_state`: upstream writes them at its first start only (the
+`none` policies), kubelet-lite not at all, the fake only when their content changes.)
+
+The fake's node has the CPUs the real kubelet reports allocatable: kubelet-lite's stand-in reports
+its --cpus, the upstream kubelet (CPU manager policy `none`) reports none.
 
 Kept: `free()` rewrites the checkpoint (the real device manager frees a pod's devices in memory
 and writes nothing; tests and the demo rely on the trigger); the fake serves no registration
@@ -29,237 +36,80 @@ socket `device-plugins/kubelet.sock`, its plugin sockets are plain files, and on
 deletes every socket and also every `*.sock` by name (its own plugin sockets are plain files),
 where the kubelet deletes sockets only, by type (tests of the fake list that directory
 exactly). The real temporary names (the pod-resources socket's and the state files') are
-upstream's and the fake now makes the same; see the tests below.
+upstream's and the fake now makes the same; see the tests below. Differences of the fake from
+the upstream kubelet beyond these steps are in tests/test_e2e_fake_parity.py (KEPT_DIFFERENCES).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import socket
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc import aio
 
-from testkit.agent import AgentRun, agent_against, make_settings
 from testkit.inotify_names import NameEvents
 from testkit.kubelet_driver import FakeDriver, KubeletDriver, LiteDriver
 from testkit.kubelet_lite import KubeletLite
-from testkit.kubelet_observations import (
-    SERVICE,
-    call,
-    event_digest,
-    file_changes,
-    file_marks,
-    inventory,
-    pod_digest,
-)
+from testkit.kubelet_observations import SERVICE, call, inventory, pod_digest
+from testkit.parity_scenario import GPU, GPUS, SCENARIO, play_scenario
+from testkit.peers import peer
+from testkit.real_driver import RealDriver
+from testkit.real_node import RealNode
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.model.inventory import Inventory
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_plugins import Warmup
 
 pytestmark = pytest.mark.e2e
 
-GPU = "example.com/gpu"
-GPUS = {"gpu0": (0,), "gpu1": (0,), "gpu2": (1,), "gpu3": (1,)}
-CPUS = 4  # kubelet-lite's default --cpus
-CHECKPOINT = "device-plugins/kubelet_internal_checkpoint"
-PLUGIN = "device-plugins/<plugin>.sock"
-REGISTRATION = "device-plugins/kubelet.sock"
-SOCKET = "pod-resources/kubelet.sock"
-R = "replaced"
 
-Action = Callable[[KubeletDriver], Awaitable[object]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Play:
-    """One step of the scenario and what it must show: the agent's event kinds (both kubelets)
-    and the files each kubelet rewrote (real, fake)."""
-
-    name: str
-    action: Action
-    kinds: list[str]
-    real_files: dict[str, str]
-    fake_files: dict[str, str]
-    awaited: str = ""  # an event the step waits for (it comes from a watch, not the forced look)
-    held: bool = False  # the agent holds the step's outcome back (a departed plugin's devices)
-
-
-CAPACITY = "capacity.changed"
-SCENARIO = [
-    Play(
-        "admit ml/a, 2 GPUs",
-        lambda d: d.admit("ml", "a", {"main": {GPU: 2}}),
-        ["allocation.added", CAPACITY],
-        {CHECKPOINT: R},
-        {CHECKPOINT: R},
-    ),
-    Play(
-        "admit ml/b, 1 GPU and a container without",
-        lambda d: d.admit("ml", "b", {"main": {GPU: 1}, "side": {}}),
-        ["allocation.added", CAPACITY],
-        {CHECKPOINT: R},
-        {CHECKPOINT: R},
-    ),
-    Play(
-        "gpu0 (held by ml/a) unhealthy",
-        lambda d: d.set_healthy("gpu0", False),
-        ["device.removed", CAPACITY],
-        {CHECKPOINT: R},
-        {CHECKPOINT: R},
-    ),
-    Play(
-        "gpu0 healthy again",
-        lambda d: d.set_healthy("gpu0", True),
-        ["device.added", CAPACITY],
-        {CHECKPOINT: R},
-        {CHECKPOINT: R},
-    ),
-    Play(
-        "hot-plug gpu4",
-        lambda d: d.hot_plug("gpu4", (1,)),
-        ["device.added", CAPACITY],
-        {CHECKPOINT: R},
-        {CHECKPOINT: R},
-    ),
-    Play(
-        "unplug gpu2 (held by ml/b)",
-        lambda d: d.unplug("gpu2"),
-        ["device.removed", CAPACITY],
-        {CHECKPOINT: R},
-        {CHECKPOINT: R},
-    ),
-    Play(
-        "remove ml/a",  # kept difference: the fake's free() rewrites the checkpoint
-        lambda d: d.remove("ml", "a"),
-        ["allocation.removed", CAPACITY],
-        {},
-        {CHECKPOINT: R},
-    ),
-    Play(
-        "kubelet restart",  # kept difference: the fake has no registration socket
-        lambda d: d.restart(),
-        ["kubelet.restarted"],
-        {SOCKET: R, CHECKPOINT: R, REGISTRATION: R, PLUGIN: R},
-        {SOCKET: R, CHECKPOINT: R, PLUGIN: R},
-        awaited="kubelet.restarted",
-    ),
-    Play(
-        "plugin stops",
-        lambda d: d.stop_plugin(),
-        ["plugin.unregistered"],
-        {PLUGIN: "deleted"},
-        {PLUGIN: "deleted"},
-        awaited="plugin.unregistered",
-        held=True,
-    ),
-    Play(
-        "plugin starts",
-        lambda d: d.start_plugin(),
-        ["plugin.registered"],
-        {PLUGIN: "created", CHECKPOINT: R},
-        {PLUGIN: "created", CHECKPOINT: R},
-        awaited="plugin.registered",
-    ),
-    Play(
-        "admit ml/c, 1 GPU",
-        lambda d: d.admit("ml", "c", {"main": {GPU: 1}}),
-        ["allocation.added", CAPACITY],
-        {CHECKPOINT: R},
-        {CHECKPOINT: R},
-    ),
-    Play("admit ml/d, no devices", lambda d: d.admit("ml", "d", {"main": {}}), [], {}, {}),
-    Play(
-        "remove ml/b",  # kept difference: free()
-        lambda d: d.remove("ml", "b"),
-        ["allocation.removed", CAPACITY],
-        {},
-        {CHECKPOINT: R},
-    ),
-]
-
-
-@dataclasses.dataclass
-class Seen:
-    inventory: Inventory
-    files: dict[str, str]
-    events: list[tuple[str, str, dict[str, object]]]
-
-
-async def _caught_up(run: AgentRun, socket_path: Path, step: str) -> Inventory:
-    """The kubelet's answers, once the agent holds the same. The test's own calls share the
-    kubelet's limiter with the agent, so the agent's look after a step can be refused; it looks
-    again later (its back-off), and a forced look now brings that about."""
-    for _ in range(20):
-        answers = await inventory(socket_path)
-        if run.agent.inventory == answers:
-            return answers
-        await run.quiet_cycle()
-    raise AssertionError(f"{step}: the agent holds {run.agent.inventory}, the kubelet answers {answers}")
-
-
-async def _play(driver: KubeletDriver, state: Path) -> list[Seen]:
-    """SCENARIO on `driver` with the agent watching; what each step showed."""
-    seen: list[Seen] = []
-    plugin = f"device-plugins/{driver.plugin_socket}"
-    async with agent_against(make_settings(state, kubelet_root=driver.root)) as run:
-        await run.recorder.until(lambda: "watcher.started" in run.recorder.kinds())
-        await run.released()
-        for play in SCENARIO:
-            mark = len(run.recorder.events)
-            before = file_marks(driver.root)
-            await play.action(driver)
-            if play.awaited:
-                await run.recorder.until(
-                    lambda a=play.awaited, m=mark: a in run.recorder.kinds(m), timeout=30
-                )
-            # A departed plugin's devices are held back for a minute (not reported missing): one
-            # more look then, not the end of the hold.
-            await (run.quiet_cycle() if play.held else run.released())
-            if play.held:  # the agent keeps the devices it holds back: its awaited event is the look
-                answers = await inventory(driver.socket_path)
-            else:
-                answers = await _caught_up(run, driver.socket_path, play.name)
-            files = file_changes(before, file_marks(driver.root))
-            files = {PLUGIN if name == plugin else name: what for name, what in files.items()}
-            events = event_digest(run.recorder.events[mark:])
-            seen.append(Seen(answers, files, events))
-    return seen
+@pytest.fixture(params=["lite", "upstream"])
+async def real_driver(request: pytest.FixtureRequest, short_tmp: Path) -> AsyncIterator[KubeletDriver]:
+    """kubelet-lite ([lite]) or upstream's whole kubelet on a Node of the session's API server
+    ([upstream]), one device plugin serving GPUS."""
+    if request.param == "lite":
+        async with KubeletLite(peer("kubelet-lite"), peer("device-plugin"), short_tmp / "kubelet") as lite:
+            yield await LiteDriver.create(lite, GPU, GPUS)
+        return
+    cluster = request.getfixturevalue("kube_cluster")
+    async with RealNode(cluster, short_tmp / "node", f"node-{uuid.uuid4().hex[:8]}") as node:
+        yield await RealDriver.create(node, GPU, GPUS)
 
 
 @pytest.fixture
-async def fake_driver(short_tmp: Path) -> AsyncIterator[FakeDriver]:
-    """The fake on a node like kubelet-lite's with GPUS, its plugin back a moment after a start."""
-    node = FakeDriver.node(GPU, GPUS, CPUS)
+async def fake_driver(real_driver: KubeletDriver, short_tmp: Path) -> AsyncIterator[FakeDriver]:
+    """The fake on a node like the real one's: GPUS, and the CPUs the real one reports allocatable
+    (kubelet-lite's stand-in reports its --cpus, the upstream kubelet's `none` CPU policy none);
+    its plugin back a moment after a start."""
+    cpus = len((await inventory(real_driver.socket_path)).cpu_ids)
+    node = FakeDriver.node(GPU, GPUS, cpus)
     fake = FakeKubelet(short_tmp / "fake" / "kubelet", node, warmup=Warmup(plugin_delay=(0.1, 0.3)))
     async with fake:
         await fake.plugins.wait_settled()
         yield FakeDriver(fake, GPU)
 
 
-@pytest.fixture
-async def real_driver(kubelet_lite: KubeletLite) -> LiteDriver:
-    return await LiteDriver.create(kubelet_lite, GPU, GPUS)
-
-
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 async def test_one_scenario_shows_the_same_answers_events_and_files_on_both_kubelets(
-    real_driver: LiteDriver, fake_driver: FakeDriver, short_tmp: Path
+    real_driver: KubeletDriver, fake_driver: FakeDriver, short_tmp: Path
 ) -> None:
-    real = await _play(real_driver, short_tmp / "real-agent")
-    fake = await _play(fake_driver, short_tmp / "fake-agent")
+    real = await play_scenario(real_driver, short_tmp / "real-agent")
+    fake = await play_scenario(fake_driver, short_tmp / "fake-agent")
+    wrong = []
     for play, r, f in zip(SCENARIO, real, fake, strict=True):
-        assert r.inventory == f.inventory, f"{play.name}: the answers differ"
-        assert r.events == f.events, f"{play.name}: the agent's events differ"
-        assert [kind for kind, _, _ in r.events] == play.kinds, play.name
-        assert (r.files, f.files) == (play.real_files, play.fake_files), f"{play.name}: files"
+        if r.inventory != f.inventory:
+            wrong.append(f"{play.name}: the answers differ: {r.inventory} != {f.inventory}")
+        if r.events != f.events or [kind for kind, _, _ in r.events] != play.kinds:
+            wrong.append(f"{play.name}: the agent's events: {r.events} (fake {f.events})")
+        if (r.files, f.files) != (play.files(real_driver.name), play.files("fake")):
+            wrong.append(f"{play.name}: files {r.files} (fake {f.files})")
+    assert wrong == []
     # The outcome is the agent's view of a real node, not two empty answers that agree.
     (removed,) = (e for e in real[2].events if e[0] == "device.removed")
     assert removed == (
@@ -273,7 +123,7 @@ async def test_one_scenario_shows_the_same_answers_events_and_files_on_both_kube
 
 
 async def test_get_of_a_known_and_an_unknown_pod_answers_alike(
-    real_driver: LiteDriver, fake_driver: FakeDriver
+    real_driver: KubeletDriver, fake_driver: FakeDriver
 ) -> None:
     known = api_pb2.GetPodResourcesRequest(pod_namespace="ml", pod_name="g").SerializeToString()
     unknown = api_pb2.GetPodResourcesRequest(pod_namespace="nowhere", pod_name="ghost").SerializeToString()
@@ -301,11 +151,11 @@ async def test_get_of_a_known_and_an_unknown_pod_answers_alike(
 
 
 async def test_the_rate_limiters_reject_a_burst_alike(
-    real_driver: LiteDriver, fake_driver: FakeDriver
+    real_driver: KubeletDriver, fake_driver: FakeDriver
 ) -> None:
     async def burst(socket_path: Path) -> tuple[int, set[tuple[grpc.StatusCode, str]]]:
         async with aio.insecure_channel(f"unix:{socket_path}") as channel:
-            method = channel.unary_unary(SERVICE + "List")
+            method: aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(SERVICE + "List")
             results = await asyncio.gather(
                 *(method(b"", timeout=5) for _ in range(40)), return_exceptions=True
             )
@@ -327,7 +177,7 @@ def _listener_events(events: list[tuple[str, str]]) -> tuple[list[tuple[str, str
 
 
 async def test_a_restart_replaces_the_socket_alike_through_a_temporary_name(
-    real_driver: LiteDriver, fake_driver: FakeDriver
+    real_driver: KubeletDriver, fake_driver: FakeDriver
 ) -> None:
     """Upstream's CreateListener: unlink, a name from os.CreateTemp (digits), created and removed,
     listened on, renamed into place; a new file of one mode."""
@@ -356,7 +206,7 @@ async def test_a_restart_replaces_the_socket_alike_through_a_temporary_name(
 
 
 async def test_the_checkpoint_is_rewritten_alike_through_a_temporary_name(
-    real_driver: LiteDriver, fake_driver: FakeDriver
+    real_driver: KubeletDriver, fake_driver: FakeDriver
 ) -> None:
     """The kubelet's file store: a "." + digits file beside it (mode 0600), renamed over it."""
     seen = []
@@ -380,7 +230,7 @@ async def test_the_checkpoint_is_rewritten_alike_through_a_temporary_name(
 
 
 async def test_a_kubelet_start_deletes_the_sockets_in_the_plugin_directory(
-    real_driver: LiteDriver, fake_driver: FakeDriver
+    real_driver: KubeletDriver, fake_driver: FakeDriver
 ) -> None:
     """Every socket goes, whatever its name (a plugin's, a stray one); a plain file stays with
     the real kubelet. Kept difference: the fake also deletes by name, so a plain `*.sock` goes too."""

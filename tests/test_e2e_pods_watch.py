@@ -1,8 +1,12 @@
-"""The agent's Pods API watch against upstream's server (kubelet-lite, `[real]`) and the fake kubelet
-(`[fake]`) alike: the first snapshot reports nothing, an admitted pod is read with pod-resources Get
-and reported once with its uid, its removal once, a kubelet restart only as kubelet.restarted with
-the watch live again; and the watch itself, dropped by upstream's broadcaster for reading slowly,
-re-diffs a fresh snapshot with nothing lost and nothing twice."""
+"""The agent's Pods API watch against upstream's server, in kubelet-lite (`[lite]`) and in upstream's
+whole kubelet on a Node of a real API server (`[upstream]`), and the fake kubelet (`[fake]`) alike:
+the first snapshot reports nothing, an admitted pod is read with pod-resources Get and reported once
+with its uid, its removal once, a kubelet restart only as kubelet.restarted with the watch live
+again; and the watch itself, dropped by upstream's broadcaster for reading slowly, re-diffs a fresh
+snapshot with nothing lost and nothing twice (kubelet-lite only: it needs its control socket).
+
+The upstream kubelet takes a pod's uid from the API server, not from the test: the tests name the
+uid a kubelet knows a pod by through `KubeletDriver.uid`, never by the `uid=` they asked for."""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -22,6 +28,8 @@ from testkit.changes import Changes
 from testkit.kubelet_driver import FakeDriver, KubeletDriver, LiteDriver
 from testkit.kubelet_lite import KubeletLite
 from testkit.peers import peer
+from testkit.real_driver import RealDriver
+from testkit.real_node import RealNode
 from watcher.backoff import Backoff
 from watcher.kubelet.pods_watch import PodChange, PodsWatch
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -32,24 +40,31 @@ GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (0,), "gpu2": (1,), "gpu3": (1,)}
 
 
-@pytest.fixture(params=["real", "fake"])
+@pytest.fixture(params=["lite", "upstream", "fake"])
 async def kubelet(request: pytest.FixtureRequest, short_tmp: Path) -> AsyncIterator[KubeletDriver]:
-    """kubelet-lite with one device plugin ([real]), or the fake kubelet serving the same devices
-    ([fake]); either under short_tmp/kubelet, where `make_settings(short_tmp)` looks."""
+    """kubelet-lite with one device plugin ([lite]), the upstream kubelet with the same plugin
+    ([upstream]), or the fake kubelet serving the same devices ([fake])."""
     root = short_tmp / "kubelet"
-    if request.param == "real":
+    if request.param == "lite":
         async with KubeletLite(peer("kubelet-lite"), peer("device-plugin"), root) as lite:
             yield await LiteDriver.create(lite, GPU, GPUS)
+        return
+    if request.param == "upstream":
+        cluster = request.getfixturevalue("kube_cluster")
+        async with RealNode(cluster, short_tmp / "node", f"node-{uuid.uuid4().hex[:8]}") as node:
+            yield await RealDriver.create(node, GPU, GPUS)
         return
     async with FakeKubelet(root, FakeDriver.node(GPU, GPUS, 4), seed=11) as fake:
         yield FakeDriver(fake, GPU)
 
 
 @asynccontextmanager
-async def _agent(short_tmp: Path, **overrides: object) -> AsyncIterator[AgentRun]:
+async def _agent(short_tmp: Path, kubelet: KubeletDriver, **overrides: object) -> AsyncIterator[AgentRun]:
     """The agent with the Pods API (on by default), past its first look with the watch live. Only
     the watch tells of pod changes: no state-file triggers, the timer an hour away."""
-    settings = make_settings(short_tmp, state_file_triggers=False, interval=3600.0, **overrides)
+    settings = make_settings(
+        short_tmp, kubelet_root=kubelet.root, state_file_triggers=False, interval=3600.0, **overrides
+    )
     async with agent_against(settings) as run:
         await run.recorder.until(lambda: "watcher.started" in run.recorder.kinds())
         await _live(run)
@@ -58,12 +73,24 @@ async def _agent(short_tmp: Path, **overrides: object) -> AsyncIterator[AgentRun
 
 
 async def _live(run: AgentRun, timeout: float = 15.0) -> None:
+    """Until the agent's Pods API watch is live. Its state changes reach no recorder by
+    themselves: a first snapshot with no pods reports no change, and on the upstream kubelet
+    (initializing at first) that is the last thing the wait would hear of. So each state change
+    the watch tells the agent is told to the wait too."""
     watch = run.agent.pods_watch
     assert watch is not None
+    told = watch.on_state
+
+    def on_state(state: str, detail: str) -> None:
+        if told is not None:
+            told(state, detail)
+        run.recorder.changes.notify()
+
+    watch.on_state = on_state
     await run.recorder.until(lambda: watch.state == "watching", timeout)
 
 
-def _warnings(logs: list[dict[str, object]]) -> list[str]:
+def _warnings(logs: Sequence[MutableMapping[str, Any]]) -> list[str]:
     return [str(entry["event"]) for entry in logs if entry["log_level"] in ("warning", "error")]
 
 
@@ -71,12 +98,12 @@ async def test_the_first_snapshot_reports_nothing_beyond_started(
     kubelet: KubeletDriver, short_tmp: Path
 ) -> None:
     held = await kubelet.admit("ml", "trainer", {"main": {GPU: 2}}, uid="uid-trainer")
-    async with _agent(short_tmp) as run:
+    async with _agent(short_tmp, kubelet) as run:
         await run.quiet_cycle()
         assert run.recorder.kinds() == ["watcher.started"]
         watch = run.agent.pods_watch
         assert watch is not None
-        meta = watch.index.by_uid("uid-trainer")
+        meta = watch.index.by_uid(await kubelet.uid("ml", "trainer"))
         assert meta is not None and (meta.namespace, meta.name, meta.phase) == ("ml", "trainer", "Running")
         assert run.agent.inventory is not None
         (pod,) = run.agent.inventory.pods
@@ -88,12 +115,13 @@ async def test_the_first_snapshot_reports_nothing_beyond_started(
 async def test_an_admitted_pod_is_read_with_get_and_reported_once_and_its_removal_once(
     kubelet: KubeletDriver, short_tmp: Path
 ) -> None:
-    async with _agent(short_tmp) as run:
+    async with _agent(short_tmp, kubelet) as run:
         mark, cycles = len(run.recorder.events), len(run.recorder.reasons)
         held = await kubelet.admit("ml", "llm-1", {"main": {GPU: 2}}, uid="uid-llm-1")
         assert await run.recorder.kinds_after(mark, 2) == ["allocation.added", "capacity.changed"]
         added = run.recorder.events[mark]
-        assert (added.details["pod"], added.details["pod_uid"]) == ("llm-1", "uid-llm-1")
+        uid = await kubelet.uid("ml", "llm-1")
+        assert (added.details["pod"], added.details["pod_uid"]) == ("llm-1", uid)
         assert added.details["devices"] == {GPU: held["main"][GPU]}
         assert any("pods-api" in r for r in run.recorder.reasons[cycles:])
         await run.quiet_cycle()  # a whole List agrees with what Get built
@@ -114,7 +142,7 @@ async def test_a_kubelet_restart_gives_only_kubelet_restarted_and_the_watch_goes
     kubelet: KubeletDriver, short_tmp: Path
 ) -> None:
     await kubelet.admit("ml", "kept", {"main": {GPU: 1}}, uid="uid-kept")
-    async with _agent(short_tmp, poll_interval=0.05) as run:
+    async with _agent(short_tmp, kubelet, poll_interval=0.05) as run:
         watch = run.agent.pods_watch
         assert watch is not None
         mark, connects = len(run.recorder.events), watch.connects
@@ -125,7 +153,7 @@ async def test_a_kubelet_restart_gives_only_kubelet_restarted_and_the_watch_goes
             await run.released()
         kinds = [k for k in run.recorder.kinds(mark) if not k.startswith("plugin.")]
         assert kinds == ["kubelet.restarted"]
-        assert watch.index.by_uid("uid-kept") is not None
+        assert watch.index.by_uid(await kubelet.uid("ml", "kept")) is not None
         # A kubelet that stops is not a watch that fell behind: no warning says it was dropped.
         assert [w for w in _warnings(logs) if "dropped" in w] == []
 
@@ -148,8 +176,12 @@ class _Watched:
             backoff=Backoff(base=0.02, cap=0.2),
             stop=self.stop,
             on_changes=self._changes,
-            on_state=lambda state, _detail: (self.states.append(state), self.seen.notify()),
+            on_state=self._state,
         )
+
+    def _state(self, state: str, _detail: str) -> None:
+        self.states.append(state)
+        self.seen.notify()
 
     def _changes(self, changes: Sequence[PodChange], resync: bool) -> None:
         self.batches.append((list(changes), resync))
@@ -250,10 +282,13 @@ async def test_a_pod_recreated_under_its_name_is_one_removal_and_one_addition(
     under its name, a new uid: the old pod's removal once, the new pod's addition once, named by
     its own uid; no removal of what the new pod holds."""
     await kubelet.admit("ml", "db-0", {"main": {GPU: 1}}, uid="uid-db-0-old")
-    async with _agent(short_tmp) as run:
+    old_uid = await kubelet.uid("ml", "db-0")
+    async with _agent(short_tmp, kubelet) as run:
         mark = len(run.recorder.events)
         await kubelet.remove("ml", "db-0")
         held = await kubelet.admit("ml", "db-0", {"main": {GPU: 1}}, uid="uid-db-0-new")
+        new_uid = await kubelet.uid("ml", "db-0")
+        assert new_uid != old_uid
         await run.recorder.until(lambda: "allocation.added" in run.recorder.kinds(mark), 15)
         await run.quiet_cycle()
         events = run.recorder.events[mark:]
@@ -262,8 +297,6 @@ async def test_a_pod_recreated_under_its_name_is_one_removal_and_one_addition(
             kinds
         )
         (added,) = [e for e in events if e.kind == "allocation.added"]
-        assert added.details["pod_uid"] == "uid-db-0-new" and added.details["devices"] == {
-            GPU: held["main"][GPU]
-        }
+        assert added.details["pod_uid"] == new_uid and added.details["devices"] == {GPU: held["main"][GPU]}
         (removed,) = [e for e in events if e.kind == "allocation.removed"]
-        assert removed.details.get("pod_uid") in (None, "uid-db-0-old")
+        assert removed.details.get("pod_uid") in (None, old_uid)
