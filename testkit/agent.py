@@ -207,6 +207,16 @@ async def _agent_task(settings: Settings) -> AsyncIterator[tuple[Agent, Recorder
             recorder.on_pod_changes(changes, resync)
 
         watch.on_changes = on_changes
+        told = watch.on_state
+
+        def on_state(state: str, detail: str) -> None:
+            # A watch going live reports no event when its first snapshot has no pods (a real
+            # kubelet's, initializing at first, often has none): wake the waiters all the same.
+            if told is not None:
+                told(state, detail)
+            recorder.changes.notify()
+
+        watch.on_state = on_state
     task = asyncio.create_task(agent.run(), name="agent-under-test")
     recorder.task = task
     task.add_done_callback(recorder.changes.notify)

@@ -73,20 +73,9 @@ async def _agent(short_tmp: Path, kubelet: KubeletDriver, **overrides: object) -
 
 
 async def _live(run: AgentRun, timeout: float = 15.0) -> None:
-    """Until the agent's Pods API watch is live. Its state changes reach no recorder by
-    themselves: a first snapshot with no pods reports no change, and on the upstream kubelet
-    (initializing at first) that is the last thing the wait would hear of. So each state change
-    the watch tells the agent is told to the wait too."""
+    """Until the agent's Pods API watch is live (its state changes wake the wait: testkit.agent)."""
     watch = run.agent.pods_watch
     assert watch is not None
-    told = watch.on_state
-
-    def on_state(state: str, detail: str) -> None:
-        if told is not None:
-            told(state, detail)
-        run.recorder.changes.notify()
-
-    watch.on_state = on_state
     await run.recorder.until(lambda: watch.state == "watching", timeout)
 
 

@@ -152,7 +152,7 @@ class FakeKubelet:
         self.plugins.kubelet_started()
         self.write_state_files()
         if not self.dra_state_path.exists():  # the DRA manager makes its checkpoint on its first start
-            self.write_dra_state()
+            fake_state_files.write_dra_state(self.node, self.dra_state_path)
 
     async def stop(self, *, remove_socket: bool = False) -> None:
         """Stop serving. Like a killed kubelet, leave the stale socket unless told otherwise."""
@@ -196,7 +196,7 @@ class FakeKubelet:
         if self.running:
             self.write_state_files(checkpoint=checkpoint)
             if dra:
-                self.write_dra_state()
+                fake_state_files.write_dra_state(self.node, self.dra_state_path)
             if self.pods_api is not None:
                 self.pods_api.changed()
 
@@ -352,10 +352,6 @@ class FakeKubelet:
             self.memory_state_path,
             checkpoint=checkpoint,
         )
-
-    def write_dra_state(self) -> None:
-        """Rewrite the DRA manager's checkpoint, as the kubelet does when a pod starts or ends."""
-        fake_state_files.write_dra_state(self.node, self.dra_state_path)
 
 
 class PodChurn:
