@@ -169,6 +169,16 @@ def test_a_verdict_whose_pod_does_not_name_its_claim_resolves_by_its_device_id()
     assert out == [] and len(state.pending) == 1
 
 
+def test_a_cdi_id_several_devices_share_is_never_guessed_between_them() -> None:
+    """Some drivers give one CDI id per claim, not per device: a verdict under that id could be any
+    of the claim's devices. It stays unresolved rather than page the wrong device."""
+    shared = claim_inventory(
+        {"ml/llm-pretrain-0": ("trainer", "gpu-claim", [("node-1", "gpu-3", CDI), ("node-1", "gpu-4", CDI)])}
+    )
+    state, out = observe(DeviceHealth(), 0.0, pod(UNHEALTHY, XID, claims=()), node=shared)
+    assert out == [] and len(state.pending) == 1
+
+
 def test_a_verdict_no_device_resolves_to_waits_and_is_never_guessed() -> None:
     unresolved = [
         (pod(UNHEALTHY, XID), claim_inventory({})),  # pod-resources does not show the pod yet

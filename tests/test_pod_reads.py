@@ -4,13 +4,14 @@ and a finished one, each fed as the watch feeds them (its index updated first, t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from testkit.inventories import inventory_of
-from watcher.cycle.pod_reads import POD_READS, POD_STATUS, PodReads
+from watcher.cycle.pod_reads import PLUGIN_HEALTH, POD_READS, POD_STATUS, PodReads
 from watcher.kubelet.pods_watch import PodChange
 from watcher.kubelet.triggers import Trigger
-from watcher.model.pod_meta import Owner, PodIndex, PodMeta
+from watcher.model.pod_meta import DeviceVerdict, Owner, PodIndex, PodMeta
 
 SET = Owner("StatefulSet", "db", "uid-sts")
 NAME = ("store", "db-0")
@@ -139,4 +140,25 @@ async def test_a_status_change_alone_is_a_look_even_for_a_replaced_pod() -> None
     fed.added(NEW)
     await fed.fired()
     fed.modified(PodMeta("uid-old", *NAME, phase="Running", owner=SET, labels=(("a", "b"),)), resources=False)
+    assert await fed.fired() == {POD_STATUS}
+
+
+def _verdicts(*health: tuple[str, str]) -> tuple[DeviceVerdict, ...]:
+    return tuple(DeviceVerdict("main", "nvidia.com/gpu", device, h, "") for device, h in health)
+
+
+async def test_a_plugin_devices_health_change_is_a_whole_look_and_its_first_verdicts_are_not() -> None:
+    """A plugin device's health changing in the status brings a whole look (the device left or
+    rejoined allocatable); a pod's first verdicts (its first container statuses, on every pod start
+    at a real kubelet) and a DRA verdict's change are a status look only."""
+    pending = PodMeta("uid-gpu", "ml", "gpu-0", phase="Pending")
+    fed = Fed(pending)
+    fed.modified(dataclasses.replace(pending, verdicts=_verdicts(("gpu0", "Healthy"))), resources=False)
+    assert await fed.fired() == {POD_STATUS}
+    fed.modified(dataclasses.replace(pending, verdicts=_verdicts(("gpu0", "Unhealthy"))), resources=False)
+    assert await fed.fired() == {POD_STATUS, PLUGIN_HEALTH}
+    claim = DeviceVerdict("main", "claim:gpu", "vendor.com/gpu=0", "Unhealthy", "XID 79")
+    fed.modified(
+        dataclasses.replace(pending, verdicts=(*_verdicts(("gpu0", "Unhealthy")), claim)), resources=False
+    )
     assert await fed.fired() == {POD_STATUS}

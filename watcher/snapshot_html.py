@@ -278,6 +278,9 @@ def _totals_html(inv: Inventory) -> str:
     )
 
 
+# A DRA device's id in a verdict is its CDI id, which drivers make long (vendor/class=claim uid and
+# request): shown whole up to this, since it is the only name the Pod status gives the device.
+MAX_ID = 256
 # Verdict rows shown before "+N more": a node runs a few hundred pods at most, each a few devices.
 MAX_VERDICTS = 500
 _HEALTH_CLASS = {"Unhealthy": "s-failed", "Unknown": "s-unknown"}
@@ -294,9 +297,9 @@ def _health_html(snap: Snapshot) -> str:
     else:
         verdicts = view.verdicts()
         rows = "".join(
-            f'<tr data-health="{_text(v.health)}" data-verdict-device="{_text(v.resource_id)}">'
+            f'<tr data-health="{_text(v.health)}" data-verdict-device="{_text(v.resource_id, MAX_ID)}">'
             f"<td>{_text(pod.key)}</td><td>{_text(v.container)}</td><td>{_text(v.resource)}</td>"
-            f"<td>{_text(v.resource_id)}</td>"
+            f"<td>{_text(v.resource_id, MAX_ID)}</td>"
             f'<td class="{_HEALTH_CLASS.get(v.health, "")}">{_text(v.health)}</td>'
             f"<td>{_text(v.message or '-', 400)}</td></tr>"
             for pod, v in verdicts[:MAX_VERDICTS]

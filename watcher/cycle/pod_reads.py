@@ -238,11 +238,14 @@ class PodReads:
 
 
 def _plugin_health_changed(before: PodMeta | None, after: PodMeta | None) -> bool:
-    """Whether a device plugin's device (not a DRA claim's) changed health in the pod's status."""
+    """Whether a device plugin's device (not a DRA claim's) the pod held before changed health in
+    its status. Verdicts appearing (a new pod's first container statuses) or going are no health
+    change: they must not cost a whole look each."""
     if before is None or after is None:
         return False
 
-    def plugin(meta: PodMeta) -> set[tuple[str, str, str, str]]:
-        return {(v.container, v.resource, v.resource_id, v.health) for v in meta.verdicts if not v.is_claim}
+    def plugin(meta: PodMeta) -> dict[tuple[str, str, str], str]:
+        return {(v.container, v.resource, v.resource_id): v.health for v in meta.verdicts if not v.is_claim}
 
-    return plugin(before) != plugin(after)
+    was, now = plugin(before), plugin(after)
+    return any(now[key] != health for key, health in was.items() if key in now)

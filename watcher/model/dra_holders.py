@@ -71,13 +71,17 @@ def claim_device_of(held: Pod | None, pod: PodMeta, v: DeviceVerdict) -> tuple[s
         return None
     pod_claim, _ = v.claim
     claim = pod.claim_object(pod_claim)
+    found: list[tuple[str, ClaimDevice]] = []
     for container in held.containers:
         if claim is None and container.name != v.container:
             continue
         for c in container.claims:
             if c.namespace != pod.namespace or (claim is not None and c.name != claim):
                 continue
-            for device in c.devices:
-                if resource_id_of(device) == v.resource_id:
-                    return c.name, device
-    return None
+            found.extend((c.name, d) for d in c.devices if resource_id_of(d) == v.resource_id)
+    # Never guessed: one CDI id given to several devices (a driver's id per claim, not per device)
+    # leaves the verdict unresolved. One device in several claims (shared) is that device, named
+    # by the first claim.
+    if len({(d.driver, d.pool, d.device) for _, d in found}) != 1:
+        return None
+    return min(found, key=lambda f: f[0])
