@@ -13,7 +13,7 @@ from pathlib import Path
 
 from testkit.tools import ON_CI
 
-__all__ = ["PEERS_BIN", "peer"]
+__all__ = ["PEERS_BIN", "peer", "require_root"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_BIN = ROOT / ".peers" / "bin"
@@ -31,3 +31,14 @@ def peer(name: str) -> Path:
             pytest.fail(f"{message} (under CI every test runs: a skip here would hide a lost test)")
         pytest.skip(message)
     return path
+
+
+def require_root(why: str) -> None:
+    """Root is needed (`why`): otherwise a skip on a developer's machine, a failure under CI=true."""
+    import pytest
+
+    if os.geteuid() != 0:
+        message = f"needs root: {why}"
+        if ON_CI:
+            pytest.fail(f"{message} (under CI every test runs)")
+        pytest.skip(message)

@@ -10,6 +10,8 @@ server never select each other's devices.
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,7 @@ __all__ = [
     "until_status_health",
 ]
 
-REQUEST = "gpu"  # the request's name in every template: a status entry is claim:<claim>/gpu
+REQUEST = "gpu"  # the pod's claim entry and its request in every template: its status entry is claim:gpu
 
 
 @dataclass(frozen=True)
@@ -152,12 +154,27 @@ def allocated_device(claim: dict[str, Any]) -> str:
 
 
 async def until_status_health(
-    node: RealNode, namespace: str, pod: str, health: str, timeout: float = 30.0
+    node: RealNode, namespace: str, pod: str, health: str, timeout: float = 30.0, *, nudge: bool = False
 ) -> dict[str, Any]:
-    """Until the pod's status (in the API server) gives its claim's device `health`; that entry."""
+    """Until the pod's status (in the API server) gives its claim's device `health`; that entry.
+    `nudge`: annotate the pod before each look. The kubelet re-evaluates a DRA device's health only
+    when it syncs the pod; a health change it is pushed (a driver's report) syncs it at once, but a
+    timeout or a driver gone does not, and waits for the periodic resync (1 to 1.5 min) unless the
+    pod is updated, as any update does."""
     seen: dict[str, Any] = {}
 
     async def says() -> bool:
+        if nudge:
+            await asyncio.to_thread(
+                node.kubectl,
+                "annotate",
+                "pod",
+                pod,
+                "-n",
+                namespace,
+                f"nudge={uuid.uuid4().hex[:6]}",
+                "--overwrite",
+            )
         got = await node.get("pod", "-n", namespace, pod)
         for status in got["status"].get("containerStatuses", []):
             for entry in status.get("allocatedResourcesStatus", []):
@@ -168,6 +185,9 @@ async def until_status_health(
                             return True
         return False
 
-    await wait_until(says, timeout, interval=0.1, what=f"{namespace}/{pod}'s claim {health} in its status")
+    interval = 2.0 if nudge else 0.1
+    await wait_until(
+        says, timeout, interval=interval, what=f"{namespace}/{pod}'s claim {health} in its status"
+    )
     entry: dict[str, Any] = seen["entry"]
     return entry

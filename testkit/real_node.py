@@ -23,7 +23,7 @@ from typing import Any
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.kubelet_lite import AdmissionError, DevicePlugin, wait_allocatable
 from testkit.peer_process import PeerProcess
-from testkit.peers import peer
+from testkit.peers import peer, require_root
 from testkit.waiting import wait_until
 from watcher.errors import RateLimitedError
 from watcher.kubelet.client import PodResourcesClient
@@ -67,6 +67,7 @@ class RealNode:
     async def start(self) -> None:
         """fake-cri (if not running) and a new kubelet process; returns once its pod-resources and
         Pods API sockets accept."""
+        require_root("the kubelet peer enters a mount namespace of its own (unshare --mount)")
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.cri is None:
             self.cri = PeerProcess(
@@ -95,6 +96,13 @@ class RealNode:
         await self.process.until(
             lambda lines: any(line.startswith("kubelet ready") for line in lines), START_TIMEOUT_S
         )
+
+    @property
+    def pid(self) -> int:
+        """The running kubelet's process id (as it printed it once ready)."""
+        assert self.process is not None
+        (line,) = [line for line in self.process.lines if line.startswith("kubelet ready pid=")][-1:]
+        return int(line.removeprefix("kubelet ready pid="))
 
     async def stop(self, how: signal.Signals = signal.SIGTERM) -> None:
         """Stop the kubelet (SIGTERM, or SIGKILL: no chance to clean up); fake-cri and the pods'

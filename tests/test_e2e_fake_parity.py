@@ -42,7 +42,8 @@ from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeClaimDevice, dra_backed_gpu_pod
 from watcher.sim.fake_plugins import Warmup
 
-pytestmark = pytest.mark.e2e
+# A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 GPU, NIC = "example.com/gpu", "example.com/nic"
 GPUS = {"gpu0": (0,), "gpu1": (0,), "gpu2": (1,), "gpu3": (1,)}

@@ -66,7 +66,8 @@ from watcher.kubeletapi.v1 import api_pb2
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_plugins import Warmup
 
-pytestmark = pytest.mark.e2e
+# A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(params=["lite", "upstream"])

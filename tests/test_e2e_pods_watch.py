@@ -34,7 +34,8 @@ from watcher.backoff import Backoff
 from watcher.kubelet.pods_watch import PodChange, PodsWatch
 from watcher.sim.fake_kubelet import FakeKubelet
 
-pytestmark = pytest.mark.e2e
+# A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (0,), "gpu2": (1,), "gpu3": (1,)}

@@ -18,7 +18,8 @@ import pytest
 from testkit.agent import AgentRun, agent_against, make_settings
 from testkit.real_node import RealNode
 
-pytestmark = pytest.mark.e2e
+# A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}
@@ -36,10 +37,16 @@ SYSCTLS = (
 HOST_PATHS = (Path("/var/lib/kubelet"), Path("/var/log/containers"), Path("/var/log/pods"))
 
 
-def _host_state() -> dict[str, Any]:
-    state: dict[str, Any] = {s: Path("/proc/sys", s).read_text() for s in SYSCTLS}
+def _host_state(pid: str = "self") -> dict[str, Any]:
+    """The sysctls, the fixed paths and the mount points, as process `pid` sees them (its root,
+    `/proc/PID/root`, is in its mount namespace)."""
+    root = Path(f"/proc/{pid}/root")
+    state: dict[str, Any] = {s: (root / "proc/sys" / s).read_text() for s in SYSCTLS}
     for path in HOST_PATHS:
-        state[str(path)] = sorted(p.name for p in path.iterdir()) if path.exists() else None
+        seen = root / path.relative_to("/")
+        state[str(path)] = sorted(p.name for p in seen.iterdir()) if seen.exists() else None
+    mountinfo = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    state["mount points"] = sorted(line.split()[4] for line in mountinfo)
     return state
 
 
@@ -70,6 +77,11 @@ async def test_the_kubelet_changes_nothing_on_the_host(kube_cluster: Any, short_
         await _gpu_pod(node, namespace, "holder")
         during = _host_state()
         assert (node.root / "device-plugins" / "kubelet.sock").exists()  # the kubelet's, in the test dir
+        # The positive control: inside its namespace the kubelet sees what it wants, and its mounts.
+        inside = _host_state(str(node.pid))
+        assert inside["vm/overcommit_memory"] == "1\n" and inside["kernel/panic"] == "10\n", inside
+        assert {"/var/lib", "/var/log", "/proc/sys/vm/overcommit_memory"} <= set(inside["mount points"])
+        assert inside["mount points"] != before["mount points"]
     assert during == before
     assert _host_state() == before
 

@@ -24,7 +24,8 @@ from testkit.waiting import wait_until
 from watcher.settings_file import parse_settings
 from watcher.sinks.kubernetes import KubernetesSinkSettings
 
-pytestmark = pytest.mark.e2e
+# A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}

@@ -20,7 +20,8 @@ from testkit.agent import AgentRun, agent_against, make_settings
 from testkit.real_node import RealNode
 from testkit.waiting import wait_until
 
-pytestmark = pytest.mark.e2e
+# A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}

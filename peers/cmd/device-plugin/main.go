@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/pod-resources-watcher/peers/internal/peerkit"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 )
 
 func main() {
+	peerkit.DieWithParent()
 	socketDir := flag.String("socket-dir", "", "the kubelet's device-plugins directory")
 	resource := flag.String("resource", "example.com/gpu", "the extended resource served")
 	devicesFlag := flag.String("devices", "", "devices: id[:numa[+numa]],... e.g. gpu0:0,gpu1:1")

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/pod-resources-watcher/peers/internal/peerkit"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -29,6 +30,7 @@ type options struct {
 }
 
 func main() {
+	peerkit.DieWithParent()
 	var o options
 	var devices string
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the API server the ResourceSlices are published to (required)")

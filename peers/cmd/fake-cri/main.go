@@ -18,6 +18,7 @@ import (
 )
 
 func main() {
+	peerkit.DieWithParent()
 	socket := flag.String("socket", "", "the unix socket to serve the CRI runtime and image services on (required)")
 	flag.Usage = func() {
 		fmt.Fprint(flag.CommandLine.Output(), `Usage: fake-cri --socket PATH

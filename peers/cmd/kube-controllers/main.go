@@ -12,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/pod-resources-watcher/peers/internal/peerkit"
 	"os"
 	"os/signal"
 	"strconv"
@@ -72,6 +73,7 @@ type report struct {
 }
 
 func main() {
+	peerkit.DieWithParent()
 	o, err := parseFlags(os.Args[1:])
 	if err == flag.ErrHelp {
 		os.Exit(0)

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/pod-resources-watcher/peers/internal/peerkit"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,6 +82,7 @@ type report struct {
 }
 
 func main() {
+	peerkit.DieWithParent()
 	o, err := parseFlags(os.Args[1:])
 	if err == flag.ErrHelp {
 		os.Exit(0)

@@ -33,6 +33,7 @@ import (
 )
 
 func main() {
+	peerkit.DieWithParent()
 	rootDir := flag.String("root-dir", "", "the kubelet's root directory (stands for /var/lib/kubelet)")
 	numaNodes := flag.Int("numa-nodes", 2, "NUMA nodes of the machine the device manager sees")
 	cpus := flag.Int("cpus", 4, "CPUs reported allocatable (ids 0..N-1)")

@@ -34,6 +34,9 @@ func configure(c *kubeletconfig.KubeletConfiguration, criSocket string) {
 	// The fake cAdvisor reports no filesystems: no image GC, no disk-pressure eviction.
 	c.ImageGCHighThresholdPercent = 100
 	c.EvictionHard = map[string]string{}
+	// A kubelet lowers its own oom_score_adj to -999 (nothing else would be killed first on a
+	// node); a test peer on a shared machine must not make itself the last to go.
+	c.OOMScoreAdj = 0
 	// Statuses reach the API server within seconds, as the tests wait for them.
 	c.NodeStatusUpdateFrequency = metav1.Duration{Duration: 2 * time.Second}
 }

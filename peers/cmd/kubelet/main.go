@@ -41,6 +41,7 @@ type settings struct {
 }
 
 func main() {
+	peerkit.DieWithParent()
 	var s settings
 	flag.StringVar(&s.dir, "dir", "", "the node's directory on the host (required): DIR/var-lib is the kubelet's /var/lib (its root dir is DIR/var-lib/kubelet), DIR/var-log its /var/log")
 	flag.StringVar(&s.kubeconfig, "kubeconfig", "", "kubeconfig of a user allowed to act as the node (required)")

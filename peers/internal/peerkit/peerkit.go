@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"syscall"
 	"time"
 )
 
@@ -53,4 +54,11 @@ func Reply(w http.ResponseWriter, status int, body any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(body)
+}
+
+// DieWithParent asks the kernel to send this process SIGTERM when the thread that started it
+// ends: a test runner killed (or a crashed `make real-node`) leaves no peer running, a root
+// kubelet least of all. It survives the kubelet's re-exec under unshare(1). Call it first in main.
+func DieWithParent() {
+	_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_PDEATHSIG, uintptr(syscall.SIGTERM), 0)
 }
