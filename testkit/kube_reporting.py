@@ -166,7 +166,8 @@ def agent_identity(cluster: KubeTestCluster, node: str, pod: str) -> Path:
 
 
 def pod_manifest(namespace: str, name: str, node: str, service_account: str = "default") -> dict[str, Any]:
-    """A Pod already placed on `node` (no scheduler runs); it stays Pending (no kubelet runs)."""
+    """A Pod already placed on `node` (no scheduler needed); it stays Pending unless a kubelet (the
+    real-node peer) runs as that Node."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -205,8 +205,8 @@ async def test_a_pod_admitted_with_devices_and_removed_shows_as_the_agent_report
         assert added.details["devices"] == {GPU: ids}
         mark = len(run.recorder.events)
         await real_node.remove("team", "job-alloc")
-        # The kubelet rewrites no state file when a pod goes (the device manager frees its devices
-        # in memory): the agent sees it at its next timer, which this forces.
+        # The device manager frees the devices in memory; the DRA manager's checkpoint, rewritten
+        # at every pod's end, and the Pods API tell the agent. A forced look settles it here.
         await run.quiet_cycle()
         (gone,) = [e for e in run.recorder.events[mark:] if e.kind == "allocation.removed"]
         assert gone.details["devices"] == {GPU: ids}

@@ -37,14 +37,6 @@ async def _agent(short_tmp: Path, node: RealNode) -> AsyncIterator[AgentRun]:
         yield run
 
 
-async def _gone_from_kubelet(node: RealNode, run: AgentRun, namespace: str, name: str) -> None:
-    """Until the agent no longer holds anything for the pod (the kubelet let go of it)."""
-    await run.recorder.until(
-        lambda: not any((p.namespace, p.name) == (namespace, name) for p in run.agent.inventory.pods),
-        timeout=30,
-    )
-
-
 async def test_a_deleted_pod_is_one_allocation_removed(real_node: RealNode, short_tmp: Path) -> None:
     await real_node.add_plugin(GPU, GPUS)
     namespace = await real_node.namespace(f"del-{uuid.uuid4().hex[:6]}")
@@ -107,9 +99,9 @@ async def test_a_pod_name_reused_with_a_new_uid_is_one_removal_and_one_addition(
 async def test_a_pod_the_device_manager_refuses_at_admission_gets_no_allocation_event(
     real_node: RealNode, short_tmp: Path
 ) -> None:
-    """Both GPUs turn unhealthy at the plugin; a pod asking for one is bound before the Node's
-    published allocatable catches up, so the kubelet's resource check (which reads the Node
-    object) passes and the device manager itself refuses it: phase Failed, reason
+    """Both GPUs turn unhealthy at the plugin (a device gone between scheduling and admission); a
+    pod asking for one is bound to the node. The kubelet's device-allocation admit handler runs
+    before its resource check, so the device manager itself refuses it: phase Failed, reason
     UnexpectedAdmissionError. It never held a device: the agent says nothing of it (rejected
     pods as events are a later feature), and nothing false about the devices beyond their going."""
     plugin = await real_node.add_plugin(GPU, GPUS)

@@ -117,9 +117,10 @@ class PodReads:
         if status:
             self.trigger.fire(POD_STATUS, urgent=True)
         if plugin:
-            # The kubelet puts a plugin device's new health in its holders' statuses within
-            # milliseconds of the plugin saying so, after its device manager took the device out of
-            # (or back into) allocatable; the checkpoint it rewrites is seen up to a watch step
+            # The kubelet puts a plugin device's new health in its holders' statuses after its
+            # device manager took the device out of (or back into) allocatable: milliseconds after
+            # the plugin said so when the pod worker syncs at once, up to its one-second relist when
+            # changes come back to back; the checkpoint it rewrites is seen up to a watch step
             # later. A whole look now sees the device go or come back that much sooner.
             self.trigger.fire(PLUGIN_HEALTH, urgent=True)
 
