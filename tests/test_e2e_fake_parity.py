@@ -24,12 +24,14 @@ import grpc
 import pytest
 from grpc import aio
 
+from testkit.inventories import dra_job_pod
 from testkit.kubelet_driver import FakeDriver
 from testkit.kubelet_observations import call
 from testkit.pods_api_events import PodEvent, verdict, watched
-from testkit.real_dra import add_dra_driver
+from testkit.real_dra import add_dra_driver, claim_job, job_pod
 from testkit.real_driver import RealDriver
 from testkit.real_node import RealNode
+from testkit.waiting import wait_until
 from watcher.errors import KubeletInitializingError
 from watcher.kubelet.decoding import Decoder, Outcome
 from watcher.kubelet.pod_decoding import pod_meta
@@ -98,6 +100,23 @@ KEPT_DIFFERENCES = {
         "sends it at once",
         "the agent takes no timing from it; its own hold-downs are tested on the fake",
         "test_answer_a_plugins_health_change_reaches_the_pods_api_as_a_pod_update",
+    ),
+    "a new pod's first status": Kept(
+        "sends a new pod first as Pending, as the API server has it (no container statuses, so no "
+        "device verdicts), then each status the kubelet makes while it starts the containers",
+        "sends a new pod as Running with its containers' statuses and verdicts at once",
+        "the fake has no pod workers; the agent reads a new pod with Get whatever its phase, and a "
+        "pod's first verdicts are no health change (cycle/pod_reads.py)",
+        "test_kept_a_new_pod_comes_pending_first_upstream_and_running_from_the_fake",
+    ),
+    "a claim's two names": Kept(
+        "names a template-made claim <pod>-<claim>-<random> while the pod's claim entry, and so its "
+        "verdict (claim:<entry>[/<request>]), keeps the entry's name; the Pods API's pod has no "
+        "resourceClaimStatuses to tie the two",
+        "uses one name for the entry, the verdict and the ResourceClaim",
+        "the agent ties a verdict to its claim by the device's id, which both answer alike; fast "
+        "tests name the claim as they built it",
+        "test_kept_a_claim_entry_and_its_claim_object_have_two_names_upstream_and_one_in_the_fake",
     ),
     "free() rewrites the checkpoint": Kept(
         "frees a removed pod's devices in memory and writes no checkpoint",
@@ -380,3 +399,69 @@ async def test_answer_a_plugins_health_change_reaches_the_pods_api_as_a_pod_upda
             came = await seen.until(0, lambda e: verdict(e.meta, "main", device) == "Unhealthy")
         assert came.kind == pods_pb2.MODIFIED
         print(f"the fake: after {came.at - began:.3f} s")
+
+
+async def test_kept_a_new_pod_comes_pending_first_upstream_and_running_from_the_fake(
+    real_node: RealNode, short_tmp: Path
+) -> None:
+    driver = await RealDriver.create(real_node, GPU, GPUS)
+
+    async def serving() -> bool:  # its Pods API says "initializing" until it has its pods
+        async with PodsApiClient(str(driver.pods_api_socket), timeout=5) as api:
+            try:
+                await api.list_pods()
+            except KubeletInitializingError:
+                return False
+        return True
+
+    await wait_until(serving, 30, interval=0.1, what="the Pods API serving")
+    async with watched(driver.pods_api_socket) as api:
+        mark = len(api.events)
+        await driver.admit("ml", "fresh", {"main": {GPU: 1}})
+
+        def about(e: PodEvent) -> bool:
+            return e.meta is not None and e.meta.name == "fresh"
+
+        first = await api.until(mark, lambda e: about(e) and e.kind == pods_pb2.ADDED)
+        assert first.meta is not None and first.meta.phase == "Pending"
+        running = await api.until(
+            mark, lambda e: about(e) and e.meta is not None and e.meta.phase == "Running"
+        )
+        assert running.meta is not None and running.meta.verdicts
+    async with _fake(short_tmp) as fake, watched(fake.pods_api_socket) as api:
+        mark = len(api.events)
+        await fake.admit("ml", "fresh", {"main": {GPU: 1}})
+        first = await api.until(mark, lambda e: e.meta is not None and e.meta.name == "fresh")
+        assert first.kind == pods_pb2.ADDED and first.meta is not None
+        assert first.meta.phase == "Running" and first.meta.verdicts
+
+
+async def test_kept_a_claim_entry_and_its_claim_object_have_two_names_upstream_and_one_in_the_fake(
+    scheduled_node: RealNode, short_tmp: Path
+) -> None:
+    node = scheduled_node
+    dra = await add_dra_driver(node, f"n{uuid.uuid4().hex[:6]}")
+    namespace = await node.namespace(f"names-{uuid.uuid4().hex[:6]}")
+    await claim_job(node, dra, namespace, "named")
+    pod = await job_pod(node, namespace, "named")
+    name = pod["metadata"]["name"]
+    served = pod_meta(
+        (await _pods_api_pod(node.pods_api_socket, pod["metadata"]["uid"])).SerializeToString(), labels=()
+    )
+    assert served.claims == ()  # no resourceClaimStatuses on the Pods API
+    assert {v.resource for v in served.verdicts} == {"claim:gpu"}
+    get = api_pb2.GetPodResourcesRequest(pod_namespace=namespace, pod_name=name)
+    answer = api_pb2.GetPodResourcesResponse.FromString(
+        await _patient(node.socket_path, "Get", get.SerializeToString())
+    )
+    (main,) = answer.pod_resources.containers
+    (claim,) = [d.claim_name for d in main.dynamic_resources]
+    assert claim.startswith(f"{name}-gpu-") and claim != "gpu"
+
+    async with _fake(short_tmp) as fake:
+        fake.fake.add_pod(dra_job_pod("pool", "gpu-0", name="named-0", claim="named-0-gpu"))
+        mine = pod_meta(
+            (await _pods_api_pod(fake.pods_api_socket, await fake.uid("ml", "named-0"))).SerializeToString(),
+            labels=(),
+        )
+        assert {v.resource for v in mine.verdicts} == {"claim:named-0-gpu/gpu"}
