@@ -165,3 +165,16 @@ async def test_the_table_names_ten_pods_that_did_not_decode_and_json_names_them_
     assert all(" in ListPods' answer: " in line for line in named[:10])
     assert named[10] == "  ... and 2 more (--output json names them all)"
     assert len(doc["pods_api"]["undecoded"]) == doc["pods_api"]["skipped"] == 12
+
+
+async def test_the_html_page_has_the_verdicts_failing_first_with_the_claim_and_the_drivers_words(
+    kubelet: FakeKubelet, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The page's health table: the only place a DRA device's failure shows on the node."""
+    gpu = _failing(kubelet)
+    out, _ = await _snapshot(kubelet, capfd, "-o", "html")
+    table = out[out.index('<section class="totals health">') :]
+    rows = table.split("<tr data-health=")[1:]
+    assert rows[0].startswith('"Unhealthy"') and "ResourceClaim gpu-claim" in rows[0] and XID in rows[0]
+    assert any(gpu in row and row.startswith('"Unhealthy"') for row in rows[:2])
+    assert all(row.startswith('"Healthy"') for row in rows[2:])

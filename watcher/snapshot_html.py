@@ -17,7 +17,9 @@ import html
 from collections import defaultdict
 from dataclasses import dataclass
 
+from watcher.model.dra_holders import claim_object_of
 from watcher.model.inventory import Inventory
+from watcher.model.pod_meta import DeviceVerdict, PodMeta
 from watcher.model.records import NumaNodes, Pod
 from watcher.model.wording import cpuset_string, printable
 from watcher.snapshot import Snapshot, format_bytes
@@ -286,6 +288,12 @@ MAX_VERDICTS = 500
 _HEALTH_CLASS = {"Unhealthy": "s-failed", "Unknown": "s-unknown"}
 
 
+def _verdict_resource(inv: Inventory, pod: PodMeta, v: DeviceVerdict) -> str:
+    """A verdict's resource, a DRA entry with the ResourceClaim it is about (as the text shows it)."""
+    claim = claim_object_of(inv.pod(pod.namespace, pod.name), pod, v)
+    return f"{v.resource} (ResourceClaim {claim})" if claim else v.resource
+
+
 def _health_html(snap: Snapshot) -> str:
     """The kubelet's verdict on each allocated device, from the Pods API (the only place a DRA
     device's failure shows on the node), the non-Healthy first; where it could not be read, why."""
@@ -298,7 +306,8 @@ def _health_html(snap: Snapshot) -> str:
         verdicts = view.verdicts()
         rows = "".join(
             f'<tr data-health="{_text(v.health)}" data-verdict-device="{_text(v.resource_id, MAX_ID)}">'
-            f"<td>{_text(pod.key)}</td><td>{_text(v.container)}</td><td>{_text(v.resource)}</td>"
+            f"<td>{_text(pod.key)}</td><td>{_text(v.container)}</td>"
+            f"<td>{_text(_verdict_resource(snap.inventory, pod, v), MAX_ID)}</td>"
             f"<td>{_text(v.resource_id, MAX_ID)}</td>"
             f'<td class="{_HEALTH_CLASS.get(v.health, "")}">{_text(v.health)}</td>'
             f"<td>{_text(v.message or '-', 400)}</td></tr>"

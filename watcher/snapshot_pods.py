@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from watcher import errors
 from watcher.kubelet.pod_decoding import pod_meta
 from watcher.kubelet.pods_api import PodsApiClient
-from watcher.model.dra_holders import claim_device_of
+from watcher.model.dra_holders import claim_object_of
 from watcher.model.inventory import Inventory
 from watcher.model.pod_meta import HEALTHY, UNHEALTHY, DeviceVerdict, PodMeta
 from watcher.snapshot import patiently, table
@@ -95,13 +95,8 @@ def _owner(pod: PodMeta) -> str:
 
 
 def _claim_object(pod: PodMeta, v: DeviceVerdict, inventory: Inventory | None) -> str | None:
-    """The ResourceClaim a DRA verdict is about: named by the pod's status where it says (a real
-    kubelet's never does), else found by the device's id in what pod-resources lists."""
-    if not v.is_claim:
-        return None
     held = inventory.pod(pod.namespace, pod.name) if inventory is not None else None
-    found = claim_device_of(held, pod, v)
-    return found[0] if found is not None else pod.claim_object(v.claim[0])
+    return claim_object_of(held, pod, v)
 
 
 def _resource(pod: PodMeta, v: DeviceVerdict, inventory: Inventory | None) -> str:

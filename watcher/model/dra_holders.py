@@ -14,7 +14,7 @@ from watcher.model.inventory import Inventory
 from watcher.model.pod_meta import DeviceVerdict, PodMeta
 from watcher.model.records import ClaimDevice, Pod
 
-__all__ = ["DeviceKey", "claim_device_of", "held_dra_devices", "resource_id_of"]
+__all__ = ["DeviceKey", "claim_device_of", "claim_object_of", "held_dra_devices", "resource_id_of"]
 
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 
@@ -85,3 +85,12 @@ def claim_device_of(held: Pod | None, pod: PodMeta, v: DeviceVerdict) -> tuple[s
     if len({(d.driver, d.pool, d.device) for _, d in found}) != 1:
         return None
     return min(found, key=lambda f: f[0])
+
+
+def claim_object_of(held: Pod | None, pod: PodMeta, v: DeviceVerdict) -> str | None:
+    """The ResourceClaim a DRA verdict is about (None: not a claim's, or not known): named by the
+    pod's status where it says (a real kubelet's never does), else found by the device's id."""
+    if not v.is_claim:
+        return None
+    found = claim_device_of(held, pod, v)
+    return found[0] if found is not None else pod.claim_object(v.claim[0])
