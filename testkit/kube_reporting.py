@@ -21,6 +21,7 @@ __all__ = [
     "AGENT_SERVICE_ACCOUNT",
     "Answer",
     "agent_identity",
+    "apply_reporting",
     "bearer_request",
     "Placement",
     "READY",
@@ -93,10 +94,9 @@ def _load(kubeconfig: Path) -> Any:
     return yaml.safe_load(kubeconfig.read_text())
 
 
-async def install_reporting(cluster: KubeTestCluster) -> None:
+def apply_reporting(cluster: KubeTestCluster) -> None:
     """The agent's namespace and ServiceAccount, the shipped rbac.yaml and admissionpolicy.yaml,
-    applied as the admin; returns once the server enforces the policy (it compiles and syncs
-    the policy asynchronously)."""
+    applied as the admin (the server enforces the policy a moment later)."""
     cluster.apply(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}},
         {
@@ -107,6 +107,12 @@ async def install_reporting(cluster: KubeTestCluster) -> None:
     )
     for manifest in ("rbac.yaml", "admissionpolicy.yaml"):
         cluster.kubectl("apply", "-f", str(REPORTING / manifest))
+
+
+async def install_reporting(cluster: KubeTestCluster) -> None:
+    """`apply_reporting`; returns once the server enforces the policy (it compiles and syncs the
+    policy asynchronously)."""
+    apply_reporting(cluster)
     # A probe the policy refuses and RBAC allows: patch another node's status.
     probe, elsewhere = place_agent(cluster, "probe"), place_agent(cluster, "probe")
     patch = {"status": {"conditions": [READY]}}

@@ -235,24 +235,15 @@ async def _bring_up(
 async def _agent_identity(stack: contextlib.AsyncExitStack, cluster: Any, node: str, directory: Path) -> Path:
     """The agent's kubeconfig: its ServiceAccount's token bound to its Pod on `node`, as the
     chart's projected token is, in a file renewed while it runs."""
-    from testkit.kube_reporting import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, REPORTING, pod_manifest
+    from testkit.kube_reporting import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, apply_reporting, pod_manifest
 
     directory.mkdir(parents=True, exist_ok=True)
     pod = f"pod-resources-watcher-{node}"
 
     def install() -> None:
-        # What testkit.kube_reporting.install_reporting applies, less its probe Nodes, Pods and
-        # namespaces (no controller would ever remove them from a cluster a person looks at).
-        cluster.apply(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}},
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": AGENT_NAMESPACE},
-            },
-        )
-        for manifest in ("rbac.yaml", "admissionpolicy.yaml"):
-            cluster.kubectl("apply", "-f", str(REPORTING / manifest))
+        # Not install_reporting: its probe Nodes, Pods and namespaces would stay in a cluster a
+        # person looks at (no controller removes them).
+        apply_reporting(cluster)
         cluster.apply(pod_manifest(AGENT_NAMESPACE, pod, node, AGENT_SERVICE_ACCOUNT))
 
     token = directory / "token"
