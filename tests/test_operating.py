@@ -230,6 +230,40 @@ async def test_readyz_fails_while_the_kubelet_is_down_and_recovers(short_tmp: Pa
         assert status == 200, body
 
 
+async def test_readyz_names_each_watched_directory_and_a_missing_mount(short_tmp: Path) -> None:
+    # As in a pod whose device-plugins directory is not mounted: the kubelet's pod-resources socket
+    # is there, device-plugins/ is not. /readyz must say what is watched and what is missing.
+    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        status, body = await _get(run, "/readyz")
+        watches = json.loads(body)["watches"]
+        assert status == 200
+        assert watches["socket"]["state"] == "watching"
+        assert watches["socket"]["files"] == ["kubelet.sock"]
+        assert watches["device-plugins"]["state"] == "watching"
+    bare = short_tmp / "bare"
+    (bare / "kubelet" / "pod-resources").mkdir(parents=True)
+    fake = FakeKubelet(short_tmp / "kubelet2", seed=1)
+    settings = make_settings(bare)
+    settings = dataclasses.replace(
+        settings, kubelet=dataclasses.replace(settings.kubelet, socket=fake.socket_path)
+    )
+    async with fake, running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        status, body = await _get(run, "/readyz")
+        watches = json.loads(body)["watches"]
+        assert status == 200  # a missing trigger directory costs triggers, not readiness
+        assert watches["device-plugins"] == {
+            "directory": str(bare / "kubelet" / "device-plugins"),
+            "state": "missing",
+            "files": [],
+            "more_files": 0,
+        }
+        assert watches["kubelet-root"]["state"] == "watching"
+        assert watches["kubelet-root"]["files"] == []
+
+
 async def test_inventory_endpoint_serves_the_canonical_inventory(short_tmp: Path) -> None:
     # /inventory is off by default and needs a token when on (tests/test_http.py): turned on here.
     token = short_tmp / "inventory-token"

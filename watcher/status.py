@@ -15,6 +15,7 @@ from watcher.cycle.committer import Committer
 from watcher.cycle.reactor import Reactor
 from watcher.delivery.dispatcher import Dispatcher
 from watcher.kubelet.pods_watch import PodsWatch
+from watcher.kubelet.watching import DirectoryWatches
 from watcher.model.inventory import Inventory
 from watcher.ops.http import Health
 from watcher.ops.metrics import Metrics
@@ -116,6 +117,8 @@ class AgentStatus:
                 else {"state": self.pods_watch.state, "detail": self.pods_watch.detail}
             ),
         }
+        # What each trigger directory shows through the mounts: a missing mount is named here.
+        details["watches"] = watch_report(self.reactor.notifier.watches)
         slices = self.reactor.slice_taints
         if slices is not None:  # only with a kubernetes sink; never a reason to be unready
             read = slices.last_read
@@ -151,3 +154,19 @@ class AgentStatus:
         except Exception as err:  # a failing state directory: /metrics must still say so
             log.debug("outbox figures unavailable", error=repr(err))
         return self.metrics.render()
+
+
+def watch_report(watches: DirectoryWatches, limit: int = 16) -> dict[str, dict[str, Any]]:
+    """Each watched directory, whether it exists, and the matching names in it (at most `limit`:
+    device plugins choose their socket names). An operator reads here what a missing mount costs:
+    a trigger directory that is `missing`, or there with none of the files it waits for."""
+    out: dict[str, dict[str, Any]] = {}
+    for sub in watches.subscriptions:
+        names = sorted(sub.present())
+        out[sub.name] = {
+            "directory": str(sub.directory),
+            "state": "missing" if sub.waiting else "watching",
+            "files": names[:limit],
+            "more_files": max(0, len(names) - limit),
+        }
+    return out
