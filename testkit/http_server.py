@@ -23,15 +23,17 @@ async def start_app(
     port: int = 0,
     ssl_context: ssl.SSLContext | None = None,
     shutdown_timeout: float = 60.0,
+    host: str = "127.0.0.1",
 ) -> tuple[web.AppRunner, int]:
-    """Serve `app` on 127.0.0.1:`port` (0: any free port); the runner and the port it got.
+    """Serve `app` on `host`:`port` (0: any free port); the runner and the port it got. `host` is
+    loopback unless a test made another address (a veth to a node's network namespace).
 
     No access log: its lines would carry the URL, and a webhook URL carries the secret token.
     """
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     site = web.TCPSite(
-        runner, "127.0.0.1", port, ssl_context=ssl_context, reuse_address=True if port else None
+        runner, host, port, ssl_context=ssl_context, reuse_address=True if port else None
     )
     await site.start()
     return runner, int(runner.addresses[0][1])

@@ -72,15 +72,16 @@ class Receiver:
         self._release = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.port = 0
-        # Set before start() to serve HTTPS.
+        # Set before start() to serve HTTPS, or on another address than loopback (one a test made).
         self.ssl_context: ssl.SSLContext | None = None
+        self.host = "127.0.0.1"
 
     # -- lifecycle --
 
     async def start(self) -> Self:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner, self.port = await start_app(app, ssl_context=self.ssl_context)
+        self._runner, self.port = await start_app(app, ssl_context=self.ssl_context, host=self.host)
         return self
 
     async def close(self) -> None:
@@ -97,7 +98,7 @@ class Receiver:
 
     def url(self, path: str = "/") -> str:
         scheme = "https" if self.ssl_context is not None else "http"
-        return f"{scheme}://127.0.0.1:{self.port}{path}"
+        return f"{scheme}://{self.host}:{self.port}{path}"
 
     # -- scripting --
 
