@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-dev
 RUN_STAMP := $(VENV)/.installed-run
 PY_CHECK  := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
 
-.PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos docs peers e2e real-node real-node-stop clean help
+.PHONY: dev demo run test test-fast tools lint typecheck pytest proto bench chaos docs peers e2e real-node real-node-stop image clean help
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -113,6 +113,13 @@ real-node: peers tools ## bring up a real node (upstream kubelet, scheduler, DRA
 
 real-node-stop: ## stop what `make real-node` started and remove its directory
 	$(BIN)/python -m testkit.real_node_up stop --dir $(REAL_NODE_DIR)
+
+# The agent's OCI image (deploy/Dockerfile's image) without a container engine: mmdebstrap builds a
+# Debian bookworm root filesystem, umoci packs it; reproducible (one commit, one digest). As root.
+# IMAGE_TAG=0.1.0-rebuilt names it otherwise (default: the project's version, the chart's appVersion).
+IMAGE_TAG ?=
+image: ## build the agent's OCI image into .build/image/ (root; mmdebstrap, umoci; ~2 min); IMAGE_TAG=... to retag
+	$(PYTHON) testkit/build_image.py --out .build/image $(if $(IMAGE_TAG),--tag $(IMAGE_TAG))
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

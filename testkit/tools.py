@@ -84,6 +84,14 @@ TOOLS: dict[str, Tool] = {
             root_only=True,
         ),
         Tool(
+            "mmdebstrap",
+            ("mmdebstrap",),
+            "builds the image's root filesystem (make image)",
+            apt="mmdebstrap",
+            root_only=True,
+        ),
+        Tool("umoci", ("umoci",), "packs the OCI image (make image)", apt="umoci", root_only=True),
+        Tool(
             "systemd-analyze",
             ("systemd-analyze",),
             "verifies the shipped systemd unit",
