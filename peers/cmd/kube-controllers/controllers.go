@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
@@ -24,12 +26,53 @@ const (
 	jobWorkers           = 5
 )
 
-// kubeControllers are the two controllers on one shared informer factory, as the
-// controller-manager runs its controllers.
+// Controller names, as kube-controller-manager's --controllers accepts them (its aliases).
+const (
+	resourceClaimName       = "resourceclaim"
+	jobName                 = "job"
+	daemonSetName           = "daemonset"
+	garbageCollectorName    = "garbagecollector"
+	rootCACertPublisherName = "root-ca-cert-publisher"
+)
+
+// knownControllers in the order they are built; defaultControllers is what the peer ran before
+// --controllers existed (and what the tests sharing one kube-controllers rely on).
+var (
+	knownControllers   = []string{resourceClaimName, jobName, daemonSetName, garbageCollectorName, rootCACertPublisherName}
+	defaultControllers = []string{resourceClaimName, jobName}
+)
+
+// parseControllers checks a --controllers value: names from knownControllers, comma-separated.
+func parseControllers(value string) ([]string, error) {
+	var names []string
+	for _, name := range strings.Split(value, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		if !slices.Contains(knownControllers, name) {
+			return nil, fmt.Errorf("unknown controller %q (known: %s)", name, strings.Join(knownControllers, ", "))
+		}
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("--controllers names none")
+	}
+	return names, nil
+}
+
+// kubeControllers are the chosen controllers on one shared informer factory, as the
+// controller-manager runs its controllers; each is a function run until ctx ends.
 type kubeControllers struct {
-	factory       informers.SharedInformerFactory
-	resourceClaim *resourceclaim.Controller
-	job           *job.Controller
+	factory informers.SharedInformerFactory
+	// Started with the factory (the garbage collector's metadata informers), may be nil.
+	extraStart func(ctx context.Context)
+	// Closed once every informer factory has started (the garbage collector waits for it).
+	informersStarted chan struct{}
+	runs             map[string]func(ctx context.Context)
+	shutdown         []func()
 }
 
 // clientFor is the controller-manager's ClientBuilder in short: one client per controller, told
@@ -39,7 +82,7 @@ func clientFor(config *restclient.Config, name string) (kubernetes.Interface, er
 	return kubernetes.NewForConfig(restclient.AddUserAgent(config, name))
 }
 
-func newControllers(ctx context.Context, kubeconfig string) (*kubeControllers, error) {
+func newControllers(ctx context.Context, kubeconfig string, names []string) (*kubeControllers, error) {
 	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, err
@@ -54,7 +97,30 @@ func newControllers(ctx context.Context, kubeconfig string) (*kubeControllers, e
 	// No periodic resync: every change reaches the handlers as an event; the controller-manager's
 	// 12 h or more would not show within a test anyway.
 	factory := informers.NewSharedInformerFactory(informerClient, 0)
+	c := &kubeControllers{factory: factory, informersStarted: make(chan struct{}), runs: map[string]func(context.Context){}}
+	for _, name := range names {
+		var run func(context.Context)
+		switch name {
+		case resourceClaimName:
+			run, err = newResourceClaim(ctx, config, factory)
+		case jobName:
+			run, err = newJob(ctx, config, factory)
+		case daemonSetName:
+			run, err = newDaemonSet(ctx, config, factory)
+		case garbageCollectorName:
+			run, err = c.newGarbageCollector(ctx, config, factory)
+		case rootCACertPublisherName:
+			run, err = newRootCACertPublisher(config, factory)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s controller: %w", name, err)
+		}
+		c.runs[name] = run
+	}
+	return c, nil
+}
 
+func newResourceClaim(ctx context.Context, config *restclient.Config, factory informers.SharedInformerFactory) (func(context.Context), error) {
 	claimClient, err := clientFor(config, "resource-claim-controller")
 	if err != nil {
 		return nil, err
@@ -70,9 +136,12 @@ func newControllers(ctx context.Context, kubeconfig string) (*kubeControllers, e
 		factory.Resource().V1().ResourceClaimTemplates(),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("resourceclaim controller: %w", err)
+		return nil, err
 	}
+	return func(ctx context.Context) { resourceClaim.Run(ctx, resourceClaimWorkers) }, nil
+}
 
+func newJob(ctx context.Context, config *restclient.Config, factory informers.SharedInformerFactory) (func(context.Context), error) {
 	jobClient, err := clientFor(config, "job-controller")
 	if err != nil {
 		return nil, err
@@ -87,14 +156,18 @@ func newControllers(ctx context.Context, kubeconfig string) (*kubeControllers, e
 	}
 	jobController, err := job.NewController(ctx, jobClient, factory.Core().V1().Pods(), factory.Batch().V1().Jobs(), workloads, podGroups)
 	if err != nil {
-		return nil, fmt.Errorf("job controller: %w", err)
+		return nil, err
 	}
-	return &kubeControllers{factory: factory, resourceClaim: resourceClaim, job: jobController}, nil
+	return func(ctx context.Context) { jobController.Run(ctx, jobWorkers) }, nil
 }
 
-// startInformers starts every informer the controllers asked the factory for.
+// startInformers starts every informer the controllers asked the factories for.
 func (c *kubeControllers) startInformers(ctx context.Context) {
 	c.factory.Start(ctx.Done())
+	if c.extraStart != nil {
+		c.extraStart(ctx)
+	}
+	close(c.informersStarted)
 }
 
 // waitForSync returns once every started informer has its initial list, or an error naming those
@@ -112,17 +185,21 @@ func (c *kubeControllers) waitForSync(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// run runs both controllers until ctx ends; the channel closes once both have returned.
+// run runs every controller until ctx ends; the channel closes once all have returned.
 func (c *kubeControllers) run(ctx context.Context) <-chan struct{} {
 	var wg sync.WaitGroup
-	wg.Go(func() { c.resourceClaim.Run(ctx, resourceClaimWorkers) })
-	wg.Go(func() { c.job.Run(ctx, jobWorkers) })
+	for _, run := range c.runs {
+		wg.Go(func() { run(ctx) })
+	}
 	done := make(chan struct{})
 	go func() {
 		wg.Wait()
 		// The informers' goroutines end with ctx too; Shutdown waits for them, so nothing is
 		// still watching once the process exits 0.
 		c.factory.Shutdown()
+		for _, shutdown := range c.shutdown {
+			shutdown()
+		}
 		close(done)
 	}()
 	return done

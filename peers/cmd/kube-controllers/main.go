@@ -1,9 +1,10 @@
 // Command kube-controllers runs, in one process and against one API server, the control-plane
 // pieces a node test needs and kube-testcluster lacks: upstream's kube-scheduler (which also
 // allocates DRA ResourceClaims), the resourceclaim controller (claims for pods from
-// ResourceClaimTemplates) and the Job controller (pods for Jobs, owned by them). It prints one
-// JSON line once every informer has synced and runs until SIGTERM or SIGINT. Run with --help
-// for the flags.
+// ResourceClaimTemplates) and the Job controller (pods for Jobs, owned by them); on request
+// (--controllers) also the DaemonSet controller, the garbage collector and the root CA
+// publisher, for DaemonSets on a container node. It prints one JSON line once every informer has
+// synced and runs until SIGTERM or SIGINT. Run with --help for the flags.
 package main
 
 import (
@@ -16,15 +17,17 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
 
 type flags struct {
-	kubeconfig string
-	logFile    string
-	timeout    time.Duration
-	verbosity  int
+	kubeconfig  string
+	logFile     string
+	timeout     time.Duration
+	verbosity   int
+	controllers []string
 }
 
 func parseFlags(args []string) (flags, error) {
@@ -34,8 +37,9 @@ func parseFlags(args []string) (flags, error) {
 	fs.StringVar(&o.logFile, "log-file", "", "file that klog (and anything else written to stderr) goes to; without it, stderr")
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "how long the informers may take to sync before the start fails")
 	fs.IntVar(&o.verbosity, "v", 0, "klog verbosity, as the upstream components' --v")
+	controllers := fs.String("controllers", strings.Join(defaultControllers, ","), "the controllers to run beside the scheduler, comma-separated, from: "+strings.Join(knownControllers, ", "))
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: kube-controllers --kubeconfig FILE [--log-file FILE] [--timeout D] [--v N]
+		fmt.Fprint(fs.Output(), `Usage: kube-controllers --kubeconfig FILE [--controllers NAMES] [--log-file FILE] [--timeout D] [--v N]
 
 Runs, in this process, against the API server of FILE:
   - upstream's kube-scheduler (k8s.io/kubernetes/cmd/kube-scheduler/app: Setup and Run, with
@@ -43,6 +47,13 @@ Runs, in this process, against the API server of FILE:
   - the resourceclaim controller (k8s.io/kubernetes/pkg/controller/resourceclaim), which creates
     the ResourceClaims of pods that name a ResourceClaimTemplate;
   - the Job controller (k8s.io/kubernetes/pkg/controller/job), which creates the pods of Jobs.
+Those two are the default --controllers (resourceclaim,job). Also available, as a container
+node's DaemonSets need them:
+  - daemonset (pkg/controller/daemon): a DaemonSet's pod on each node;
+  - garbagecollector (pkg/controller/garbagecollector): what a deleted object owns is deleted
+    (a DaemonSet's pods after helm uninstall or kubectl delete);
+  - root-ca-cert-publisher (pkg/controller/certificates/rootcacertpublisher): the
+    kube-root-ca.crt ConfigMap in every namespace, which projected token volumes include.
 
 Once all their informers have synced it prints one JSON line on stdout:
   {"ready": true, "pid": N}
@@ -58,6 +69,10 @@ Flags:
 	}
 	if o.kubeconfig == "" {
 		return o, fmt.Errorf("--kubeconfig is required")
+	}
+	var err error
+	if o.controllers, err = parseControllers(*controllers); err != nil {
+		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
@@ -128,7 +143,7 @@ func run(o flags) error {
 	if err != nil {
 		return fmt.Errorf("kube-scheduler: %w", err)
 	}
-	controllers, err := newControllers(ctx, o.kubeconfig)
+	controllers, err := newControllers(ctx, o.kubeconfig, o.controllers)
 	if err != nil {
 		return err
 	}

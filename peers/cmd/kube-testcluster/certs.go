@@ -45,9 +45,10 @@ func writeKey(path string, key crypto.PrivateKey) error {
 	return keyutil.WriteKey(path, data)
 }
 
-// makeCertificates writes a CA, a serving certificate it signs for 127.0.0.1 and localhost, and
-// the key that signs (and verifies) service-account tokens.
-func makeCertificates(dir string) (certificates, error) {
+// makeCertificates writes a CA, a serving certificate it signs for 127.0.0.1, localhost and, if
+// listenIP is not empty, listenIP and the kubernetes Service's ClusterIP, and the key that signs
+// (and verifies) service-account tokens.
+func makeCertificates(dir, listenIP string) (certificates, error) {
 	c := certificates{
 		caFile:    dir + "/ca.crt",
 		certFile:  dir + "/apiserver.crt",
@@ -95,7 +96,7 @@ func makeCertificates(dir string) (certificates, error) {
 		NotAfter:     now.Add(certLifetime),
 		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		IPAddresses:  serverIPs(listenIP),
 		DNSNames:     []string{"localhost"},
 	}
 	serverDER, err := x509.CreateCertificate(rand.Reader, serverTemplate, caCert, serverKey.Public(), caKey)
@@ -117,4 +118,17 @@ func makeCertificates(dir string) (certificates, error) {
 		}
 	}
 	return c, nil
+}
+
+// kubernetesServiceIP is the ClusterIP of the default/kubernetes Service: the first address of
+// kube-apiserver's default --service-cluster-ip-range, 10.0.0.0/24. In-cluster clients (pods)
+// dial it and check the certificate against it; a container node routes it to listenIP.
+const kubernetesServiceIP = "10.0.0.1"
+
+func serverIPs(listenIP string) []net.IP {
+	ips := []net.IP{net.ParseIP("127.0.0.1")}
+	if listenIP != "" {
+		ips = append(ips, net.ParseIP(listenIP), net.ParseIP(kubernetesServiceIP))
+	}
+	return ips
 }

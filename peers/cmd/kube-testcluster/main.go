@@ -9,8 +9,10 @@ import (
 	"flag"
 	"fmt"
 	"github.com/pod-resources-watcher/peers/internal/peerkit"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +26,7 @@ type options struct {
 	identities identityFlags
 	timeout    time.Duration
 	extraArgs  stringList
+	listenIP   string
 }
 
 type stringList []string
@@ -37,9 +40,10 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.dir, "dir", "", "directory for etcd's data, the keys, certificates, kubeconfigs and logs (required; created if missing)")
 	fs.Var(&o.identities, "identity", "a static-token user `name[:group1,group2]` with a <dir>/<name>.kubeconfig; repeatable. The user admin (group system:masters) always exists")
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "how long etcd and the API server may take to become ready before the start fails")
+	fs.StringVar(&o.listenIP, "listen-ip", "", "also serve on this address (a container node's host-side veth, which may not exist yet): bind 0.0.0.0, advertise it, put it in the serving certificate, report it as listen_server; kubelets are then reached at their InternalIP")
 	fs.Var(&o.extraArgs, "apiserver-arg", "one more kube-apiserver flag, e.g. --apiserver-arg=--feature-gates=X=true; repeatable, after (and so overriding) the built-in ones")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: kube-testcluster --dir DIR [--identity NAME[:GROUPS]]... [--timeout D] [--apiserver-arg FLAG]...
+		fmt.Fprint(fs.Output(), `Usage: kube-testcluster --dir DIR [--identity NAME[:GROUPS]]... [--timeout D] [--listen-ip IP] [--apiserver-arg FLAG]...
 
 Runs an embedded etcd (go.etcd.io/etcd/server/v3/embed) and upstream's kube-apiserver
 (k8s.io/kubernetes/cmd/kube-apiserver/app) in this process, on 127.0.0.1 with free ports:
@@ -47,9 +51,15 @@ TLS with a generated CA, static-token authentication, RBAC authorization, the de
 admission plugins (ValidatingAdmissionPolicy among them) and service-account tokens
 (TokenRequest; pod-bound tokens carry the pod's node name).
 
+With --listen-ip IP it binds 0.0.0.0 instead (IP, a container node's host-side veth address,
+may only appear later), advertises IP, serves a certificate valid for IP besides 127.0.0.1,
+asks kubelets for logs at their InternalIP, and adds "listen_server": "https://IP:PORT" to the
+ready line: where kubelets and pods in a node's network namespace reach it. The kubeconfigs
+and the issuer keep 127.0.0.1.
+
 When /readyz answers ok it prints one JSON line on stdout:
   {"ready": true, "server": ..., "ca": ..., "admin_kubeconfig": ..., "kubeconfigs": {...},
-   "service_account_issuer": ..., "pid": ...}
+   "service_account_issuer": ..., "pid": ...}  (and "listen_server" with --listen-ip)
 On failure: {"ready": false, "error": ...} on stdout, the error on stderr, exit 1.
 Logs: DIR/kube-apiserver.log and DIR/etcd.log. SIGTERM or SIGINT stops the API server, then etcd.
 
@@ -66,6 +76,9 @@ Flags:
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
+	if o.listenIP != "" && net.ParseIP(o.listenIP) == nil {
+		return o, fmt.Errorf("--listen-ip %q is not an IP address", o.listenIP)
+	}
 	return o, nil
 }
 
@@ -74,6 +87,7 @@ type report struct {
 	Ready                bool              `json:"ready"`
 	Error                string            `json:"error,omitempty"`
 	Server               string            `json:"server,omitempty"`
+	ListenServer         string            `json:"listen_server,omitempty"`
 	CA                   string            `json:"ca,omitempty"`
 	AdminKubeconfig      string            `json:"admin_kubeconfig,omitempty"`
 	Kubeconfigs          map[string]string `json:"kubeconfigs,omitempty"`
@@ -136,7 +150,7 @@ func run(o options, stderr *os.File) error {
 	command := app.NewAPIServerCommand()
 	ctx := command.Context()
 
-	certs, err := makeCertificates(dir)
+	certs, err := makeCertificates(dir, o.listenIP)
 	if err != nil {
 		return err
 	}
@@ -145,6 +159,11 @@ func run(o options, stderr *os.File) error {
 		return err
 	}
 	server := fmt.Sprintf("https://127.0.0.1:%d", port)
+	bind, advertise, listenServer := "127.0.0.1", "127.0.0.1", ""
+	if o.listenIP != "" {
+		bind, advertise = "0.0.0.0", o.listenIP
+		listenServer = "https://" + net.JoinHostPort(o.listenIP, strconv.Itoa(port))
+	}
 	ids := append([]identity{{name: "admin", groups: []string{"system:masters"}}}, o.identities...)
 	for i := range ids {
 		if ids[i].token, err = newToken(); err != nil {
@@ -174,8 +193,8 @@ func run(o options, stderr *os.File) error {
 
 	args := []string{
 		"--etcd-servers=" + etcdURL,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--bind-address=" + bind,
+		"--advertise-address=" + advertise,
 		fmt.Sprintf("--secure-port=%d", port),
 		"--tls-cert-file=" + certs.certFile,
 		"--tls-private-key-file=" + certs.keyFile,
@@ -195,6 +214,11 @@ func run(o options, stderr *os.File) error {
 		"--profiling=false",
 		"--v=0",
 	}
+	if o.listenIP != "" {
+		// A kubelet's Hostname address is its node name, which nothing resolves here; its
+		// InternalIP (--node-ip) is where its server listens (logs, exec).
+		args = append(args, "--kubelet-preferred-address-types=InternalIP,Hostname")
+	}
 	command.SetArgs(append(args, o.extraArgs...))
 	done := make(chan error, 1)
 	go func() { done <- command.Execute() }()
@@ -205,6 +229,7 @@ func run(o options, stderr *os.File) error {
 	line, err := json.Marshal(report{
 		Ready:                true,
 		Server:               server,
+		ListenServer:         listenServer,
 		CA:                   certs.caFile,
 		AdminKubeconfig:      kubeconfigs["admin"],
 		Kubeconfigs:          kubeconfigs,

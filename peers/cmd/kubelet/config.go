@@ -41,6 +41,17 @@ func configure(c *kubeletconfig.KubeletConfiguration, criSocket string) {
 	c.NodeStatusUpdateFrequency = metav1.Duration{Duration: 2 * time.Second}
 }
 
+// serveOn turns the kubelet's HTTP server on, on the node's own address (a container node's
+// veth, inside its network namespace): the API server proxies `kubectl logs` and `exec` there.
+// Anonymous and AlwaysAllow as configure sets them: only the API server and the tests reach
+// that address. The serving certificate is the kubelet's own self-signed one (under its root
+// dir), which the API server does not verify without --kubelet-certificate-authority.
+func serveOn(c *kubeletconfig.KubeletConfiguration, nodeIP string) {
+	c.EnableServer = true
+	c.Address = nodeIP
+	c.Port = 10250
+}
+
 // kernelTunables are the sysctls (under /proc/sys) the container manager sets, with the values
 // it wants: upstream's own constants.
 func kernelTunables() map[string]int {

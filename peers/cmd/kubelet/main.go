@@ -4,7 +4,10 @@
 // the CRI is fake-cri's socket and cAdvisor a fake describing the CPUs and NUMA nodes given by
 // flag. It runs in a private mount namespace of its own so the host paths the kubelet hard-codes
 // (/var/lib/kubelet/device-plugins, /var/log/containers, six /proc/sys entries) are the test
-// directory's, and nothing on the host changes. See peers/README.md, "kubelet".
+// directory's, and nothing on the host changes. With --node-namespaces it runs instead in
+// namespaces its caller prepared (testkit/container_node.py: a node's mount, network, pid and
+// cgroup namespaces, with containerd as the CRI runtime) and serves its HTTP API on --node-ip.
+// See peers/README.md, "kubelet".
 package main
 
 import (
@@ -38,6 +41,9 @@ type settings struct {
 	cpus       int
 	numaNodes  int
 	memory     uint64
+	// The caller entered prepared namespaces (a container node): no re-exec, no mounts of ours,
+	// and the kubelet's server on nodeIP.
+	nodeNamespaces bool
 }
 
 func main() {
@@ -46,8 +52,9 @@ func main() {
 	flag.StringVar(&s.dir, "dir", "", "the node's directory on the host (required): DIR/var-lib is the kubelet's /var/lib (its root dir is DIR/var-lib/kubelet), DIR/var-log its /var/log")
 	flag.StringVar(&s.kubeconfig, "kubeconfig", "", "kubeconfig of a user allowed to act as the node (required)")
 	flag.StringVar(&s.nodeName, "node-name", "", "the Node's name (required)")
-	flag.StringVar(&s.nodeIP, "node-ip", "127.0.0.1", "the address the Node publishes; nothing is served on it (the kubelet's server is off)")
-	flag.StringVar(&s.criSocket, "cri-socket", "", "the CRI runtime's unix socket (fake-cri's; required)")
+	flag.StringVar(&s.nodeIP, "node-ip", "127.0.0.1", "the address the Node publishes; nothing is served on it (the kubelet's server is off) unless --node-namespaces")
+	flag.StringVar(&s.criSocket, "cri-socket", "", "the CRI runtime's unix socket (fake-cri's, or containerd's with --node-namespaces; required)")
+	flag.BoolVar(&s.nodeNamespaces, "node-namespaces", false, "the caller already runs this process in a node's prepared namespaces (nsenter into the mount, network, pid and cgroup namespaces testkit/container_node.py makes, where DIR/var-lib is /var/lib and the sysctls are covered): no unshare re-exec, no mounts of ours; the kubelet's server (port 10250, anonymous, AlwaysAllow) listens on --node-ip so the API server can reach it for logs")
 	flag.IntVar(&s.cpus, "cpus", 4, "CPUs the fake cAdvisor reports, spread evenly over the NUMA nodes")
 	flag.IntVar(&s.numaNodes, "numa-nodes", 2, "NUMA nodes the fake cAdvisor reports")
 	flag.Uint64Var(&s.memory, "memory", 8<<30, "memory bytes the fake cAdvisor reports, spread evenly over the NUMA nodes")
@@ -62,6 +69,10 @@ files holding the values the kubelet wants over the six /proc/sys entries it wou
 rewrite. Prints "kubelet ready pid=N" once the pod-resources and Pods API sockets accept.
 SIGTERM or SIGINT stops it; a restart is a new process on the same DIR.
 
+With --node-namespaces (a container node, testkit/container_node.py) the caller has already
+entered the node's namespaces, where those mounts exist: the binary neither re-executes nor
+mounts, --cri-socket is containerd's, and the kubelet's server listens on --node-ip:10250.
+
 `)
 		flag.PrintDefaults()
 	}
@@ -72,7 +83,7 @@ SIGTERM or SIGINT stops it; a restart is a new process on the same DIR.
 			os.Exit(2)
 		}
 	}
-	if os.Getenv(nsMarker) == "" {
+	if os.Getenv(nsMarker) == "" && !s.nodeNamespaces {
 		reexecPrivate()
 	}
 	if err := run(s); err != nil {
@@ -107,8 +118,10 @@ func run(s settings) error {
 	if err != nil {
 		return err
 	}
-	if err := privateMounts(dir); err != nil {
-		return fmt.Errorf("private mounts: %w", err)
+	if !s.nodeNamespaces {
+		if err := privateMounts(dir); err != nil {
+			return fmt.Errorf("private mounts: %w", err)
+		}
 	}
 	flags := options.NewKubeletFlags()
 	flags.KubeConfig = s.kubeconfig
@@ -119,6 +132,9 @@ func run(s settings) error {
 		return err
 	}
 	configure(config, s.criSocket)
+	if s.nodeNamespaces {
+		serveOn(config, s.nodeIP)
+	}
 	server := &options.KubeletServer{KubeletFlags: *flags, KubeletConfiguration: *config}
 
 	ctx := genericapiserver.SetupSignalContext()
