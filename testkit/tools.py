@@ -91,6 +91,21 @@ TOOLS: dict[str, Tool] = {
             root_only=True,
         ),
         Tool("umoci", ("umoci",), "packs the OCI image (make image)", apt="umoci", root_only=True),
+        # A container node (testkit/container_node.py): the runtime, its CNI plugins, the pause image.
+        Tool("containerd", ("containerd",), "a container node's runtime", apt="containerd", root_only=True),
+        Tool("runc", ("runc",), "runs a container node's containers", apt="runc", root_only=True),
+        Tool(
+            "cni-plugins",
+            ("/usr/lib/cni/bridge",),
+            "a container node's pod network (bridge, host-local, loopback)",
+            apt="containernetworking-plugins",
+            root_only=True,
+        ),
+        Tool(
+            "iptables", ("iptables",), "a container node's masquerade, DNAT", apt="iptables", root_only=True
+        ),
+        # build-essential: gcc alone, without recommends, lacks libc6-dev (the static libc).
+        Tool("gcc", ("gcc",), "compiles the pause binary statically", apt="build-essential", root_only=True),
         Tool(
             "systemd-analyze",
             ("systemd-analyze",),
