@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +20,7 @@ from typing import Any
 from testkit.kube_testcluster import KubeTestCluster, read_ready_line, stop_process
 from testkit.peers import peer
 
-__all__ = ["KubeControllers", "start_kube_controllers"]
+__all__ = ["NODE_CONTROLLERS", "KubeControllers", "start_kube_controllers"]
 
 START_TIMEOUT_S = 60.0  # informers sync in well under a second; the slack is for a loaded machine
 
@@ -40,15 +40,26 @@ def _tail(log: Path, lines: int) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
 
 
+# What a DaemonSet on a container node needs besides the scheduler: its controller, the garbage
+# collector (its pods go when it goes) and the kube-root-ca.crt publisher (projected tokens).
+NODE_CONTROLLERS = ("resourceclaim", "job", "daemonset", "garbagecollector", "root-ca-cert-publisher")
+
+
 @contextmanager
-def start_kube_controllers(cluster: KubeTestCluster, directory: Path) -> Iterator[KubeControllers]:
+def start_kube_controllers(
+    cluster: KubeTestCluster, directory: Path, controllers: Sequence[str] | None = None
+) -> Iterator[KubeControllers]:
     """Run kube-controllers against `cluster` as its admin, logging to directory/kube-controllers.log;
-    yields once every informer has synced, stops it (SIGTERM) when the block ends. The peer not
-    built: a skip, or a failure under CI (testkit.peers)."""
+    yields once every informer has synced, stops it (SIGTERM) when the block ends. `controllers`:
+    which to run beside the scheduler (the peer's --controllers; None: its default, resourceclaim
+    and job; NODE_CONTROLLERS for DaemonSets). The peer not built: a skip, or a failure under CI
+    (testkit.peers)."""
     binary = peer("kube-controllers")
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / "kube-controllers.log"
     args = [str(binary), "--kubeconfig", str(cluster.admin_kubeconfig), "--log-file", str(log)]
+    if controllers is not None:
+        args += ["--controllers", ",".join(controllers)]
     # stderr to the log as well: what the peer writes there before it redirects itself (a bad
     # flag) or after (its own error line) lands next to klog's lines.
     with log.open("ab") as stderr:

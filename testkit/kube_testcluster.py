@@ -44,6 +44,8 @@ class KubeTestCluster:
     admin_kubeconfig: Path
     directory: Path
     kubeconfigs: Mapping[str, Path]
+    # With listen_ip: https://LISTEN_IP:PORT, where a container node's kubelet and pods reach it.
+    listen_server: str | None = None
 
     def kubeconfig(self, identity: str) -> Path:
         """The kubeconfig of a static-token identity named at the start (or "admin")."""
@@ -136,13 +138,17 @@ def stop_process(proc: subprocess.Popen[str]) -> None:
 
 @contextmanager
 def start_kube_testcluster(
-    directory: Path, identities: Mapping[str, Sequence[str]] | None = None
+    directory: Path, identities: Mapping[str, Sequence[str]] | None = None, *, listen_ip: str | None = None
 ) -> Iterator[KubeTestCluster]:
     """Run kube-testcluster with its files in `directory` and a static-token user per identity
     (name -> groups); yields once it is ready, stops it (SIGTERM, then etcd) when the block ends.
+    `listen_ip`: serve on all addresses, with a certificate for that one too (a container node's
+    host side, testkit.container_node.host_ip); the kubeconfigs still name 127.0.0.1.
     The peer not built: a skip, or a failure under CI (testkit.peers)."""
     binary = peer("kube-testcluster")
     args = [str(binary), "--dir", str(directory)]
+    if listen_ip is not None:
+        args += ["--listen-ip", listen_ip]
     for name, groups in (identities or {}).items():
         args += ["--identity", f"{name}:{','.join(groups)}" if groups else name]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -158,6 +164,7 @@ def start_kube_testcluster(
             admin_kubeconfig=Path(answer["admin_kubeconfig"]),
             directory=directory,
             kubeconfigs={name: Path(path) for name, path in answer["kubeconfigs"].items()},
+            listen_server=answer.get("listen_server"),
         )
     finally:
         stop_process(proc)

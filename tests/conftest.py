@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 import structlog
 
 from testkit.certificates import make_pki
+from testkit.container_node import ContainerCluster, ContainerNode, start_container_cluster
 from testkit.disks import FailingDisk, tmpfs
 from testkit.disks import failing_disk as make_failing_disk
 from testkit.kube_controllers import KubeControllers, start_kube_controllers
@@ -178,3 +180,32 @@ async def scheduled_node(
     """`real_node`, on a cluster whose scheduler and controllers run."""
     async with RealNode(kube_cluster, short_tmp / "node", f"node-{uuid.uuid4().hex[:8]}") as node:
         yield node
+
+
+# --- a node with a real container runtime (containerd, runc, CNI; testkit/container_node.py) ---
+
+
+@pytest.fixture(scope="module")
+def container_cluster() -> Iterator[ContainerCluster]:
+    """An API server of its own serving beyond 127.0.0.1 (the shared one stays on loopback) and
+    kube-controllers with the scheduler, DaemonSet, garbage-collector and root-CA controllers,
+    for container nodes. One per module: its tests share it."""
+    directory = Path(tempfile.mkdtemp(prefix="prw-cc-", dir="/tmp"))
+    try:
+        with start_container_cluster(directory) as running:
+            yield running
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def container_node(container_cluster: ContainerCluster) -> AsyncIterator[ContainerNode]:
+    """A ContainerNode of `container_cluster`, Ready, for the module (tests using it run in the
+    module's event loop: `pytest.mark.asyncio(loop_scope="module")`). Stopped afterwards, with
+    nothing left on the host."""
+    directory = Path(tempfile.mkdtemp(prefix="prw-cn-", dir="/tmp"))  # short: socket paths
+    try:
+        async with container_cluster.node(directory / "node", f"cnode-{uuid.uuid4().hex[:6]}") as node:
+            yield node
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
