@@ -214,36 +214,58 @@ def make_rootfs(rootfs: Path, epoch: int, mirrors: list[str]) -> None:
     run(argv, env={**clean_env(epoch), "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
 
 
-def fetch_wheels(source_dir: Path, wheels: Path, epoch: int, lock_file: Path, relock: bool) -> Path:
-    """The project's wheel, its dependencies' wheels for cp311 manylinux x86_64 (pinned by hash in
-    the lock file) and pip's wheel (the installer; run from the wheel, never installed). A pure
-    Python dependency PyPI has only as an sdist (nkeys) is made a wheel here; one that would need a
-    compiler fails the build."""
+def fetch_wheels(source_dir: Path, work: Path, epoch: int, lock_file: Path, relock: bool) -> Path:
+    """The project's wheel, its dependencies' wheels for cp311 manylinux x86_64 and pip's wheel (the
+    installer; run from the wheel, never installed), all pinned by hash in the lock file. The wheels
+    made here (the project's, and nkeys', which PyPI has only as an sdist) are made by the pinned
+    setuptools, so they do not change with its releases; one that would need a compiler fails."""
+    wheels = work / "wheels"
     wheels.mkdir(parents=True)
-    host_pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(source_dir), epoch=epoch)
-    (project,) = wheels.glob("pod_resources_watcher-*.whl")
     if relock:
-        lock(project, wheels, lock_file, epoch)
+        draft = work / "draft"
+        host_pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(draft), str(source_dir), epoch=epoch)
+        lock(next(draft.glob("pod_resources_watcher-*.whl")), draft, lock_file, epoch)
     if not lock_file.is_file():
         raise BuildError(f"{lock_file} is missing: run with --lock to resolve the dependencies")
-    downloads = wheels / "downloads"
+    downloads = work / "downloads"
     # --no-deps: the lock file is the whole set (the install below, from these files only, proves it).
     host_pip(
         "download", "--quiet", "--no-deps", "--require-hashes", "--dest", str(downloads),
         *WHEEL_PLATFORM, "--implementation", "cp", "--abi", "cp311", "--requirement", str(lock_file),
         epoch=epoch,
     )  # fmt: skip
-    for sdist in sorted(downloads.glob("*.tar.gz")):
-        host_pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(downloads), str(sdist), epoch=epoch)
-        sdist.unlink()
+    # --upgrade: the venv comes with the setuptools ensurepip bundles; downloads/ has only the pinned.
+    builder = work / "builder"
+    run([sys.executable, "-m", "venv", str(builder)])
+    builder_pip = [str(builder / "bin" / "python"), "-m", "pip"]
+    env = clean_env(epoch)
+    run(
+        [
+            *builder_pip,
+            "install",
+            "--quiet",
+            "--upgrade",
+            "--no-index",
+            "--find-links",
+            str(downloads),
+            "setuptools",
+        ],
+        env=env,
+    )
+    for source in (source_dir, *sorted(downloads.glob("*.tar.gz"))):
+        run(
+            [*builder_pip, "wheel", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
+             "--wheel-dir", str(wheels), str(source)],
+            env=env,
+        )  # fmt: skip
     for wheel in downloads.glob("*.whl"):
+        wheel.rename(wheels / wheel.name)
+    for wheel in wheels.glob("*.whl"):
         tags = wheel.name.removesuffix(".whl").split("-")[-3:]
         # A wheel made here from an sdist with a C extension would say linux_x86_64.
         if not (tags[2] == "any" or "manylinux" in tags[2]) or tags[1] not in ("none", "abi3", "cp311"):
             raise BuildError(f"{wheel.name}: not a wheel for cp311 manylinux x86_64 (would need a compiler)")
-        wheel.rename(wheels / wheel.name)
-    downloads.rmdir()
-    return project
+    return next(wheels.glob("pod_resources_watcher-*.whl"))
 
 
 def lock(project: Path, wheels: Path, lock_file: Path, epoch: int) -> None:
@@ -253,10 +275,11 @@ def lock(project: Path, wheels: Path, lock_file: Path, epoch: int) -> None:
     if sys.version_info[:2] != (3, 11) or sys.implementation.name != "cpython":
         raise BuildError("--lock resolves for the image's CPython 3.11: run it with a CPython 3.11")
     resolved = wheels / "resolved"
-    host_pip("download", "--quiet", "--dest", str(resolved), str(project), "pip", epoch=epoch)
+    host_pip("download", "--quiet", "--dest", str(resolved), str(project), "pip", "setuptools", epoch=epoch)
     lines = [
         "# The image's Python dependencies (make image), pinned by hash: written by",
-        "# `python3 testkit/build_image.py --lock`; pip is the installer, run from its wheel, not installed.",
+        "# `python3 testkit/build_image.py --lock`. Not installed: pip (the installer, run from its wheel)",
+        "# and setuptools (builds the project's wheel and those PyPI has only as an sdist).",
     ]
     for item in sorted(resolved.iterdir(), key=lambda p: p.name.lower()):
         if item.name.startswith("pod_resources_watcher-"):
@@ -267,7 +290,7 @@ def lock(project: Path, wheels: Path, lock_file: Path, epoch: int) -> None:
         lines.append(f"{name.lower().replace('_', '-')}=={version} --hash=sha256:{digest}")
     lock_file.write_text("\n".join(lines) + "\n")
     shutil.rmtree(resolved)
-    log(f"wrote {lock_file} ({len(lines) - 2} distributions)")
+    log(f"wrote {lock_file} ({len(lines) - 3} distributions)")
 
 
 def chroot(rootfs: Path, argv: list[str], epoch: int) -> str:
@@ -469,7 +492,7 @@ def build(args: argparse.Namespace) -> int:
         log(f"{IMAGE_NAME}:{tag} from {source.revision[:12]} (SOURCE_DATE_EPOCH={source.epoch})")
         source.export(source_dir)
         log("wheels: the project's and its pinned dependencies' (PyPI)")
-        project = fetch_wheels(source_dir, wheels, source.epoch, Path(args.lock_file), args.lock)
+        project = fetch_wheels(source_dir, work, source.epoch, Path(args.lock_file), args.lock)
         log(f"root filesystem: mmdebstrap {SUITE} essential + {' '.join(PACKAGES)} (about a minute)")
         make_rootfs(rootfs, source.epoch, args.mirror or list(MIRRORS))
         log(f"venv at {VENV}: the wheels installed and byte-compiled by the image's python")
