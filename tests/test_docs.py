@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# Not the repository's text: virtualenvs (.bench/ holds the benchmarks' runtime-only one), caches, and
-# .peers/ (the Go test peers `make peers` builds; extensionless binaries would read as text).
+# Not the repository's text: virtualenvs (.bench/ holds the benchmarks' runtime-only one), caches,
+# .peers/ (the Go test peers `make peers` builds; extensionless binaries would read as text) and
+# .build/ (the images and the static pause binary, testkit/pause_image.py).
 SKIP = {
     ".git",
     ".venv",
@@ -21,6 +22,7 @@ SKIP = {
     "node_modules",
     ".peers",
     ".bench",
+    ".build",
 }
 TEXT = {".md", ".py", ".toml", ".yaml", ".yml", ".json", ".txt", ".proto", ".service", ".env", ""}
 # A relative path that climbs: it must still land inside the repository, which is all a reader has.

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from testkit.container_node import PAUSE_IMAGE, ContainerCluster, ContainerNode
+from testkit.real_dra import add_dra_driver, allocated_device, claim_job, claim_of, job_pod
 from testkit.waiting import wait_until
 
 # A cluster and a whole node start in the first test; on a loaded 2-core machine that alone
@@ -195,6 +196,36 @@ async def test_a_kubelet_restart_leaves_the_container_running(
     (status,) = after["status"]["containerStatuses"]
     assert status["containerID"] == pod["status"]["containerStatuses"][0]["containerID"]
     assert status["restartCount"] == 0 and status["state"].get("running")
+
+
+async def test_a_device_plugins_allocation_reaches_the_container(container_node: ContainerNode) -> None:
+    """The plugin runs on the host, registered at DIR/var-lib/kubelet/device-plugins, the node's
+    /var/lib/kubelet: its Allocate answer (an environment variable naming the devices) is in the
+    container containerd made."""
+    await container_node.add_plugin("example.com/gpu", {"gpu0": (0,), "gpu1": (1,)})
+    namespace = await _namespace(container_node, "gpu")
+    pod = _pause_pod(namespace, "holder", container_node)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"example.com/gpu": 1}}
+    await container_node.apply(pod)
+    running = await container_node.wait_pod(namespace, "holder", timeout=60)
+    container_id = running["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    spec = json.loads(await container_node.ctr("containers", "info", container_id))["Spec"]
+    (env,) = [e for e in spec["process"]["env"] if e.startswith("EXAMPLE_COM_GPU_DEVICES=")]
+    assert env.removeprefix("EXAMPLE_COM_GPU_DEVICES=") in ("gpu0", "gpu1")
+
+
+async def test_a_dra_claim_is_prepared_for_a_jobs_pod(container_node: ContainerNode) -> None:
+    """upstream's DRA test driver on the host, registered with the kubelet; a Job's pod takes a
+    claim from a template: allocated by the scheduler, prepared by the driver, the pod runs.
+    (containerd 1.6 knows no CDI: the container gets no device from the claim.)"""
+    setup = await add_dra_driver(container_node, f"cn{uuid.uuid4().hex[:6]}")
+    namespace = await _namespace(container_node, "dra")
+    await claim_job(container_node, setup, namespace, "trainer")
+    pod = await job_pod(container_node, namespace, "trainer", timeout=90)
+    claim = await claim_of(container_node, pod)
+    assert allocated_device(claim) in ("gpu-0", "gpu-1")
+    prepared = (await setup.driver.state())["prepared"]
+    assert [c["uid"] for c in prepared] == [claim["metadata"]["uid"]], prepared
 
 
 @pytest.mark.skipif(not AGENT_IMAGE.exists(), reason=f"{AGENT_IMAGE.name} is not built (make image)")
