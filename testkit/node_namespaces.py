@@ -229,6 +229,7 @@ class NodeNamespaces:
             (d / sub).mkdir(parents=True, exist_ok=True)
         for name, value in KUBELET_SYSCTLS.items():
             (d / "sysctl" / name.replace("/", ".")).write_text(f"{value}\n")
+        self._sweep()
         self._make_cgroups()
         join = "; ".join(f"echo $$ > {shlex.quote(p)}" for p in self._cgroup_procs())
         unshare = ["unshare", "--cgroup", "--pid", "--fork", "--mount-proc", "--mount", "--net"]
@@ -316,17 +317,31 @@ class NodeNamespaces:
 
     def _remove_cgroups(self) -> bool:
         """rmdir the node's cgroups, deepest first; False while one still has (exiting) tasks."""
+        return all(_remove_tree(h.node_dir) for h in self.hierarchies)
+
+    def _sweep(self) -> None:
+        """Remove the empty cgroups of nodes whose test process was killed outright (their
+        processes died with it, but nothing was left to rmdir the cgroups): any prw-node-N
+        without its prw-hN interface. One that still holds a task is left alone."""
         for h in self.hierarchies:
-            if not h.node_dir.exists():
-                continue
-            dirs = sorted((p for p in h.node_dir.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-            for path in [*dirs, h.node_dir]:
-                try:
-                    path.rmdir()
-                except OSError as error:
-                    if error.errno == errno.ENOENT:
-                        continue
-                    if error.errno == errno.EBUSY:
-                        return False
-                    raise
+            for stale in h.node_dir.parent.glob("prw-node-*"):
+                number = stale.name.removeprefix("prw-node-")
+                if number.isdigit() and not Path(f"/sys/class/net/prw-h{number}").exists():
+                    _remove_tree(stale)
+
+
+def _remove_tree(top: Path) -> bool:
+    """rmdir a cgroup and its children, deepest first; False if one still has tasks (EBUSY)."""
+    if not top.exists():
         return True
+    dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+    for path in [*dirs, top]:
+        try:
+            path.rmdir()
+        except OSError as error:
+            if error.errno == errno.ENOENT:
+                continue
+            if error.errno == errno.EBUSY:
+                return False
+            raise
+    return True
