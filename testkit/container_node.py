@@ -192,8 +192,10 @@ class ContainerNode(RealNode):
     - `host_ip`: the host side of the node's veth (the API server and test receivers listen
       there; pods reach it); `node_ip`: the Node's InternalIP; `pod_cidr`: the pods' addresses.
     - `start()`/`close()` (or the context manager); `restart_kubelet(signal)`.
-    - `import_image(path)`, `exec(*argv)`: a command inside the node's namespaces.
-    - `admin_kubeconfig`, and RealNode's `kubectl`, `apply`, `get`, `wait_pod`.
+    - `import_image(path)`, `exec(*argv)`: a command inside the node's namespaces; `ctr(*args)`,
+      `containers()`: containerd's view; `http_get(ip, port, path)`: from the node's network
+      (pod addresses route only there); `node_path(path)`: a node path's place on the host.
+    - `admin_kubeconfig`, `kubectl_async`, and RealNode's `kubectl`, `apply`, `get`, `wait_pod`.
     """
 
     def __init__(
@@ -380,6 +382,42 @@ class ContainerNode(RealNode):
         """`ctr` against the node's containerd, in its CRI namespace, run inside the node (ctr
         makes fifos under /run/containerd of the mount namespace it runs in)."""
         result = await self.exec("ctr", "--address", str(self.cri_socket), "-n", CTR_NAMESPACE, *args)
+        return result.stdout
+
+    def node_path(self, path: str | Path) -> Path:
+        """Where a path of the node (as its pods' hostPath volumes name it) is on the host:
+        /var/lib/X is DIR/var-lib/X, /var/log/X DIR/var-log/X, /run/X DIR/run/X; any other path
+        is the host's own."""
+        inside = Path(path)
+        for prefix, sub in (("/var/lib", "var-lib"), ("/var/log", "var-log"), ("/run", "run")):
+            if inside.is_relative_to(prefix):
+                return self.directory / sub / inside.relative_to(prefix)
+        return inside
+
+    async def kubectl_async(self, *args: str, check: bool = True) -> str:
+        """`kubectl ARGS` as the cluster's admin, off the event loop; its stdout."""
+        result = await asyncio.to_thread(self.cluster.kubectl, *args, check=check)
+        return result.stdout
+
+    async def containers(self) -> list[dict[str, str]]:
+        """containerd's tasks on the node (pod sandboxes and containers alike, running or not):
+        [{"id", "pid", "status"}]. Empty once no pod runs here."""
+        out = await self.ctr("tasks", "ls")
+        rows = [line.split() for line in out.splitlines()[1:] if line.strip()]
+        return [{"id": row[0], "pid": row[1], "status": row[2]} for row in rows]
+
+    async def http_get(self, host: str, port: int, path: str = "/", timeout: float = 10.0) -> str:
+        """GET http://HOST:PORT/PATH from the node's network namespace, where pod addresses route
+        (the host has no route to them); the body. An HTTP error or no answer raises."""
+        assert self.namespaces is not None, "the node is not started"
+        script = (
+            "import sys, urllib.request; "
+            "answer = urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])); "
+            "sys.stdout.write(answer.read().decode())"
+        )
+        url = f"http://{host}:{port}{path}"
+        enter = ["nsenter", "--target", str(self.namespaces.pid), "--net", "--"]
+        result = await self.namespaces.run([*enter, "python3", "-c", script, url, str(timeout)])
         return result.stdout
 
     async def import_image(self, archive: Path) -> list[str]:

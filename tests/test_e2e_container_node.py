@@ -53,10 +53,8 @@ async def _namespace(node: ContainerNode, prefix: str) -> str:
 
 
 async def _tasks(node: ContainerNode) -> dict[str, tuple[str, str]]:
-    """containerd's running tasks in the node: container id -> (pid, status)."""
-    out = await node.ctr("tasks", "ls")
-    rows = [line.split() for line in out.splitlines()[1:] if line.strip()]
-    return {row[0]: (row[1], row[2]) for row in rows}
+    """containerd's tasks in the node: container id -> (pid, status)."""
+    return {c["id"]: (c["pid"], c["status"]) for c in await node.containers()}
 
 
 async def test_the_node_runs_the_kubelet_on_containerd(container_node: ContainerNode) -> None:
@@ -202,6 +200,7 @@ async def test_a_device_plugins_allocation_reaches_the_container(container_node:
     """The plugin runs on the host, registered at DIR/var-lib/kubelet/device-plugins, the node's
     /var/lib/kubelet: its Allocate answer (an environment variable naming the devices) is in the
     container containerd made."""
+    assert container_node.node_path("/var/lib/kubelet/device-plugins") == container_node.plugin_dir
     await container_node.add_plugin("example.com/gpu", {"gpu0": (0,), "gpu1": (1,)})
     namespace = await _namespace(container_node, "gpu")
     pod = _pause_pod(namespace, "holder", container_node)
@@ -252,6 +251,9 @@ async def test_the_agent_image_runs_and_an_http_probe_reaches_the_pod(container_
         return bool(pod["status"].get("containerStatuses", [{}])[0].get("ready"))
 
     await wait_until(ready, 60, interval=0.5, what="the web pod Ready by its HTTP probe")
+    pod = await container_node.get("pod", "-n", namespace, "web")
+    # What the probe reached, from the node's network (the host has no route to pod addresses).
+    assert "Directory listing" in await container_node.http_get(pod["status"]["podIP"], 8080, "/")
 
 
 # What a pod runs to reach the host's side of the veth (where receivers listen) and the API
