@@ -129,6 +129,23 @@ async def test_an_open_state_dir_and_loose_files_from_before_are_tightened_and_l
     assert fixed >= {str(state / "outbox.db"), str(audit), str(audit.with_name("audit.jsonl.1"))}
 
 
+async def test_a_new_empty_state_dir_made_open_by_a_hostpath_is_tightened_without_a_warning(
+    short_tmp: Path,
+) -> None:
+    # A hostPath `DirectoryOrCreate` volume (the shipped DaemonSet's) hands every new node's agent an
+    # empty 0755 directory: nothing was exposed, so no warning, and still 0700 afterwards.
+    fake, settings = _with_audit_log(short_tmp)
+    settings.state_dir.mkdir(parents=True)
+    os.chmod(settings.state_dir, 0o755)
+    with capture_logs() as logs:
+        async with fake, running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+    assert mode(settings.state_dir) == 0o700
+    told = logged(logs, "the new, empty state directory was open to group or others: set to 0700")
+    assert [(e["log_level"], e["was"]) for e in told] == [("info", "0755")]
+    assert not [e for e in logs if e["log_level"] == "warning"], logs
+
+
 # --- symbolic links ---
 
 

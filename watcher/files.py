@@ -132,6 +132,9 @@ def private_dir(path: Path, what: str, *, tighten: bool, own: Collection[str] = 
             mode=f"{mode:04o}",
         )
         return
+    # Empty: nothing was ever exposed. That is how a Kubernetes hostPath `DirectoryOrCreate` (the
+    # shipped DaemonSet's state volume) hands the agent its directory on every new node: 0755.
+    fresh = not any(path.iterdir())
     try:
         os.chmod(path, PRIVATE_DIR)
     except OSError as err:  # a read-only filesystem: what is opened in it next says more
@@ -140,6 +143,13 @@ def private_dir(path: Path, what: str, *, tighten: bool, own: Collection[str] = 
             path=str(path),
             mode=f"{mode:04o}",
             error=err.strerror or str(err),
+        )
+        return
+    if fresh:
+        log.info(
+            f"the new, empty {what} was open to group or others: set to 0700",
+            path=str(path),
+            was=f"{mode:04o}",
         )
         return
     log.warning(f"the {what} was open to group or others: set to 0700", path=str(path), was=f"{mode:04o}")
