@@ -397,6 +397,9 @@ def pack(rootfs: Path, layout: Path, tag: str, source: Source) -> None:
         "org.opencontainers.image.licenses": "Apache-2.0",
         "org.opencontainers.image.version": source.version,
         "org.opencontainers.image.revision": source.revision,
+        # The tag in the config too: a build retagged for a rolling update (IMAGE_TAG=0.1.0-rebuilt)
+        # is then a distinct image, with its own digest and image ID, not the same one renamed.
+        "org.opencontainers.image.ref.name": tag,
     }
     config = [
         "config", "--image", image, "--created", created, "--history.created", created,
@@ -537,7 +540,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", default=str(DEFAULT_OUT), help="where the .oci.tar goes (default .build/image)"
     )
-    parser.add_argument("--tag", default="", help="the image tag (default: the project's version)")
+    parser.add_argument(
+        "--tag",
+        default="",
+        help="the image tag (default: the project's version); a label too: another tag, another digest",
+    )
     parser.add_argument(
         "--lock", action="store_true", help="resolve the newest dependencies and rewrite the lock file"
     )
