@@ -163,3 +163,29 @@ async def test_a_force_deleted_pod_is_removed_once_when_pod_resources_no_longer_
         assert removed["owner"] == {"kind": "StatefulSet", "name": "db", "uid": OWNER.uid}
         await run.quiet_cycle()
         assert len(run.recorder.events) == mark + 2, _seen(run.recorder.events[mark:])
+
+
+async def test_a_pod_that_came_while_no_agent_ran_is_named_with_its_uid_and_owner(short_tmp: Path) -> None:
+    # A DaemonSet's agent replaced (deleted, rolled, evicted) starts on its saved state: what changed
+    # meanwhile is its first look's, which must wait for the Pods API to name the pod as every
+    # later change does. Without that wait, the look beat the API's snapshot: no uid, no owner.
+    fake = _fake(short_tmp, seed=43)
+    async with fake:
+        async with running_agent(_settings(short_tmp), fake) as run:
+            await run.pods_watching()
+        newcomer = FakePod(
+            "store", "db-1", [FakeContainer("postgres", devices={GPU: ["GPU-b"]})],
+            uid=NEW_UID, labels={"team": "new"}, owners=[OWNER],
+        )  # fmt: skip
+        fake.add_pod(newcomer)
+        assert fake.pods_api is not None
+        fake.pods_api.snapshot_delay = 0.5  # a busy kubelet: its snapshot comes after pod-resources
+        async with running_agent(_settings(short_tmp), fake) as run:
+            events = await _events(run, 0, 3)
+            assert [str(e.kind) for e in events] == [
+                "watcher.started",
+                "allocation.added",
+                "capacity.changed",
+            ]
+            added = events[1].details
+            assert (added["pod"], added["pod_uid"], added["owner"]["name"]) == ("db-1", NEW_UID, "db")

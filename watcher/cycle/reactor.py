@@ -103,8 +103,10 @@ class Reactor:
 
     async def run(self) -> None:
         """Wait for a trigger or a deadline, re-query when one is due, until the stop flag."""
-        self.notifier.trigger.fire("startup", urgent=True)
         with contextlib.suppress(StoppedError):
+            if self.pods_watch is not None:  # the first look names pods' owners when the API can
+                await unless_stopped(self.stop, self.pods_watch.settled())
+            self.notifier.trigger.fire("startup", urgent=True)
             while not self.stop.is_set():
                 wait = self.notifier.trigger.wait(self._wake_at(), self.settings.watch.debounce)
                 reasons = await unless_stopped(self.stop, wait)

@@ -48,6 +48,10 @@ __all__ = [
     "SnapshotBounds",
 ]
 
+# The longest the agent's first look waits for the Pods API's first snapshot (milliseconds for a
+# node's pods; a kubelet that is not serving it says so at once: absent, disabled, initializing).
+FIRST_LOOK_WAIT = 5.0
+
 log = structlog.get_logger("watcher.kubelet.pods_watch")
 
 STATES = ("off", "absent", "denied", "disabled", "initializing", "syncing", "capped", "watching")
@@ -126,11 +130,20 @@ class PodsWatch:
         self._tried: FileIdentity | None = None  # the socket the last stream was opened on
         self._drop: tuple[FileIdentity | None] | None = None  # a closed stream's socket, until explained
         self._sub: Subscription | None = None
+        self._settled = asyncio.Event()  # a lasting state (neither off nor syncing) was reached
 
     @property
     def events(self) -> int:
         """Events read, over every stream."""
         return self.stream.events
+
+    async def settled(self) -> None:
+        """Until the watch first reached a lasting state (watching, or one saying the API is not
+        there) or FIRST_LOOK_WAIT s passed: the agent's first look waits for it, so that what
+        changed while no agent ran (its pod replaced, a rolling update) names each pod's uid and
+        owner as every later change does."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._settled.wait(), FIRST_LOOK_WAIT)
 
     # -- states --
 
@@ -139,6 +152,8 @@ class PodsWatch:
         if state == self.state:
             return
         self.state = state
+        if state not in ("off", "syncing"):
+            self._settled.set()
         if state == "watching":
             self._troubles.clear()
         if state != "syncing":

@@ -122,6 +122,7 @@ class FakePodsApi:
         self.raw_pods: list[bytes] = []  # entries ListPods gives after the real pods
         self.endless: tuple[float, int] | None = None  # endless_snapshot(): (every, pad)
         self.mute = False  # mute(): new watches are accepted and sent nothing at all
+        self.snapshot_delay = 0.0  # seconds a new watch waits for its snapshot (a busy kubelet)
 
     # -- lifecycle --
 
@@ -313,6 +314,8 @@ class FakePodsApi:
         if self.endless is not None:
             async for event in _endless(*self.endless):
                 yield event
+        if self.snapshot_delay > 0:
+            await asyncio.sleep(self.snapshot_delay)
         watcher = _Watcher()
         if self._seen is None:
             self._seen = self._current()
