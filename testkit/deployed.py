@@ -34,7 +34,6 @@ __all__ = [
     "agent_process",
     "json_logs",
     "quiet",
-    "retag",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +46,8 @@ READY_TIMEOUT_S = 120.0
 HELM_TIMEOUT_S = 180.0
 IMAGE_DIR = ROOT / ".build" / "image"
 # What the chart's default image (repository pod-resources-watcher, tag = appVersion) resolves to.
-IMAGE = "docker.io/library/pod-resources-watcher:0.1.0"
+VERSION = "0.1.0"
+IMAGE = f"docker.io/library/pod-resources-watcher:{VERSION}"
 # What the image is built from: a change here since the archive's revision makes it stale.
 IMAGE_SOURCES = (
     "watcher",
@@ -85,25 +85,15 @@ def _stale(archive: Path) -> bool:
     return changed.returncode != 0  # 1: changed; 128: a revision git does not know
 
 
-def agent_image() -> Path:
+def agent_image(tag: str = VERSION) -> Path:
     """The agent's image archive as `make image` builds it (.build/image/), built now if it is
-    missing or older than the code it holds (CI's `make e2e` builds it first)."""
-    archive = IMAGE_DIR / "pod-resources-watcher-0.1.0.oci.tar"
+    missing or older than the code it holds (CI's `make e2e` builds the default tag first). Another
+    `tag` is a rebuild of the same commit: the tag is one of its labels, so another image id."""
+    archive = IMAGE_DIR / f"pod-resources-watcher-{tag}.oci.tar"
     if _stale(archive):
-        subprocess.run(
-            [sys.executable, str(ROOT / "testkit" / "build_image.py"), "--out", str(IMAGE_DIR)],
-            check=True,
-            timeout=IMAGE_BUILD_TIMEOUT_S,
-        )
+        build = [sys.executable, str(ROOT / "testkit" / "build_image.py"), "--out", str(IMAGE_DIR)]
+        subprocess.run([*build, "--tag", tag], check=True, timeout=IMAGE_BUILD_TIMEOUT_S)
     return archive
-
-
-async def retag(node: ContainerNode, tag: str) -> str:
-    """The agent's image under another tag in the node's runtime, as a rebuild of the same commit
-    gives (the build is reproducible: the same digest): the new reference."""
-    target = IMAGE.rsplit(":", 1)[0] + ":" + tag
-    await node.ctr("images", "tag", "--force", IMAGE, target)
-    return target
 
 
 @dataclass(frozen=True)
@@ -278,10 +268,21 @@ class Release:
 
     async def _describe(self) -> str:
         pods = await self.pods()
+        ds = await asyncio.to_thread(self.cluster.get, "daemonsets", "-n", self.namespace)
+        sets = "; ".join(
+            f"DaemonSet {d['metadata']['name']} generation {d['metadata'].get('generation')} "
+            f"image {d['spec']['template']['spec']['containers'][0]['image']} "
+            f"status {json.dumps(d.get('status', {}))}"
+            for d in ds["items"]
+        )
         if not pods:
-            return "no pod at all"
-        return "; ".join(
-            f"{p['metadata']['name']} {p.get('status', {}).get('phase')} "
-            f"{json.dumps(p.get('status', {}).get('containerStatuses', []))[:600]}"
-            for p in pods
+            return f"no pod at all; {sets}"
+        return (
+            sets
+            + "; "
+            + "; ".join(
+                f"{p['metadata']['name']} {p.get('status', {}).get('phase')} "
+                f"{json.dumps(p.get('status', {}).get('containerStatuses', []))[:600]}"
+                for p in pods
+            )
         )
