@@ -42,7 +42,14 @@ def _tail(log: Path, lines: int) -> str:
 
 # What a DaemonSet on a container node needs besides the scheduler: its controller, the garbage
 # collector (its pods go when it goes) and the kube-root-ca.crt publisher (projected tokens).
-NODE_CONTROLLERS = ("resourceclaim", "job", "daemonset", "garbagecollector", "root-ca-cert-publisher")
+NODE_CONTROLLERS = (
+    "resourceclaim",
+    "job",
+    "daemonset",
+    "garbagecollector",
+    "root-ca-cert-publisher",
+    "namespace",
+)
 
 
 @contextmanager

@@ -33,12 +33,13 @@ const (
 	daemonSetName           = "daemonset"
 	garbageCollectorName    = "garbagecollector"
 	rootCACertPublisherName = "root-ca-cert-publisher"
+	namespaceName           = "namespace"
 )
 
 // knownControllers in the order they are built; defaultControllers is what the peer ran before
 // --controllers existed (and what the tests sharing one kube-controllers rely on).
 var (
-	knownControllers   = []string{resourceClaimName, jobName, daemonSetName, garbageCollectorName, rootCACertPublisherName}
+	knownControllers   = []string{resourceClaimName, jobName, daemonSetName, garbageCollectorName, rootCACertPublisherName, namespaceName}
 	defaultControllers = []string{resourceClaimName, jobName}
 )
 
@@ -111,6 +112,8 @@ func newControllers(ctx context.Context, kubeconfig string, names []string) (*ku
 			run, err = c.newGarbageCollector(ctx, config, factory)
 		case rootCACertPublisherName:
 			run, err = newRootCACertPublisher(config, factory)
+		case namespaceName:
+			run, err = newNamespace(ctx, config, factory)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s controller: %w", name, err)

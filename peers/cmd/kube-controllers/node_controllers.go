@@ -24,6 +24,9 @@ import (
 	"k8s.io/kubernetes/pkg/controller/certificates/rootcacertpublisher"
 	"k8s.io/kubernetes/pkg/controller/daemon"
 	"k8s.io/kubernetes/pkg/controller/garbagecollector"
+	namespacecontroller "k8s.io/kubernetes/pkg/controller/namespace"
+
+	v1 "k8s.io/api/core/v1"
 )
 
 // The controller-manager's defaults (each controller's config/v1alpha1 defaults.go).
@@ -32,7 +35,37 @@ const (
 	garbageCollectorWorkers = 20
 	// core.go: the garbage collector's discovery resync and first-sync wait.
 	garbageCollectorSyncPeriod = 30 * time.Second
+	// The namespace controller's defaults: ConcurrentNamespaceSyncs, NamespaceSyncPeriod.
+	namespaceWorkers    = 10
+	namespaceSyncPeriod = 5 * time.Minute
 )
+
+// newNamespace: core.go, newNamespaceController. Without it a deleted namespace stays
+// Terminating for ever (its content is never deleted): `kubectl delete -k` of the base never ends.
+func newNamespace(ctx context.Context, config *restclient.Config, factory informers.SharedInformerFactory) (func(context.Context), error) {
+	nsConfig := restclient.CopyConfig(restclient.AddUserAgent(config, "namespace-controller"))
+	// core.go: deleting a namespace's content takes many calls.
+	nsConfig.QPS *= 20
+	nsConfig.Burst *= 100
+	client, err := clientFor(nsConfig, "namespace-controller")
+	if err != nil {
+		return nil, err
+	}
+	metadataClient, err := metadata.NewForConfig(nsConfig)
+	if err != nil {
+		return nil, err
+	}
+	nc := namespacecontroller.NewNamespaceController(
+		ctx,
+		client,
+		metadataClient,
+		client.Discovery().ServerPreferredNamespacedResources,
+		factory.Core().V1().Namespaces(),
+		namespaceSyncPeriod,
+		v1.FinalizerKubernetes,
+	)
+	return func(ctx context.Context) { nc.Run(ctx, namespaceWorkers) }, nil
+}
 
 // newDaemonSet: apps.go, newDaemonSetController.
 func newDaemonSet(ctx context.Context, config *restclient.Config, factory informers.SharedInformerFactory) (func(context.Context), error) {
