@@ -5,6 +5,7 @@ of when an allocation ended."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +190,20 @@ async def test_a_pod_that_came_while_no_agent_ran_is_named_with_its_uid_and_owne
             ]
             added = events[1].details
             assert (added["pod"], added["pod_uid"], added["owner"]["name"]) == ("db-1", NEW_UID, "db")
+
+
+async def test_a_pods_api_that_never_sends_its_snapshot_delays_the_first_look_by_the_bound_only(
+    short_tmp: Path,
+) -> None:
+    # A kubelet that accepts the watch and sends nothing: the first look goes ahead after
+    # FIRST_LOOK_WAIT (5 s) without the API, and stopping meanwhile is not held up.
+    fake = _fake(short_tmp, seed=44)
+    assert fake.pods_api is not None
+    fake.pods_api.mute = True
+    async with fake:
+        async with running_agent(_settings(short_tmp), fake) as run:
+            assert await run.recorder.kinds_after(0, 1, timeout=15) == ["watcher.started"]
+            assert run.agent.pods_watch is not None and run.agent.pods_watch.state != "watching"
+        async with asyncio.timeout(3):  # a stop during the wait ends it at once
+            async with running_agent(_settings(short_tmp / "again"), fake):
+                pass

@@ -146,6 +146,19 @@ async def test_a_new_empty_state_dir_made_open_by_a_hostpath_is_tightened_withou
     assert not [e for e in logs if e["log_level"] == "warning"], logs
 
 
+async def test_an_empty_state_dir_others_could_write_still_warns(short_tmp: Path) -> None:
+    # Empty is no proof when others may write there: they could have emptied it themselves.
+    fake, settings = _with_audit_log(short_tmp)
+    settings.state_dir.mkdir(parents=True)
+    os.chmod(settings.state_dir, 0o777)
+    with capture_logs() as logs:
+        async with fake, running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
+    assert mode(settings.state_dir) == 0o700
+    told = logged(logs, "the state directory was open to group or others: set to 0700")
+    assert [(e["log_level"], e["was"]) for e in told] == [("warning", "0777")]
+
+
 # --- symbolic links ---
 
 

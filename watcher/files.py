@@ -132,9 +132,10 @@ def private_dir(path: Path, what: str, *, tighten: bool, own: Collection[str] = 
             mode=f"{mode:04o}",
         )
         return
-    # Empty: nothing was ever exposed. That is how a Kubernetes hostPath `DirectoryOrCreate` (the
-    # shipped DaemonSet's state volume) hands the agent its directory on every new node: 0755.
-    fresh = not any(path.iterdir())
+    # Empty and writable by its owner alone: nothing was ever exposed, nor could anyone else have
+    # put something there and taken it away. That is how a Kubernetes hostPath `DirectoryOrCreate`
+    # (the shipped DaemonSet's state volume) hands the agent its directory on every new node: 0755.
+    fresh = not mode & 0o022 and not any(path.iterdir())
     try:
         os.chmod(path, PRIVATE_DIR)
     except OSError as err:  # a read-only filesystem: what is opened in it next says more

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -162,10 +163,11 @@ def watch_report(watches: DirectoryWatches, limit: int = 16) -> dict[str, dict[s
     a trigger directory that is `missing`, or there with none of the files it waits for."""
     out: dict[str, dict[str, Any]] = {}
     for sub in watches.subscriptions:
-        names = sorted(sub.present())
+        # Names are bytes to the kernel: one that is not UTF-8 must not make the answer invalid JSON.
+        names = sorted(os.fsencode(name).decode("utf-8", "replace") for name in sub.present())
         out[sub.name] = {
             "directory": str(sub.directory),
-            "state": "missing" if sub.waiting else "watching",
+            "state": "unknown" if not sub.seen else "missing" if sub.waiting else "watching",
             "files": names[:limit],
             "more_files": max(0, len(names) - limit),
         }
