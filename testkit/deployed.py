@@ -34,6 +34,7 @@ __all__ = [
     "agent_process",
     "json_logs",
     "quiet",
+    "user_secret",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,6 +157,21 @@ def agent_config(webhook_url: str, *, extra: str = "") -> str:
         + f'\n[sinks.hook]\ntype = "webhook"\nurl = "{webhook_url}"\nformat = "json"\n'
         + extra
     )
+
+
+# The Secret users hand the agent's sink credentials in (`secrets.existingSecret`): each key an
+# environment variable of the pod, read by the config as ${NAME}.
+USER_SECRET = "prw-sink-secrets"
+
+
+async def user_secret(node: ContainerNode, namespace: str, **keys: str) -> str:
+    """The user's Secret `USER_SECRET` in `namespace` (made if missing), holding exactly `keys`:
+    its name, for the chart's `secrets.existingSecret`. helm never deletes it: the caller does."""
+    await node.kubectl_async("create", "namespace", namespace, check=False)
+    await node.kubectl_async("delete", "secret", USER_SECRET, "-n", namespace, "--ignore-not-found")
+    literals = [f"--from-literal={name}={value}" for name, value in keys.items()]
+    await node.kubectl_async("create", "secret", "generic", USER_SECRET, "-n", namespace, *literals)
+    return USER_SECRET
 
 
 def json_logs(text: str) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ import structlog
 
 from testkit.certificates import make_pki
 from testkit.container_node import ContainerCluster, ContainerNode, start_container_cluster
+from testkit.deployed import IMAGE, agent_image
 from testkit.disks import FailingDisk, tmpfs
 from testkit.disks import failing_disk as make_failing_disk
 from testkit.kube_controllers import KubeControllers, start_kube_controllers
@@ -209,3 +210,12 @@ async def container_node(container_cluster: ContainerCluster) -> AsyncIterator[C
             yield node
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def image_node(container_node: ContainerNode) -> ContainerNode:
+    """`container_node` with the agent's image (`make image`; built now if missing or stale)
+    imported into its containerd, for tests of the deployed agent."""
+    archive = await asyncio.to_thread(agent_image)
+    assert IMAGE in await container_node.import_image(archive)
+    return container_node

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Sized
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sized
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +19,39 @@ import pytest
 import pytest_asyncio
 
 from testkit.container_node import ContainerNode
-from testkit.deployed import IMAGE, Release, agent_config, agent_image, agent_process, json_logs, quiet
+from testkit.deployed import (
+    IMAGE,
+    USER_SECRET,
+    Release,
+    agent_config,
+    agent_image,
+    agent_process,
+    json_logs,
+    quiet,
+    user_secret,
+)
 from testkit.kubelet_lite import DevicePlugin
 from testkit.receivers import WebhookReceiver
 from testkit.waiting import wait_until
 
-# The node and its cluster are the module's (tests/conftest.py: container_node); each test installs
-# the chart afresh. A first image build (make image) takes minutes: CI's make e2e builds it first.
+# The node and its cluster are the module's (tests/conftest.py: image_node); each test installs the
+# chart afresh and leaves the node as it found it: no workload, no plugin, no state directory.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420), pytest.mark.asyncio(loop_scope="module")]
 
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}
 # Where the chart's hostPaths point (its defaults), inside the node.
 STATE_DIR = "/var/lib/pod-resources-watcher"
+HOST_PATHS = {
+    "/var/lib/kubelet/pod-resources",
+    "/var/lib/kubelet/pods-api",
+    "/var/lib/kubelet/device-plugins",
+    STATE_DIR,
+}
+GONE = "app.kubernetes.io/instance=gone"
+CLUSTER_WIDE = (
+    "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings"
+)
 
 
 @dataclass
@@ -40,6 +60,8 @@ class Deployed:
     release: Release
     hook: WebhookReceiver
     pod: dict[str, Any]
+    # What the test added to the node (workloads, plugins): undone once the agent is gone.
+    cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def kinds(self, since: int = 0) -> list[str]:
         return [r.json()["kind"] for r in self.hook.accepted[since:]]
@@ -51,36 +73,22 @@ class Deployed:
 # The webhook's signing secret, as users hand secrets to the agent: a Secret of theirs whose keys
 # the pod gets as environment variables (`secrets.existingSecret`), read by the config as ${NAME}.
 SIGNING_SECRET = "whsec_" + "c2VjcmV0LWZvci10aGUtZGVwbG95ZWQtYWdlbnQ="
-SECRET_NAME = "prw-sink-secrets"
 
 
 def _values(hook: WebhookReceiver, **more: Any) -> dict[str, Any]:
     """The documented values a user with a signed webhook sets: the config with a [sinks.hook]
     table whose signing secret comes from their Secret."""
     config = agent_config(hook.url("/events"), extra='signing_secret = "${HOOK_SIGNING_SECRET}"\n')
-    return {"config": config, "secrets": {"existingSecret": SECRET_NAME, "optional": False}, **more}
+    return {"config": config, "secrets": {"existingSecret": USER_SECRET, "optional": False}, **more}
 
 
 async def _receiver(node: ContainerNode, namespace: str) -> WebhookReceiver:
     """A receiver verifying every request's signature, on the node's network (the host side of
-    its veth), and the Secret holding the signing key in `namespace`."""
-    await node.kubectl_async("create", "namespace", namespace, check=False)
-    await node.kubectl_async("delete", "secret", SECRET_NAME, "-n", namespace, "--ignore-not-found")
-    await node.kubectl_async(
-        "create", "secret", "generic", SECRET_NAME, "-n", namespace,
-        f"--from-literal=HOOK_SIGNING_SECRET={SIGNING_SECRET}",
-    )  # fmt: skip
+    its veth), and the user's Secret holding the signing key in `namespace`."""
+    await user_secret(node, namespace, HOOK_SIGNING_SECRET=SIGNING_SECRET)
     hook = WebhookReceiver(secret=SIGNING_SECRET)
     hook.host = node.host_ip
     return hook
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def image_node(container_node: ContainerNode) -> ContainerNode:
-    """The module's container node with the agent's image (`make image`) imported."""
-    archive = await asyncio.to_thread(agent_image)
-    assert IMAGE in await container_node.import_image(archive)
-    return container_node
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -89,17 +97,27 @@ async def deployed(image_node: ContainerNode, tmp_path: Path) -> AsyncIterator[D
     receiver on the node's network getting its events; uninstalled afterwards."""
     container_node = image_node
     release = Release(container_node.cluster, "prw", tmp_path / "helm")
+    cleanups: list[Callable[[], Awaitable[None]]] = []
     async with await _receiver(container_node, release.namespace) as hook:
         await release.install(_values(hook))
         try:
             pod = await release.ready_pod()
             # Its start: nothing but the start (the node holds no pods yet).
             await hook.wait_for(1, timeout=30)
-            yield Deployed(container_node, release, hook, pod)
+            yield Deployed(container_node, release, hook, pod, cleanups)
         finally:
             await release.uninstall()
             # The Secret is the user's, not the chart's: helm leaves it (and the namespace).
-            await container_node.kubectl_async("delete", "secret", SECRET_NAME, "-n", release.namespace)
+            await container_node.kubectl_async("delete", "secret", USER_SECRET, "-n", release.namespace)
+    for cleanup in reversed(cleanups):
+        await cleanup()
+    await _forget_state(container_node)
+
+
+async def _forget_state(node: ContainerNode) -> None:
+    """The agent's state directory removed from the node (uninstalling leaves it, as documented):
+    the next test's agent starts on a node it never saw."""
+    await node.exec("rm", "-rf", STATE_DIR)
 
 
 async def _empty(listing: Awaitable[Sized]) -> bool:
@@ -107,10 +125,19 @@ async def _empty(listing: Awaitable[Sized]) -> bool:
     return len(found.strip() if isinstance(found, str) else found) == 0
 
 
-async def _gpu_pod(node: ContainerNode, name: str) -> tuple[str, DevicePlugin, str]:
-    """A plugin serving two GPUs and a pod holding one of them: (namespace, plugin, device)."""
+async def _gpu_pod(deployed: Deployed, name: str) -> tuple[str, DevicePlugin, str]:
+    """A plugin serving two GPUs and a pod holding one of them: (namespace, plugin, device); both
+    gone again when the test ends."""
+    node = deployed.node
     plugin = await node.add_plugin(GPU, GPUS)
     namespace = await node.namespace(f"{name}-{uuid.uuid4().hex[:6]}")
+
+    async def undo() -> None:
+        await node.kubectl_async("delete", "namespace", namespace, "--wait=true", "--timeout=120s")
+        await plugin.stop()
+        node.plugins.remove(plugin)
+
+    deployed.cleanups.append(undo)
     await node.apply(node.pod(namespace, name, {GPU: 1}))
     pod = await node.wait_pod(namespace, name)
     (held,) = [
@@ -151,7 +178,7 @@ async def test_a_gpu_failing_at_its_plugin_reaches_the_webhook_once_naming_the_p
     deployed: Deployed,
 ) -> None:
     node = deployed.node
-    namespace, plugin, held = await _gpu_pod(node, "trainer")
+    namespace, plugin, held = await _gpu_pod(deployed, "trainer")
     await deployed.hook.wait_for(lambda _: "allocation.added" in deployed.kinds(), timeout=60)
     mark = len(deployed.hook.accepted)
     await plugin.set_healthy(held, False)
@@ -176,6 +203,8 @@ async def test_the_pods_security_context_holds_on_the_real_runtime(deployed: Dep
     """What docs/deployment.md claims, as the kernel sees the agent's process: root without a
     single capability, no privilege escalation, seccomp on, a read-only root filesystem, and exactly
     the documented hostPaths."""
+    volumes = deployed.pod["spec"]["volumes"]
+    assert {v["hostPath"]["path"] for v in volumes if "hostPath" in v} == HOST_PATHS
     proc = agent_process(deployed.node)
     status = proc.status
     assert status["Uid"].split()[:2] == ["0", "0"] and status["Gid"].split()[:2] == ["0", "0"]
@@ -194,14 +223,7 @@ async def test_the_pods_security_context_holds_on_the_real_runtime(deployed: Dep
         for point, (_opts, root) in mounts.items()
         if root.startswith(node_dir) and not root.startswith(made)
     }
-    assert sorted(host) == sorted(
-        [
-            "/var/lib/kubelet/pod-resources",
-            "/var/lib/kubelet/pods-api",
-            "/var/lib/kubelet/device-plugins",
-            STATE_DIR,
-        ]
-    ), mounts
+    assert set(host) == HOST_PATHS, mounts
     modes = {point: "ro" if "ro" in mounts[point][0].split(",") else "rw" for point in host}
     assert modes == {
         "/var/lib/kubelet/pod-resources": "rw",
@@ -218,13 +240,14 @@ async def test_a_deleted_pod_a_rolling_update_and_a_kubelet_restart_lose_and_rep
     rolling update to a rebuilt image or left running while the kubelet restarts under it reports
     what changed while it was away, once, and nothing else: never a page."""
     node, release = deployed.node, deployed.release
-    namespace, _plugin, _held = await _gpu_pod(node, "before")
+    namespace, _plugin, _held = await _gpu_pod(deployed, "before")
     await deployed.hook.wait_for(lambda _: "allocation.added" in deployed.kinds(), timeout=60)
 
     # 1. The pod deleted: the DaemonSet makes a new one. Meanwhile a second pod takes the other GPU.
     mark = len(deployed.hook.accepted)
     first = deployed.pod["metadata"]
-    await node.kubectl_async("delete", "pod", "-n", release.namespace, first["name"], "--wait=false")
+    # Gone (its containers stopped) before the workload changes: only the next agent may see it.
+    await node.kubectl_async("delete", "pod", "-n", release.namespace, first["name"], "--wait=true")
     await node.apply(node.pod(namespace, "meanwhile", {GPU: 1}))
     await node.wait_pod(namespace, "meanwhile")
     second = await release.ready_pod(not_uid=first["uid"])
@@ -272,9 +295,12 @@ async def test_helm_uninstall_leaves_nothing_but_the_state_directory(
     container_node = image_node
     release = Release(container_node.cluster, "gone", tmp_path / "helm")
     async with await _receiver(container_node, release.namespace) as hook:
-        await release.install(_values(hook))
+        # With reporting on: its cluster-wide RBAC and admission policy must go too.
+        await release.install(_values(hook, kubernetesReporting={"enabled": True}))
         await release.ready_pod()
         await hook.wait_for(1, timeout=30)
+        cluster_wide = await container_node.kubectl_async("get", CLUSTER_WIDE, "-l", GONE, "-o", "name")
+        assert len(cluster_wide.split()) == 4, cluster_wide  # role, binding, policy, policy binding
         await release.uninstall()
 
     # The DaemonSet's pod goes after it (the garbage collector, as in any cluster), then nothing
@@ -282,12 +308,15 @@ async def test_helm_uninstall_leaves_nothing_but_the_state_directory(
     async def left() -> str:
         return await container_node.kubectl_async(
             "get", "all,configmaps,secrets,serviceaccounts,networkpolicies,resourcequotas",
-            "-n", release.namespace, "-l", "app.kubernetes.io/instance=gone", "-o", "name",
+            "-n", release.namespace, "-l", GONE, "-o", "name",
         )  # fmt: skip
 
     await wait_until(lambda: _empty(left()), timeout=60, interval=0.5, what="the release's objects gone")
     await wait_until(
         lambda: _empty(container_node.containers()), timeout=60, interval=0.5, what="no container left"
     )
+    assert await container_node.kubectl_async("get", CLUSTER_WIDE, "-l", GONE, "-o", "name") == ""
     # The node: the state directory stays, as documented (a reinstall continues from it).
     assert (container_node.node_path(STATE_DIR) / "audit.jsonl").exists()
+    await container_node.kubectl_async("delete", "secret", USER_SECRET, "-n", release.namespace)
+    await _forget_state(container_node)

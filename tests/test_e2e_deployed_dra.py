@@ -11,17 +11,15 @@ test_a_claims_device_failing_at_the_driver_is_one_page_with_its_words_and_heals)
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from testkit.container_node import ContainerNode
-from testkit.deployed import IMAGE, Release, agent_config, agent_image, quiet
+from testkit.deployed import USER_SECRET, Release, agent_config, quiet, user_secret
 from testkit.real_dra import (
     add_dra_driver,
     allocated_device,
@@ -42,26 +40,6 @@ XID = "critical XID 79 reported by NVML: GPU has fallen off the bus"
 # (`secrets.existingSecret`), read by the config as ${NAME}.
 SIGNING_SECRET = "whsec_" + "ZHJhLXNlY3JldC1mb3ItdGhlLWRlcGxveWVkLWFnZW50"
 PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
-SECRET_NAME = "prw-sink-secrets"
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def image_node(container_node: ContainerNode) -> ContainerNode:
-    """The module's container node with the agent's image (`make image`) imported."""
-    archive = await asyncio.to_thread(agent_image)
-    assert IMAGE in await container_node.import_image(archive)
-    return container_node
-
-
-async def _secret(node: ContainerNode, namespace: str) -> None:
-    """The user's Secret in `namespace`: the webhook's signing key and the PagerDuty routing key."""
-    await node.kubectl_async("create", "namespace", namespace, check=False)
-    await node.kubectl_async("delete", "secret", SECRET_NAME, "-n", namespace, "--ignore-not-found")
-    await node.kubectl_async(
-        "create", "secret", "generic", SECRET_NAME, "-n", namespace,
-        f"--from-literal=HOOK_SIGNING_SECRET={SIGNING_SECRET}",
-        f"--from-literal=PAGERDUTY_ROUTING_KEY={PD_KEY}",
-    )  # fmt: skip
 
 
 def _values(hook: WebhookReceiver, pager: PagerDutyReceiver) -> dict[str, Any]:
@@ -79,7 +57,7 @@ def _values(hook: WebhookReceiver, pager: PagerDutyReceiver) -> dict[str, Any]:
     config = agent_config(
         hook.url("/events"), extra='signing_secret = "${HOOK_SIGNING_SECRET}"\n' + pagerduty
     )
-    return {"config": config, "secrets": {"existingSecret": SECRET_NAME, "optional": False}}
+    return {"config": config, "secrets": {"existingSecret": USER_SECRET, "optional": False}}
 
 
 def _kinds(hook: WebhookReceiver, since: int = 0) -> list[str]:
@@ -99,7 +77,9 @@ async def test_a_claims_device_failing_at_the_driver_reaches_the_webhook_once_wi
     hook, pager = WebhookReceiver(secret=SIGNING_SECRET), PagerDutyReceiver()
     # On the host side of the node's veth: the pod reaches them there.
     hook.host = pager.host = node.host_ip
-    await _secret(node, release.namespace)
+    await user_secret(
+        node, release.namespace, HOOK_SIGNING_SECRET=SIGNING_SECRET, PAGERDUTY_ROUTING_KEY=PD_KEY
+    )
     async with hook, pager:
         await release.install(_values(hook, pager))
         try:
@@ -173,4 +153,4 @@ async def test_a_claims_device_failing_at_the_driver_reaches_the_webhook_once_wi
             assert hook.violations == [] and pager.violations == [], (hook.violations, pager.violations)
         finally:
             await release.uninstall()
-            await node.kubectl_async("delete", "secret", SECRET_NAME, "-n", release.namespace)
+            await node.kubectl_async("delete", "secret", USER_SECRET, "-n", release.namespace)

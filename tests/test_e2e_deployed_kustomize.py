@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from testkit.container_node import ContainerNode
-from testkit.deployed import IMAGE, NAMESPACE, Release, agent_image
+from testkit.deployed import NAMESPACE, Release
 from testkit.kube_reporting import POLICY, bearer_request
 from testkit.waiting import wait_until
 
@@ -32,13 +31,6 @@ CONDITION = "ExampleGpuDevicesUnavailable"
 CLUSTER_OBJECTS = (
     "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings"
 )
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def image_node(container_node: ContainerNode) -> ContainerNode:
-    archive = await asyncio.to_thread(agent_image)
-    assert IMAGE in await container_node.import_image(archive)
-    return container_node
 
 
 async def _condition(node: ContainerNode) -> dict[str, Any] | None:
