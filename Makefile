@@ -99,7 +99,10 @@ peers: ## build the Go test peers (kube-testcluster, kubelet, fake-cri, kubelet-
 	cd peers && nice -n 10 go build -buildvcs=false -ldflags "$(PEERS_LDFLAGS)" -o $(CURDIR)/.peers/bin/ ./cmd/...
 	cd peers/nfd && nice -n 10 go build -buildvcs=false $(NFD_FLAGS) -o $(CURDIR)/.peers/bin/ $(NFD_MODULE)/cmd/nfd-topology-updater
 
-e2e: peers tools ## the end-to-end tests against the Go test peers (the real kube-apiserver, scheduler and kubelet, kubelet-lite); builds them first
+# As root, the agent's image first (when .build/image has none of this code yet): the tests of the
+# deployed agent import it into a real containerd, and a build inside a test would eat its timeout.
+e2e: peers tools ## the end-to-end tests against the Go test peers (the real kube-apiserver, scheduler and kubelet, kubelet-lite, containerd); builds them and the image first
+	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python -m testkit.deployed; fi
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -p no:cacheprovider -m e2e
 
 # A whole node to try the agent on (docs/real-node.md): the API server, scheduler and controllers,

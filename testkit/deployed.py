@@ -302,3 +302,7 @@ class Release:
                 for p in pods
             )
         )
+
+
+if __name__ == "__main__":  # `make e2e`: the image the tests import, built only when stale
+    print(f"agent image: {agent_image()}")

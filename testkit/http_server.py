@@ -32,9 +32,7 @@ async def start_app(
     """
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
-    site = web.TCPSite(
-        runner, host, port, ssl_context=ssl_context, reuse_address=True if port else None
-    )
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True if port else None)
     await site.start()
     return runner, int(runner.addresses[0][1])
 
