@@ -39,7 +39,15 @@ from pathlib import Path
 
 from testkit.waiting import wait_until
 
-__all__ = ["NodeNamespaces", "child_pid", "free_node_index", "host_ip", "node_ip", "pod_cidr"]
+__all__ = [
+    "KUBELET_SYSCTLS",
+    "NodeNamespaces",
+    "child_pid",
+    "free_node_index",
+    "host_ip",
+    "node_ip",
+    "pod_cidr",
+]
 
 # The sysctls the kubelet's container manager rewrites, with the values it wants (upstream's
 # constants, as peers/cmd/kubelet/config.go kernelTunables lists them).

@@ -21,6 +21,7 @@ import pytest
 
 from testkit.container_node import PAUSE_IMAGE, ContainerCluster, ContainerNode
 from testkit.deployed import agent_image
+from testkit.node_namespaces import KUBELET_SYSCTLS
 from testkit.real_dra import add_dra_driver, allocated_device, claim_job, claim_of, job_pod
 from testkit.waiting import wait_until
 
@@ -301,15 +302,8 @@ async def test_a_pod_reaches_the_host_side_and_the_api_server(container_node: Co
 
 # --- nothing on the host ---
 
-SYSCTLS = (
-    "vm/overcommit_memory",
-    "vm/panic_on_oom",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
-    "net/ipv4/ip_forward",
-)
+# The kubelet's six, and forwarding, which the node turns on in its own network namespace only.
+SYSCTLS = (*KUBELET_SYSCTLS, "net/ipv4/ip_forward")
 HOST_PATHS = (
     Path("/var/lib/kubelet"),
     Path("/var/lib/containerd"),

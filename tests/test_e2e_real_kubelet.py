@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from testkit.agent import AgentRun, agent_against, make_settings
+from testkit.node_namespaces import KUBELET_SYSCTLS
 from testkit.real_node import RealNode
 
 # A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
@@ -26,14 +27,7 @@ GPUS = {"gpu0": (0,), "gpu1": (1,)}
 
 # Host state the kubelet would change without its private mount namespace (its container manager
 # rewrites these six sysctls; its device-plugin socket and container logs are at fixed paths).
-SYSCTLS = (
-    "vm/overcommit_memory",
-    "vm/panic_on_oom",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
-)
+SYSCTLS = tuple(KUBELET_SYSCTLS)
 HOST_PATHS = (Path("/var/lib/kubelet"), Path("/var/log/containers"), Path("/var/log/pods"))
 
 
