@@ -62,6 +62,10 @@ async def failover(
             await kill
             say("leader kill: load played; until every node's retries are through")
             await fleet.settle()
+            say(
+                f"leader kill: retries through ({ledger.retries} retries, {ledger.abandoned} abandoned, "
+                f"errors {dict(ledger.errors.most_common(3))}); until the reader has every event"
+            )
             await reader.caught_up(ids, 60)
         end_lag = await reader.end_lag()
         await reader.stop()
