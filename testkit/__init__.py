@@ -6,6 +6,7 @@ other). The wheel carries only `watcher*`; nothing under `watcher/` imports this
 
 - agent: an Agent running against a fake kubelet, its events and cycles awaitable; settings and
   TOML configs for it
+- fake_kubelets: fake kubelets a test starts, each stopped after it (the `start_kubelet` fixture)
 - changes, waiting: awaiting what this process's callbacks change; polling what another process does
 - http_server, receiver, receivers: a loopback server for a test's own handler; the recording,
   scriptable receiver; Slack, PagerDuty and webhook receivers that enforce each service's rules

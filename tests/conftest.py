@@ -20,6 +20,7 @@ from testkit.container_node import ContainerCluster, ContainerNode, start_contai
 from testkit.deployed import IMAGE, agent_image
 from testkit.disks import FailingDisk, tmpfs
 from testkit.disks import failing_disk as make_failing_disk
+from testkit.fake_kubelets import StartKubelet
 from testkit.kube_controllers import KubeControllers, start_kube_controllers
 from testkit.kube_testcluster import KubeTestCluster, start_kube_testcluster
 from testkit.kubelet_lite import KubeletLite
@@ -49,6 +50,17 @@ async def kubelet(short_tmp: Path) -> AsyncIterator[FakeKubelet]:
         yield fake
     finally:
         await fake.stop(remove_socket=True)
+
+
+@pytest.fixture
+async def start_kubelet(short_tmp: Path) -> AsyncIterator[StartKubelet]:
+    """`await start_kubelet(seed=1)`: a fake kubelet started at short_tmp/kubelet, where
+    `make_settings(short_tmp)` looks (testkit.fake_kubelets); each stopped after the test."""
+    starter = StartKubelet(short_tmp)
+    try:
+        yield starter
+    finally:
+        await starter.stop_all()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.agent import Running, make_settings, running_agent
 from testkit.changes import Changes
+from testkit.fake_kubelets import StartKubelet
 from testkit.http_server import HttpServer
 from testkit.planted_secret import PLANTED_SECRET
 from testkit.processes import fake_kubelet_process
@@ -72,9 +73,11 @@ def _promtool(text: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-async def test_metrics_pass_promtool_and_show_the_scenario(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+async def test_metrics_pass_promtool_and_show_the_scenario(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=1)
+    async with running_agent(make_settings(short_tmp), fake) as run:
         await run.recorder.kinds_after(0, 1)
         mark = len(run.recorder.events)
         fake.add_device(GPU, "GPU-new", (1,))
@@ -118,9 +121,11 @@ def _device_series(text: str) -> dict[tuple[str, str, str], float]:
     }
 
 
-async def test_device_health_shows_a_gpu_failing_while_allocated_and_healing(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+async def test_device_health_shows_a_gpu_failing_while_allocated_and_healing(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=1)
+    async with running_agent(make_settings(short_tmp), fake) as run:
         await run.recorder.kinds_after(0, 1)
         status, text = await _get(run, "/metrics")
         assert status == 200
@@ -206,9 +211,11 @@ async def test_device_health_series_are_capped_and_long_ids_bounded(short_tmp: P
     assert all(len(label) == 128 and label[-9] == "~" for label in long_labels)
 
 
-async def test_readyz_fails_while_the_kubelet_is_down_and_recovers(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+async def test_readyz_fails_while_the_kubelet_is_down_and_recovers(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=1)
+    async with running_agent(make_settings(short_tmp), fake) as run:
         await run.recorder.kinds_after(0, 1)
         assert (await _get(run, "/readyz"))[0] == 200
         assert (await _get(run, "/healthz"))[0] == 200
@@ -230,11 +237,13 @@ async def test_readyz_fails_while_the_kubelet_is_down_and_recovers(short_tmp: Pa
         assert status == 200, body
 
 
-async def test_readyz_names_each_watched_directory_and_a_missing_mount(short_tmp: Path) -> None:
+async def test_readyz_names_each_watched_directory_and_a_missing_mount(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     # As in a pod whose device-plugins directory is not mounted: the kubelet's pod-resources socket
     # is there, device-plugins/ is not. /readyz must say what is watched and what is missing.
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+    fake = await start_kubelet(seed=1)
+    async with running_agent(make_settings(short_tmp), fake) as run:
         await run.recorder.kinds_after(0, 1)
         status, body = await _get(run, "/readyz")
         watches = json.loads(body)["watches"]
@@ -264,14 +273,16 @@ async def test_readyz_names_each_watched_directory_and_a_missing_mount(short_tmp
         assert watches["kubelet-root"]["files"] == []
 
 
-async def test_inventory_endpoint_serves_the_canonical_inventory(short_tmp: Path) -> None:
+async def test_inventory_endpoint_serves_the_canonical_inventory(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     # /inventory is off by default and needs a token when on (tests/test_http.py): turned on here.
     token = short_tmp / "inventory-token"
     token.write_text("token-for-the-inventory-test\n")
     settings = make_settings(short_tmp)
     http = dataclasses.replace(settings.http, inventory=True, inventory_token=Secret(file=token))
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    async with fake, running_agent(dataclasses.replace(settings, http=http), fake) as run:
+    fake = await start_kubelet(seed=1)
+    async with running_agent(dataclasses.replace(settings, http=http), fake) as run:
         await run.recorder.kinds_after(0, 1)
         auth = {"Authorization": "Bearer token-for-the-inventory-test"}
         status, body = await _get(run, "/inventory", auth)
@@ -284,11 +295,11 @@ async def test_inventory_endpoint_serves_the_canonical_inventory(short_tmp: Path
     assert doc["derived"]["cpus"]["allocatable"] == 92
 
 
-async def test_inventory_snapshot_events_on_an_interval(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+async def test_inventory_snapshot_events_on_an_interval(short_tmp: Path, start_kubelet: StartKubelet) -> None:
+    fake = await start_kubelet(seed=1)
     settings = make_settings(short_tmp)
     settings = dataclasses.replace(settings, watch=dataclasses.replace(settings.watch, snapshot_interval=0.3))
-    async with fake, running_agent(settings, fake) as run:
+    async with running_agent(settings, fake) as run:
         await run.recorder.until(lambda: run.recorder.kinds().count("inventory.snapshot") >= 2)
     snap = next(e for e in run.recorder.events if e.kind == "inventory.snapshot")
     assert snap.details["hash"] == snap.inventory_after
@@ -314,7 +325,9 @@ class _Flaky:
         await self.arrived.until(lambda: len(set(self.ids)) >= count, timeout=20)
 
 
-async def test_reload_keeps_the_queued_events_of_unchanged_sinks(short_tmp: Path) -> None:
+async def test_reload_keeps_the_queued_events_of_unchanged_sinks(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     receiver = _Flaky()
     async with HttpServer(receiver.handle) as server:
         hook = WebhookSinkSettings(
@@ -324,9 +337,9 @@ async def test_reload_keeps_the_queued_events_of_unchanged_sinks(short_tmp: Path
             retry_max_delay=0.2,
         )
         audit = FileSinkSettings(name="audit", path=short_tmp / "a.jsonl")
-        fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+        fake = await start_kubelet(seed=1)
         settings = dataclasses.replace(make_settings(short_tmp), sinks=(hook, audit))
-        async with fake, running_agent(settings, fake) as run:
+        async with running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
             await run.add_devices(GPU, [(f"GPU-r{i}", (0,)) for i in range(3)])
             queued = (await run.agent.outbox.stats("hook")).depth
