@@ -21,10 +21,10 @@ from structlog.testing import capture_logs
 
 from testkit.agent import Running, make_settings, running_agent
 from testkit.disks import FailingDisk, fill
+from testkit.fake_kubelets import StartKubelet
 from testkit.waiting import wait_until
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.model.build import build
-from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.store.store import Store
 
 GPU = "nvidia.com/gpu"
@@ -42,10 +42,12 @@ async def _logged(logs: list[dict[str, Any]], predicate: Callable[[dict[str, Any
     await wait_until(lambda: any(predicate(e) for e in logs), timeout=10, interval=0.02)
 
 
-async def test_garbage_answers_are_logged_and_the_agent_recovers(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+async def test_garbage_answers_are_logged_and_the_agent_recovers(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=1)
     with capture_logs() as logs:
-        async with fake, running_agent(make_settings(short_tmp), fake) as run:
+        async with running_agent(make_settings(short_tmp), fake) as run:
             await run.recorder.kinds_after(0, 1)
             fake.faults.answer_garbage("List")
             failed = run.agent.metrics.value("requeries_total", result="failed")
@@ -60,10 +62,12 @@ async def test_garbage_answers_are_logged_and_the_agent_recovers(short_tmp: Path
     assert any(e.get("error_kind") == "DecodeError" for e in logs)
 
 
-async def test_socket_path_becomes_a_directory_or_a_dangling_symlink(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+async def test_socket_path_becomes_a_directory_or_a_dangling_symlink(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=1)
     with capture_logs() as logs:
-        async with fake, running_agent(make_settings(short_tmp), fake) as run:
+        async with running_agent(make_settings(short_tmp), fake) as run:
             await run.recorder.kinds_after(0, 1)
             await fake.stop(remove_socket=True)
             fake.socket_path.mkdir()
@@ -84,10 +88,10 @@ async def test_socket_path_becomes_a_directory_or_a_dangling_symlink(short_tmp: 
     assert all("Traceback" not in str(e) for e in failures)
 
 
-async def test_socket_directory_deleted_and_recreated(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+async def test_socket_directory_deleted_and_recreated(short_tmp: Path, start_kubelet: StartKubelet) -> None:
+    fake = await start_kubelet(seed=1)
     with capture_logs() as logs:
-        async with fake, running_agent(make_settings(short_tmp), fake) as run:
+        async with running_agent(make_settings(short_tmp), fake) as run:
             await run.recorder.kinds_after(0, 1)
             await fake.stop(remove_socket=True)
             shutil.rmtree(fake.socket_dir)
@@ -126,13 +130,13 @@ def test_absurd_but_valid_responses_build_without_blowing_up() -> None:
 
 
 async def test_a_full_state_directory_is_loud_and_nothing_is_lost(
-    short_tmp: Path, tiny_filesystem: Path
+    short_tmp: Path, tiny_filesystem: Path, start_kubelet: StartKubelet
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    fake = await start_kubelet(seed=1)
     settings = make_settings(short_tmp)
     assert settings.state_dir == tiny_filesystem
     with capture_logs() as logs:
-        async with fake, running_agent(settings, fake) as run:
+        async with running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
             filler = tiny_filesystem / "filler"
             fill(filler)
@@ -276,20 +280,19 @@ async def _refused_then_recovered(run: Running, logs: list[dict[str, Any]], fix:
 
 
 async def test_a_full_state_directory_at_start_keeps_its_outbox_and_catches_up(
-    short_tmp: Path, tiny_filesystem: Path
+    short_tmp: Path, tiny_filesystem: Path, start_kubelet: StartKubelet
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    fake = await start_kubelet(seed=1)
     settings = make_settings(short_tmp)
-    async with fake:
+    async with running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+    fill(tiny_filesystem / "filler")
+    fake.add_device(GPU, "GPU-while-away", (0,))
+    with capture_logs() as logs:
         async with running_agent(settings, fake) as run:
-            await run.recorder.kinds_after(0, 1)
-        fill(tiny_filesystem / "filler")
-        fake.add_device(GPU, "GPU-while-away", (0,))
-        with capture_logs() as logs:
-            async with running_agent(settings, fake) as run:
-                await _refused_then_recovered(run, logs, (tiny_filesystem / "filler").unlink)
-                await run.recorder.kinds_after(0, 3, timeout=30)
-                await run.quiet_cycle()
+            await _refused_then_recovered(run, logs, (tiny_filesystem / "filler").unlink)
+            await run.recorder.kinds_after(0, 3, timeout=30)
+            await run.quiet_cycle()
     # A full disk is not a corrupt database: the outbox and its saved baseline were kept,
     # so the change made meanwhile is reported, once, against it.
     assert not list(tiny_filesystem.glob("*.corrupt-*"))
@@ -299,15 +302,15 @@ async def test_a_full_state_directory_at_start_keeps_its_outbox_and_catches_up(
 
 
 async def test_a_read_only_state_directory_at_start_is_loud_and_the_agent_keeps_watching(
-    short_tmp: Path, read_only_state: Path
+    short_tmp: Path, read_only_state: Path, start_kubelet: StartKubelet
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    fake = await start_kubelet(seed=1)
 
     def writable() -> None:
         subprocess.run(["mount", "-o", "remount,rw", str(read_only_state)], check=True)
 
     with capture_logs() as logs:
-        async with fake, running_agent(make_settings(short_tmp), fake) as run:
+        async with running_agent(make_settings(short_tmp), fake) as run:
             await _refused_then_recovered(run, logs, writable)
             await run.recorder.kinds_after(0, 1, timeout=30)
             fake.add_device(GPU, "GPU-after", (1,))
@@ -321,13 +324,13 @@ async def test_a_read_only_state_directory_at_start_is_loud_and_the_agent_keeps_
 
 
 async def test_a_state_disk_that_goes_read_only_under_the_agent_is_loud_and_nothing_is_lost(
-    short_tmp: Path, failing_disk: FailingDisk
+    short_tmp: Path, failing_disk: FailingDisk, start_kubelet: StartKubelet
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    fake = await start_kubelet(seed=1)
     settings = make_settings(short_tmp)
     assert settings.state_dir == failing_disk.path
     with capture_logs() as logs:
-        async with fake, running_agent(settings, fake) as run:
+        async with running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
             failing_disk.fail()  # the kernel remounts it read-only, as after an I/O error
             fake.add_device(GPU, "GPU-while-read-only", (0,))
@@ -387,11 +390,12 @@ class _Refusals:
 
 async def test_a_failed_commit_is_retried_from_the_same_bytes_and_recovers_with_nothing_new(
     short_tmp: Path,
+    start_kubelet: StartKubelet,
 ) -> None:
     # No root needed: the outbox refuses one commit (as a bad disk would), in process.
-    fake = FakeKubelet(short_tmp / "kubelet", shuffle=False)  # the retry sees the same bytes
+    fake = await start_kubelet(shuffle=False)  # the retry sees the same bytes
     with capture_logs() as logs:
-        async with fake, running_agent(make_settings(short_tmp), fake) as run:
+        async with running_agent(make_settings(short_tmp), fake) as run:
             await run.recorder.kinds_after(0, 1)
             refusals = _Refusals(run.agent.outbox, "commit", OSError(28, "No space left on device"))
             refusals.arm()
@@ -426,15 +430,16 @@ def _audit_log(path: Path) -> list[dict[str, Any]]:
 
 async def test_a_commit_reported_failed_but_stored_is_continued_from_not_numbered_again(
     short_tmp: Path,
+    start_kubelet: StartKubelet,
 ) -> None:
     # An fsync error or a remount can fail a commit that still reached the disk. The next
     # cycle must continue from what the outbox holds: numbering its own events again would
     # collide with the stored ones and lose them (INSERT OR IGNORE keeps the first).
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    fake = await start_kubelet(seed=1)
     settings = make_settings(short_tmp)
     audit = settings.state_dir / "events.jsonl"
     with capture_logs() as logs:
-        async with fake, running_agent(settings, fake) as run:
+        async with running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
             _Refusals(run.agent.outbox, "commit", OSError(5, "Input/output error"), after=True).arm()
             fake.add_device(GPU, "GPU-ghost", (0,))
@@ -470,10 +475,11 @@ async def test_a_commit_reported_failed_but_stored_is_continued_from_not_numbere
 
 async def test_an_outbox_failure_met_only_by_a_sink_is_reported_and_repaired_on_a_quiet_node(
     short_tmp: Path,
+    start_kubelet: StartKubelet,
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    fake = await start_kubelet(seed=1)
     with capture_logs() as logs:
-        async with fake, running_agent(make_settings(short_tmp), fake) as run:
+        async with running_agent(make_settings(short_tmp), fake) as run:
             await run.recorder.kinds_after(0, 1)
             refusals = _Refusals(run.agent.outbox, "ack", OSError(5, "Input/output error"))
             refusals.arm()
@@ -487,16 +493,18 @@ async def test_an_outbox_failure_met_only_by_a_sink_is_reported_and_repaired_on_
     assert run.recorder.kinds().count("device.added") == 1
 
 
-async def test_an_answer_over_the_receive_limit_is_a_warning_not_an_outage(short_tmp: Path) -> None:
+async def test_an_answer_over_the_receive_limit_is_a_warning_not_an_outage(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     """A device plugin that lists absurd NUMA topologies can push the kubelet's answer over the
     limit. The kubelet answered: `api.answer_too_large` once, never the critical
     `kubelet.unreachable` the plugin would then choose; the changes flow again once it fits."""
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    fake = await start_kubelet(seed=1)
     settings = make_settings(short_tmp, unreachable_grace=0.3)
     settings = dataclasses.replace(
         settings, kubelet=dataclasses.replace(settings.kubelet, max_receive_bytes=64 * 1024)
     )
-    async with fake, running_agent(settings, fake) as run:
+    async with running_agent(settings, fake) as run:
         await run.recorder.kinds_after(0, 1)
         await run.quiet_cycle()
         mark = len(run.recorder.events)
