@@ -94,13 +94,8 @@ def _connect_error(errors: Sequence[Exception], err: BaseException) -> BaseExcep
     return last if isinstance(last, (nats.errors.Error, OSError, TimeoutError)) else err
 
 
-async def connect(
-    settings: NatsSinkSettings, *, name: str, notes: ConnectionLog | None = None
-) -> nats.aio.client.Client:
-    """A connected client that reconnects on its own for good; raises on the first connect's failure."""
-    import nats.errors
-
-    s = settings
+def _options(s: NatsSinkSettings) -> dict[str, Any]:
+    """The client's TLS and auth options, as the settings say."""
     options: dict[str, Any] = {}
     if s.ca_file is not None or s.cert_file is not None or any(u.startswith("tls://") for u in s.servers):
         options["tls"] = client_context(s.ca_file, s.cert_file, s.key_file)
@@ -116,12 +111,24 @@ async def connect(
         options["nkeys_seed_str"] = s.nkey_seed.get().strip()
     if s.creds_file is not None:
         options["user_credentials"] = str(s.creds_file)
+    return options
 
-    state = notes if notes is not None else ConnectionLog()
-    closing = False
-    failures: deque[Exception] = deque(maxlen=8)  # the latest, to say why a first connect failed
 
-    async def on_error(err: Exception) -> None:
+class _Callbacks:
+    """The client's error, disconnect and reconnect callbacks: one log line per outage, and the
+    first connect's failed attempts kept to say why it failed."""
+
+    def __init__(self, sink: str, state: ConnectionLog, nc: nats.aio.client.Client) -> None:
+        self.sink = sink
+        self.state = state
+        self.nc = nc
+        self.closing = False
+        self.failures: deque[Exception] = deque(maxlen=8)  # the latest, to say why a first connect failed
+
+    async def on_error(self, err: Exception) -> None:
+        import nats.errors
+
+        state = self.state
         text = redact(f"{type(err).__name__}: {err}")
         if "permissions violation" in text.lower():
             # Not an outage: the connection stays up, and the refused request times out.
@@ -130,49 +137,61 @@ async def connect(
                 log.error(
                     "the NATS server refused a request of this agent's user: grant it (docs/nats.md: "
                     "least privilege)",
-                    sink=settings.name,
+                    sink=self.sink,
                     error=text,
                 )
             return
         # The client reports a lost connection (EOF, a socket error, a stale ping) while its status
         # still says connected, before it starts reconnecting: that is an outage whatever the status.
         lost = isinstance(err, OSError | nats.errors.UnexpectedEOF | nats.errors.StaleConnectionError)
-        if nc.is_connected and not lost:
+        if self.nc.is_connected and not lost:
             # Not an outage either (an exception in a callback, a slow consumer): saying the
             # connection failed would be false, and would leave the next real outage unlogged.
             if state.reported != text:
                 state.reported = text
                 log.error(
-                    "the NATS client reported an error; the connection is up", sink=settings.name, error=text
+                    "the NATS client reported an error; the connection is up", sink=self.sink, error=text
                 )
             return
-        failures.append(err)
+        self.failures.append(err)
         state.attempts += 1
-        if not state.down and not closing:
+        if not state.down and not self.closing:
             state.down = True
             log.warning(
                 "NATS connection error; the client keeps reconnecting on its own (logged once per outage)",
-                sink=settings.name,
+                sink=self.sink,
                 error=text,
             )
 
-    async def on_disconnected() -> None:
+    async def on_disconnected(self) -> None:
+        nc = self.nc
         # Our own close (drain) disconnects too: nothing to report then.
-        if not state.down and not closing and not (nc.is_draining or nc.is_closed):
-            state.down = True
-            log.warning("disconnected from NATS; reconnecting on its own", sink=settings.name)
+        if not self.state.down and not self.closing and not (nc.is_draining or nc.is_closed):
+            self.state.down = True
+            log.warning("disconnected from NATS; reconnecting on its own", sink=self.sink)
 
-    async def on_reconnected() -> None:
-        url = nc.connected_url
+    async def on_reconnected(self) -> None:
+        url = self.nc.connected_url
         log.info(
             "reconnected to NATS",
-            sink=settings.name,
+            sink=self.sink,
             server=redact_url(url.geturl()) if url else None,
-            failed_attempts=state.attempts,
+            failed_attempts=self.state.attempts,
         )
-        state.down, state.attempts = False, 0
+        self.state.down, self.state.attempts = False, 0
 
+
+async def connect(
+    settings: NatsSinkSettings, *, name: str, notes: ConnectionLog | None = None
+) -> nats.aio.client.Client:
+    """A connected client that reconnects on its own for good; raises on the first connect's failure."""
+    import nats.errors
+
+    s = settings
+    options = _options(s)
+    state = notes if notes is not None else ConnectionLog()
     nc = _client(tls="tls" in options)
+    calls = _Callbacks(settings.name, state, nc)
     try:
         async with asyncio.timeout(s.timeout * max(1, len(s.servers)) + 1):
             await nc.connect(
@@ -184,17 +203,17 @@ async def connect(
                 # once connected, the client reconnects for good.
                 max_reconnect_attempts=1,
                 reconnect_time_wait=1,
-                error_cb=on_error,
-                disconnected_cb=on_disconnected,
-                reconnected_cb=on_reconnected,
+                error_cb=calls.on_error,
+                disconnected_cb=calls.on_disconnected,
+                reconnected_cb=calls.on_reconnected,
                 **options,
             )
     except BaseException as err:
-        closing = True
+        calls.closing = True
         with contextlib.suppress(Exception):
             await nc.close()
-        if failures and isinstance(err, (nats.errors.NoServersError, TimeoutError)):
-            why = _connect_error(failures, err)
+        if calls.failures and isinstance(err, (nats.errors.NoServersError, TimeoutError)):
+            why = _connect_error(calls.failures, err)
             if why is not err:
                 raise why from err
         raise
