@@ -32,6 +32,7 @@ from structlog.testing import capture_logs
 from testkit.agent import make_settings, running_agent, write_agent_config
 from testkit.certificates import client_context
 from testkit.changes import Changes
+from testkit.fake_kubelets import StartKubelet
 from testkit.waiting import wait_until
 from watcher.config import ConfigError
 from watcher.ops.connections import ConnectionLimits
@@ -39,7 +40,6 @@ from watcher.ops.http import BACKLOG, Health, HttpOptions, HttpServer, Inventory
 from watcher.secrets import Secret, redact
 from watcher.settings import HttpSettings
 from watcher.settings_file import load_settings, parse_listen, parse_settings
-from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import large_node
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -230,11 +230,13 @@ def test_default_listen_address_is_loopback(tmp_path: Path) -> None:
     assert parse_listen(load_settings(path).http.listen) == ("127.0.0.1", 9108)
 
 
-async def test_running_agent_binds_loopback_and_serves_no_inventory_by_default(short_tmp: Path) -> None:
+async def test_running_agent_binds_loopback_and_serves_no_inventory_by_default(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     host = HttpSettings().listen.rpartition(":")[0]  # the default host; the port is any free one
     settings = _with_http(make_settings(short_tmp), listen=f"{host}:0")
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    async with fake, running_agent(settings, fake) as run:
+    fake = await start_kubelet(seed=1)
+    async with running_agent(settings, fake) as run:
         await run.recorder.kinds_after(0, 1)
         await _bound(run)
         assert run.agent.http is not None and run.agent.http.bound_port is not None
@@ -249,12 +251,14 @@ async def test_running_agent_binds_loopback_and_serves_no_inventory_by_default(s
     )
 
 
-async def test_inventory_needs_the_bearer_token_and_rereads_its_file(short_tmp: Path) -> None:
+async def test_inventory_needs_the_bearer_token_and_rereads_its_file(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     token_file = short_tmp / "token"
     token_file.write_text(TOKEN + "\n")
     settings = _with_http(make_settings(short_tmp), inventory=True, inventory_token=Secret(file=token_file))
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    async with fake, running_agent(settings, fake) as run:
+    fake = await start_kubelet(seed=1)
+    async with running_agent(settings, fake) as run:
         await run.recorder.kinds_after(0, 1)
         await _bound(run)
         url = _agent_url(run, "/inventory")
@@ -377,11 +381,13 @@ def _ipv6_loopback() -> bool:
 
 
 @pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
-async def test_an_ipv6_pod_ip_is_served(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_ipv6_pod_ip_is_served(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, start_kubelet: StartKubelet
+) -> None:
     monkeypatch.setenv("POD_IP", "::1")
     http = parse_settings({"http": {"listen": "${POD_IP}:0"}}).http
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    async with fake, running_agent(_with_http(make_settings(short_tmp), listen=http.listen), fake) as run:
+    fake = await start_kubelet(seed=1)
+    async with running_agent(_with_http(make_settings(short_tmp), listen=http.listen), fake) as run:
         await run.recorder.kinds_after(0, 1)
         await _bound(run)
         assert run.agent.http is not None
@@ -409,7 +415,9 @@ async def test_a_cap_that_does_not_fit_the_open_files_limit_is_said_at_start() -
 # --- TLS client certificates ------------------------------------------------------------------------
 
 
-async def test_a_client_certificate_from_the_ca_admits_to_inventory(short_tmp: Path, pki: Path) -> None:
+async def test_a_client_certificate_from_the_ca_admits_to_inventory(
+    short_tmp: Path, pki: Path, start_kubelet: StartKubelet
+) -> None:
     settings = _with_http(
         make_settings(short_tmp),
         inventory=True,
@@ -417,8 +425,8 @@ async def test_a_client_certificate_from_the_ca_admits_to_inventory(short_tmp: P
         tls_key_file=pki / "server.key",
         tls_client_ca_file=pki / "ca.crt",
     )
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
-    async with fake, running_agent(settings, fake) as run:
+    fake = await start_kubelet(seed=1)
+    async with running_agent(settings, fake) as run:
         await run.recorder.kinds_after(0, 1)
         await _bound(run)
         url = _agent_url(run, "/inventory", "https")
@@ -654,108 +662,105 @@ def many_sockets() -> Iterator[None]:
 @pytest.mark.usefixtures("many_sockets")
 async def test_1100_slow_clients_under_a_1024_descriptor_limit_do_not_blind_the_agent(
     short_tmp: Path,
+    start_kubelet: StartKubelet,
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+    fake = await start_kubelet(seed=1)
     audit = short_tmp / "state" / "audit.jsonl"
     log = short_tmp / "agent.log"
-    async with fake:
-        config = write_agent_config(
-            short_tmp / "watcher.toml",
-            short_tmp,
-            fake,
-            "",
-            log_level="info",
-            http="127.0.0.1:0",
-            http_extra=f"header_timeout = {HEADER_TIMEOUT}\nidle_timeout = 2.0\nrequest_timeout = 5.0\n",
-            watch_extra="interval = 0.2\n",  # re-queries all along: each one needs the kubelet's socket
+    config = write_agent_config(
+        short_tmp / "watcher.toml",
+        short_tmp,
+        fake,
+        "",
+        log_level="info",
+        http="127.0.0.1:0",
+        http_extra=f"header_timeout = {HEADER_TIMEOUT}\nidle_timeout = 2.0\nrequest_timeout = 5.0\n",
+        watch_extra="interval = 0.2\n",  # re-queries all along: each one needs the kubelet's socket
+    )
+    proc = _start_agent(config, log)
+    try:
+        await wait_until(lambda: any(e.get("event") == "serving HTTP" for e in _log_entries(log)), 15)
+        (serving,) = [e for e in _log_entries(log) if e.get("event") == "serving HTTP"]
+        port = serving["port"]
+        assert serving["max_connections"] == MAX_CONNECTIONS
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        assert any(
+            line.startswith("Max open files") and line.split()[3] == "1024" for line in limits.splitlines()
         )
-        proc = _start_agent(config, log)
-        try:
-            await wait_until(lambda: any(e.get("event") == "serving HTTP" for e in _log_entries(log)), 15)
-            (serving,) = [e for e in _log_entries(log) if e.get("event") == "serving HTTP"]
-            port = serving["port"]
-            assert serving["max_connections"] == MAX_CONNECTIONS
-            limits = Path(f"/proc/{proc.pid}/limits").read_text()
-            assert any(
-                line.startswith("Max open files") and line.split()[3] == "1024"
-                for line in limits.splitlines()
-            )
-            await wait_until(lambda: any(kind == "watcher.started" for kind, _ in _audit_kinds(audit)), 15)
-            baseline = _open_fds(proc.pid)
-            peak = baseline
+        await wait_until(lambda: any(kind == "watcher.started" for kind, _ in _audit_kinds(audit)), 15)
+        baseline = _open_fds(proc.pid)
+        peak = baseline
 
-            attempted = 0
-            all_attempted = asyncio.Event()
+        attempted = 0
+        all_attempted = asyncio.Event()
 
-            def connected() -> None:
-                nonlocal attempted
-                attempted += 1
-                if attempted == SLOW_CLIENTS:
-                    all_attempted.set()
+        def connected() -> None:
+            nonlocal attempted
+            attempted += 1
+            if attempted == SLOW_CLIENTS:
+                all_attempted.set()
 
-            sampling = True
+        sampling = True
 
-            async def sample() -> None:
-                nonlocal peak
-                while sampling:
-                    peak = max(peak, _open_fds(proc.pid))
-                    await asyncio.sleep(0.02)  # another process's descriptors: nothing to await
+        async def sample() -> None:
+            nonlocal peak
+            while sampling:
+                peak = max(peak, _open_fds(proc.pid))
+                await asyncio.sleep(0.02)  # another process's descriptors: nothing to await
 
-            sampler = asyncio.create_task(sample())
-            clients = [asyncio.create_task(_slowloris(port, connected)) for _ in range(SLOW_CLIENTS)]
-            async with asyncio.timeout(15):
-                await all_attempted.wait()
-            calls = sum(fake.calls.values())
+        sampler = asyncio.create_task(sample())
+        clients = [asyncio.create_task(_slowloris(port, connected)) for _ in range(SLOW_CLIENTS)]
+        async with asyncio.timeout(15):
+            await all_attempted.wait()
+        calls = sum(fake.calls.values())
 
-            # Meanwhile the node changes: the kubelet restarts (a new socket to dial) and a GPU appears.
-            await fake.restart()
-            fake.add_device(GPU, "GPU-during-the-flood", (0,))
-            probes = []
-            for _ in range(3):
-                async with asyncio.timeout(2):
-                    probes.append(await _healthz(port))
+        # Meanwhile the node changes: the kubelet restarts (a new socket to dial) and a GPU appears.
+        await fake.restart()
+        fake.add_device(GPU, "GPU-during-the-flood", (0,))
+        probes = []
+        for _ in range(3):
+            async with asyncio.timeout(2):
+                probes.append(await _healthz(port))
 
-            durations = await asyncio.gather(*clients)
-            sampling = False
-            await sampler
+        durations = await asyncio.gather(*clients)
+        sampling = False
+        await sampler
 
-            await wait_until(
-                lambda: any(
-                    kind == "device.added" and details.get("device") == "GPU-during-the-flood"
-                    for kind, details in _audit_kinds(audit)
-                ),
-                15,
-            )
-            kinds = [kind for kind, _ in _audit_kinds(audit)]
-            assert "kubelet.restarted" in kinds
-            assert sum(fake.calls.values()) > calls + 5, "the agent stopped querying the kubelet"
-            assert probes == [200, 200, 200]
+        await wait_until(
+            lambda: any(
+                kind == "device.added" and details.get("device") == "GPU-during-the-flood"
+                for kind, details in _audit_kinds(audit)
+            ),
+            15,
+        )
+        kinds = [kind for kind, _ in _audit_kinds(audit)]
+        assert "kubelet.restarted" in kinds
+        assert sum(fake.calls.values()) > calls + 5, "the agent stopped querying the kubelet"
+        assert probes == [200, 200, 200]
 
-            opened = list(durations)
-            assert None not in opened, (
-                f"{opened.count(None)} slow clients were never closed (or never connected)"
-            )
-            assert max(d for d in opened if d is not None) < HEADER_TIMEOUT + 1.5
-            # Descriptors stay bounded: the cap, plus the accept bursts the guard has not seen yet or
-            # whose closing the loop has not finished (see BACKLOG), plus a few for the kubelet's new
-            # socket after its restart.
-            assert peak <= baseline + MAX_CONNECTIONS + 3 * BACKLOG + 8, (baseline, peak)
-            assert peak < AGENT_FD_LIMIT
+        opened = list(durations)
+        assert None not in opened, f"{opened.count(None)} slow clients were never closed (or never connected)"
+        assert max(d for d in opened if d is not None) < HEADER_TIMEOUT + 1.5
+        # Descriptors stay bounded: the cap, plus the accept bursts the guard has not seen yet or
+        # whose closing the loop has not finished (see BACKLOG), plus a few for the kubelet's new
+        # socket after its restart.
+        assert peak <= baseline + MAX_CONNECTIONS + 3 * BACKLOG + 8, (baseline, peak)
+        assert peak < AGENT_FD_LIMIT
 
-            status, _, metrics = await _fetch(f"http://127.0.0.1:{port}/metrics")
-            assert status == 200
-            closed = {
-                reason: float(line.rpartition(" ")[2])
-                for line in metrics.splitlines()
-                if line.startswith("pod_resources_watcher_http_connections_closed_total{")
-                for reason in [line.split('reason="')[1].split('"')[0]]
-            }
-            assert closed["evicted"] + closed["header_timeout"] >= SLOW_CLIENTS
-            assert closed["evicted"] > 0 and closed["header_timeout"] > 0
-            assert proc.poll() is None, "the agent died"
-        finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+        status, _, metrics = await _fetch(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200
+        closed = {
+            reason: float(line.rpartition(" ")[2])
+            for line in metrics.splitlines()
+            if line.startswith("pod_resources_watcher_http_connections_closed_total{")
+            for reason in [line.split('reason="')[1].split('"')[0]]
+        }
+        assert closed["evicted"] + closed["header_timeout"] >= SLOW_CLIENTS
+        assert closed["evicted"] > 0 and closed["header_timeout"] > 0
+        assert proc.poll() is None, "the agent died"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
     assert proc.returncode == 0
     text = log.read_text()
     assert "Too many open files" not in text and "out of system resource" not in text
@@ -819,60 +824,60 @@ def _metric(text: str, name: str) -> float:
 
 async def test_60_concurrent_inventory_requests_on_a_10k_pod_node_render_once_and_healthz_stays_fast(
     short_tmp: Path,
+    start_kubelet: StartKubelet,
 ) -> None:
     node = large_node(pods=10_000, containers_per_pod=1)
-    fake = FakeKubelet(short_tmp / "kubelet", node, seed=1, shuffle=False)
+    fake = await start_kubelet(node, seed=1, shuffle=False)
     audit = short_tmp / "state" / "audit.jsonl"
     log = short_tmp / "agent.log"
     (short_tmp / "token").write_text(TOKEN)
-    async with fake:
-        config = write_agent_config(
-            short_tmp / "watcher.toml",
-            short_tmp,
-            fake,
-            "",
-            log_level="info",
-            http="127.0.0.1:0",
-            http_extra=f'inventory = true\ninventory_token_file = "{short_tmp / "token"}"\n',
+    config = write_agent_config(
+        short_tmp / "watcher.toml",
+        short_tmp,
+        fake,
+        "",
+        log_level="info",
+        http="127.0.0.1:0",
+        http_extra=f'inventory = true\ninventory_token_file = "{short_tmp / "token"}"\n',
+    )
+    proc = _start_agent(config, log, fd_limit=None)
+    try:
+        await wait_until(lambda: any(kind == "watcher.started" for kind, _ in _audit_kinds(audit)), 60)
+        (serving,) = [e for e in _log_entries(log) if e.get("event") == "serving HTTP"]
+        port = serving["port"]
+        prober = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _PROBER,
+            str(port),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
         )
-        proc = _start_agent(config, log, fd_limit=None)
-        try:
-            await wait_until(lambda: any(kind == "watcher.started" for kind, _ in _audit_kinds(audit)), 60)
-            (serving,) = [e for e in _log_entries(log) if e.get("event") == "serving HTTP"]
-            port = serving["port"]
-            prober = await asyncio.create_subprocess_exec(
+        assert prober.stdout is not None and prober.stdin is not None
+        async with asyncio.timeout(30):
+            assert await prober.stdout.readline() == b"probing\n"
+            clients = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-c",
-                _PROBER,
+                _CLIENTS,
                 str(port),
-                stdin=asyncio.subprocess.PIPE,
+                TOKEN,
+                str(CONCURRENT),
                 stdout=asyncio.subprocess.PIPE,
             )
-            assert prober.stdout is not None and prober.stdin is not None
-            async with asyncio.timeout(30):
-                assert await prober.stdout.readline() == b"probing\n"
-                clients = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-c",
-                    _CLIENTS,
-                    str(port),
-                    TOKEN,
-                    str(CONCURRENT),
-                    stdout=asyncio.subprocess.PIPE,
-                )
-                out, _ = await clients.communicate()
-                prober.stdin.write(b"stop\n")
-                probes, _ = await prober.communicate()
-            served = json.loads(out)
-            _, _, metrics = await _fetch(f"http://127.0.0.1:{port}/metrics")
-            renders = _metric(metrics, "pod_resources_watcher_inventory_renders_total")
-            status, _, body = await _fetch(
-                f"http://127.0.0.1:{port}/inventory", {"Authorization": f"Bearer {TOKEN}"}
-            )
-            assert status == 200
-        finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+            out, _ = await clients.communicate()
+            prober.stdin.write(b"stop\n")
+            probes, _ = await prober.communicate()
+        served = json.loads(out)
+        _, _, metrics = await _fetch(f"http://127.0.0.1:{port}/metrics")
+        renders = _metric(metrics, "pod_resources_watcher_inventory_renders_total")
+        status, _, body = await _fetch(
+            f"http://127.0.0.1:{port}/inventory", {"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert status == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
 
     results = served["results"]
     assert [status for status, _, _ in results] == [200] * CONCURRENT
