@@ -152,6 +152,23 @@ def _gpu_id(index: int) -> str:
 
 def default_node() -> FakeNode:
     """A node that looks real: 8 GPUs on 2 NUMA nodes, SR-IOV NICs, 96 CPUs, hugepages, a few pods."""
+    node = _default_hardware()
+    for pod in (*_default_workloads(), _default_dra_pod()):
+        node.add_pod(pod)
+    node.add_pod(
+        FakePod(
+            "kube-system",
+            "node-exporter-x2x9q",
+            [FakeContainer("node-exporter")],
+            labels={"app.kubernetes.io/name": "node-exporter"},
+            owners=[FakeOwner("DaemonSet", "node-exporter")],
+        )
+    )
+    return node
+
+
+def _default_hardware() -> FakeNode:
+    """The default node without its pods: devices, CPUs and memory."""
     node = FakeNode()
     for i in range(8):
         node.add_device(FakeDevice("nvidia.com/gpu", _gpu_id(i), (i // 4,)))
@@ -167,14 +184,18 @@ def default_node() -> FakeNode:
         node.memory.append(FakeMemory("memory", 180 * GIB, (numa,)))
         node.memory.append(FakeMemory("hugepages-1Gi", 32 * GIB, (numa,)))
         node.memory.append(FakeMemory("hugepages-2Mi", 2 * GIB, (numa,)))
+    return node
 
+
+def _default_workloads() -> list[FakePod]:
+    """The default node's device-plugin pods: a training job, an inference server, a DPDK router."""
     trainer = FakeContainer(
         "trainer",
         devices={"nvidia.com/gpu": [_gpu_id(i) for i in range(4)]},
         cpu_ids=set(range(2, 18)),
         memory=[FakeMemory("memory", 64 * GIB, (0,)), FakeMemory("hugepages-1Gi", 8 * GIB, (0,))],
     )
-    node.add_pod(
+    return [
         FakePod(
             "ml",
             "trainer-0",
@@ -184,9 +205,7 @@ def default_node() -> FakeNode:
             memory=[FakeMemory("memory", 64 * GIB, (0,)), FakeMemory("hugepages-1Gi", 8 * GIB, (0,))],
             labels={"app.kubernetes.io/name": "llm-pretrain", "team": "research"},
             owners=[FakeOwner("Job", "llm-pretrain", api_version="batch/v1")],
-        )
-    )
-    node.add_pod(
+        ),
         FakePod(
             "ml",
             "inference-7f9c",
@@ -202,9 +221,7 @@ def default_node() -> FakeNode:
             ],
             labels={"app.kubernetes.io/name": "inference", "pod-template-hash": "7f9c"},
             owners=[FakeOwner("ReplicaSet", "inference-7f9c")],
-        )
-    )
-    node.add_pod(
+        ),
         FakePod(
             "net",
             "dpdk-router",
@@ -219,44 +236,36 @@ def default_node() -> FakeNode:
             ],
             labels={"app.kubernetes.io/name": "dpdk-router"},
             owners=[FakeOwner("DaemonSet", "dpdk-router")],
-        )
+        ),
+    ]
+
+
+def _default_dra_pod() -> FakePod:
+    """The default node's pod holding a DRA claim's device."""
+    return FakePod(
+        "dra",
+        "claimed-gpu",
+        [
+            FakeContainer(
+                "app",
+                claims=[
+                    FakeClaim(
+                        "dra",
+                        "gpu-claim",
+                        [
+                            FakeClaimDevice(
+                                "gpu.example.com",
+                                "node-a",
+                                "gpu-8",
+                                ["gpu.example.com/gpu=gpu-8"],
+                                share_id="2f7c3c1e-6c1d-4e55-9d0f-8a6d2b1f0c11",
+                            )
+                        ],
+                    )
+                ],
+            )
+        ],
     )
-    node.add_pod(
-        FakePod(
-            "dra",
-            "claimed-gpu",
-            [
-                FakeContainer(
-                    "app",
-                    claims=[
-                        FakeClaim(
-                            "dra",
-                            "gpu-claim",
-                            [
-                                FakeClaimDevice(
-                                    "gpu.example.com",
-                                    "node-a",
-                                    "gpu-8",
-                                    ["gpu.example.com/gpu=gpu-8"],
-                                    share_id="2f7c3c1e-6c1d-4e55-9d0f-8a6d2b1f0c11",
-                                )
-                            ],
-                        )
-                    ],
-                )
-            ],
-        )
-    )
-    node.add_pod(
-        FakePod(
-            "kube-system",
-            "node-exporter-x2x9q",
-            [FakeContainer("node-exporter")],
-            labels={"app.kubernetes.io/name": "node-exporter"},
-            owners=[FakeOwner("DaemonSet", "node-exporter")],
-        )
-    )
-    return node
 
 
 def dra_backed_gpu_pod(
