@@ -22,6 +22,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from testkit.agent import Running, make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from testkit.processes import fake_kubelet_process
 from testkit.waiting import wait_until
 from watcher.kubelet.identity import FileIdentity, is_replacement, probe_socket, replaced_since
@@ -174,9 +175,9 @@ async def test_shuffled_unchanged_answers_produce_no_events(fake: FakeKubelet, s
         assert run.agent.decoder.stats.pods_rebuilt == rebuilt_before
 
 
-async def test_identical_bytes_take_the_fast_path(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", shuffle=False)
-    async with fake, _agent(fake, short_tmp) as run:
+async def test_identical_bytes_take_the_fast_path(short_tmp: Path, start_kubelet: StartKubelet) -> None:
+    fake = await start_kubelet(shuffle=False)
+    async with _agent(fake, short_tmp) as run:
         await run.recorder.kinds_after(0, 1)
         parsed = run.agent.decoder.stats.parsed
         for _ in range(10):
@@ -326,10 +327,12 @@ async def test_list_only_mode_when_allocatable_is_disabled(fake: FakeKubelet, sh
         assert capacity["before"]["allocated"] + 1 == capacity["after"]["allocated"]
 
 
-async def test_rate_limited_queries_back_off_and_nothing_is_lost(short_tmp: Path) -> None:
+async def test_rate_limited_queries_back_off_and_nothing_is_lost(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     # A kubelet whose shared bucket other clients have nearly drained.
-    fake = FakeKubelet(short_tmp / "kubelet", rate=4, burst=2)
-    async with fake, _agent(fake, short_tmp, max_rpc_rate=50) as run:
+    fake = await start_kubelet(rate=4, burst=2)
+    async with _agent(fake, short_tmp, max_rpc_rate=50) as run:
         await run.recorder.kinds_after(0, 1, timeout=20)
         mark = len(run.recorder.events)
         for _ in range(5):
@@ -474,7 +477,9 @@ def test_restart_decision(
     assert is_replacement(FileIdentity(*old), FileIdentity(*new), name_events=name_events) is replaced
 
 
-async def test_an_answer_is_dropped_only_when_another_socket_took_the_path_meanwhile(short_tmp: Path) -> None:
+async def test_an_answer_is_dropped_only_when_another_socket_took_the_path_meanwhile(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     """The check after each query (a kubelet replaced while we asked): another socket at the path
     counts; none, something that is not a socket, or the same socket chmod-ed does not."""
     path = short_tmp / "kubelet.sock"
@@ -482,13 +487,13 @@ async def test_an_answer_is_dropped_only_when_another_socket_took_the_path_meanw
     path.write_text("")
     assert not replaced_since(None, path)  # not a socket: the socket watch says so, not this
     path.unlink()
-    async with FakeKubelet(short_tmp, seed=1) as first:
-        assert replaced_since(None, first.socket_path)  # the first socket, unseen before
-        seen = probe_socket(first.socket_path).identity
-        first.socket_path.chmod(0o700)
-        assert not replaced_since(seen, first.socket_path)
-        await first.restart()
-        assert replaced_since(seen, first.socket_path)
+    first = await start_kubelet(root=short_tmp, seed=1)
+    assert replaced_since(None, first.socket_path)  # the first socket, unseen before
+    seen = probe_socket(first.socket_path).identity
+    first.socket_path.chmod(0o700)
+    assert not replaced_since(seen, first.socket_path)
+    await first.restart()
+    assert replaced_since(seen, first.socket_path)
 
 
 async def test_reconnects_at_once_even_after_failing_queries_during_the_downtime(

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from testkit.agent import make_settings, running_agent, write_agent_config
+from testkit.fake_kubelets import StartKubelet
 from testkit.http_server import HttpServer, serve_post
 from testkit.planted_secret import PLANTED_SECRET
 from testkit.ports import free_port
@@ -25,7 +26,6 @@ from testkit.waiting import wait_until
 from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import envelope
-from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.alertmanager import AlertmanagerSinkSettings
 from watcher.sinks.audit import verify_files
 from watcher.sinks.file import FileSinkSettings
@@ -38,15 +38,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 async def test_audit_log_rotates_keeps_its_chain_and_verify_names_the_broken_record(
-    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+    short_tmp: Path, capfd: pytest.CaptureFixture[str], start_kubelet: StartKubelet
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=5)
+    fake = await start_kubelet(seed=5)
     audit = short_tmp / "audit" / "audit.jsonl"
     settings = dataclasses.replace(
         make_settings(short_tmp),
         sinks=(FileSinkSettings(name="audit", path=audit, max_bytes=4096, keep=50),),
     )
-    async with fake, running_agent(settings, fake) as run:
+    async with running_agent(settings, fake) as run:
         await run.recorder.kinds_after(0, 1)
         await run.add_devices(GPU, [(f"GPU-churn-{i}", (i % 2,)) for i in range(12)])
         await run.quiet_cycle()
@@ -252,10 +252,10 @@ def _audit_events(path: Path) -> list[dict[str, object]]:
 @pytest.mark.chaos  # long: `make chaos` runs it (CI runs both), `make test` leaves it out
 @pytest.mark.slow
 async def test_nothing_is_lost_when_the_receiver_is_down_and_the_agent_is_killed(
-    short_tmp: Path, receiver_port: int
+    short_tmp: Path, receiver_port: int, start_kubelet: StartKubelet
 ) -> None:
     kubelet_root = short_tmp / "kubelet"
-    fake = FakeKubelet(kubelet_root, seed=11)
+    fake = await start_kubelet(root=kubelet_root, seed=11)
     audit = short_tmp / "state" / "audit.jsonl"
     secret = "whsec_" + "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTAx"
     config = write_agent_config(
@@ -289,25 +289,24 @@ retry_max_delay = 0.5
             want = len(_audit_events(audit)) + 1
             await wait_until(lambda want=want: len(_audit_events(audit)) >= want, 20)
 
-    async with fake:
+    agent = start_agent()
+    try:
+        await wait_until(lambda: len(_audit_events(audit)) >= 1, 30)
+        await churn(0, 100)
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(timeout=10)
         agent = start_agent()
-        try:
-            await wait_until(lambda: len(_audit_events(audit)) >= 1, 30)
-            await churn(0, 100)
-            agent.send_signal(signal.SIGKILL)
-            agent.wait(timeout=10)
-            agent = start_agent()
-            await churn(100, 100)
-            expected = _audit_events(audit)
-            assert len(expected) >= 200
+        await churn(100, 100)
+        expected = _audit_events(audit)
+        assert len(expected) >= 200
 
-            recorder = _Recorder()
-            async with HttpServer(recorder.handle, path="/events", port=receiver_port):
-                want = {str(e["id"]) for e in expected}
-                await wait_until(lambda: want <= set(recorder.ids), 60)
-        finally:
-            agent.send_signal(signal.SIGTERM)
-            agent.wait(timeout=20)
+        recorder = _Recorder()
+        async with HttpServer(recorder.handle, path="/events", port=receiver_port):
+            want = {str(e["id"]) for e in expected}
+            await wait_until(lambda: want <= set(recorder.ids), 60)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=20)
 
     # The receiver was down for a while: failures were logged, never with the secret in the URL.
     logged = logs.read_text()
@@ -330,7 +329,9 @@ retry_max_delay = 0.5
 # --- bounded queues, and a hung sink that holds up nobody else ---
 
 
-async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(short_tmp: Path) -> None:
+async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     from structlog.testing import capture_logs
 
     from watcher.secrets import Secret
@@ -340,10 +341,10 @@ async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(short_tmp:
     dead = WebhookSinkSettings(
         name="dead", url=Secret(value=f"http://127.0.0.1:{free_port()}/"), max_queue=3, retry_max_delay=0.05
     )
-    fake = FakeKubelet(short_tmp / "kubelet", seed=2)
+    fake = await start_kubelet(seed=2)
     settings = dataclasses.replace(make_settings(short_tmp), sinks=(dead,))
     with capture_logs() as logs:
-        async with fake, running_agent(settings, fake) as run:
+        async with running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
             await run.add_devices(GPU, [(f"GPU-cap-{i}", (0,)) for i in range(3)])
             # While an attempt is in flight the caps wait for it (its batch is the oldest) and the
@@ -365,7 +366,9 @@ async def test_a_sink_queue_over_its_cap_drops_the_oldest_and_says_so(short_tmp:
     assert {e["reason"] for e in drops} == {"max_queue"}
 
 
-async def test_a_hung_sink_delays_neither_other_sinks_nor_the_watch_loop(short_tmp: Path) -> None:
+async def test_a_hung_sink_delays_neither_other_sinks_nor_the_watch_loop(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     from watcher.secrets import Secret
     from watcher.sinks.webhook import WebhookSinkSettings
 
@@ -379,10 +382,10 @@ async def test_a_hung_sink_delays_neither_other_sinks_nor_the_watch_loop(short_t
     server = await serve_post(never)
     slow = WebhookSinkSettings(name="slow", url=Secret(value=server.url()), timeout=60)
     audit = FileSinkSettings(name="audit", path=short_tmp / "audit.jsonl")
-    fake = FakeKubelet(short_tmp / "kubelet", seed=2)
+    fake = await start_kubelet(seed=2)
     settings = dataclasses.replace(make_settings(short_tmp), sinks=(slow, audit))
     try:
-        async with fake, running_agent(settings, fake) as run:
+        async with running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
             await run.add_devices(GPU, [(f"GPU-h{i}", (1,)) for i in range(5)], timeout=5)
             total = len(run.recorder.events)

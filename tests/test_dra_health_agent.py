@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from testkit.agent import Running, make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from testkit.inventories import dra_job_pod
 from testkit.receivers import PagerDutyReceiver, SlackReceiver, WebhookReceiver
 from watcher.settings_file import parse_settings
@@ -149,10 +150,12 @@ async def test_unknown_is_one_warning_after_the_grace_and_never_a_page(short_tmp
 
 
 @pytest.mark.parametrize("pods_api", [True, False], ids=["pods-api", "pod-resources-only"])
-async def test_a_dra_backed_gpu_is_never_called_missing(short_tmp: Path, pods_api: bool) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=13, pods_api=pods_api)
+async def test_a_dra_backed_gpu_is_never_called_missing(
+    short_tmp: Path, pods_api: bool, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=13, pods_api=pods_api)
     gpu = FakeClaimDevice(DRIVER, POOL, "gpu-5", ["nvidia.com/gpu=gpu-5"])
-    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+    async with running_agent(make_settings(short_tmp), fake) as run:
         await run.recorder.kinds_after(0, 1)
         mark = len(run.recorder.events)
         fake.add_pod(dra_backed_gpu_pod("ml", "plain-gpu-request", [gpu], owners=[FakeOwner("Job", "plain")]))

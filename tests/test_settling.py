@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from testkit.agent import make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from watcher.model.build import build
 from watcher.model.changes import Kind
 from watcher.model.inventory import Inventory
@@ -134,9 +135,11 @@ async def kubelet(short_tmp: Path) -> AsyncIterator[FakeKubelet]:
 
 @pytest.mark.chaos  # long: `make chaos` runs it (CI runs both), `make test` leaves it out
 @pytest.mark.timeout(900)
-async def test_restarts_with_warm_up_and_no_change_report_only_the_restarts(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=5)
-    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+async def test_restarts_with_warm_up_and_no_change_report_only_the_restarts(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=5)
+    async with running_agent(make_settings(short_tmp), fake) as run:
         await run.settled()
         # From now on every restart warms up.
         fake.plugins.warmup = Warmup(plugin_delay=(0.0, PLUGIN_DELAY), pods_delay=(0.0, PLUGIN_DELAY / 2))
