@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit.agent import Running, make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from testkit.inventories import dra_job_pod
 from testkit.receivers import PagerDutyReceiver, SlackReceiver, WebhookReceiver
 from testkit.waiting import wait_until
@@ -194,10 +195,11 @@ async def _episode(
 
 async def test_an_allocated_gpu_flapping_is_one_incident_two_slack_messages_and_every_change_audited(
     short_tmp: Path,
+    start_kubelet: StartKubelet,
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=29)
+    fake = await start_kubelet(seed=29)
     gpu = fake.node.pods[("ml", "trainer-0")].container("trainer").devices[GPU][0]
-    async with fake, _receivers() as rx, running_agent(_settings(short_tmp, rx), fake) as run:
+    async with _receivers() as rx, running_agent(_settings(short_tmp, rx), fake) as run:
         await _episode(
             run,
             rx,
@@ -226,10 +228,12 @@ async def test_a_dra_device_flapping_in_its_pod_status_is_one_incident_too(short
             await _episode(run, rx, short_tmp, f"{POOL}/{DEVICE}", kinds, flip, flap_updates=True)
 
 
-async def test_an_agent_restarted_during_the_hold_down_resolves_once(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=31)
+async def test_an_agent_restarted_during_the_hold_down_resolves_once(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=31)
     gpu = fake.node.pods[("ml", "trainer-0")].container("trainer").devices[GPU][0]
-    async with fake, _receivers() as rx:
+    async with _receivers() as rx:
         settings = _settings(short_tmp, rx, hold_down=RESTART_HOLD_DOWN)
         async with running_agent(settings, fake) as run:
             await _ready(run, rx)

@@ -12,6 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from testkit.agent import make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from testkit.permissions import mode
 from watcher.app import Agent
 from watcher.cli import main
@@ -267,7 +268,9 @@ def test_check_config_warns_about_a_secret_file_others_may_read(
     assert capfd.readouterr().err == ""
 
 
-async def test_the_agent_warns_at_start_about_a_secret_file_others_may_read(short_tmp: Path) -> None:
+async def test_the_agent_warns_at_start_about_a_secret_file_others_may_read(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     token = short_tmp / "token"
     token.write_text("bearer-token-0123456789\n")
     os.chmod(token, 0o640)
@@ -277,11 +280,11 @@ async def test_the_agent_warns_at_start_about_a_secret_file_others_may_read(shor
         bearer_token=Secret(file=token),
         kinds=("no.such.kind",),  # nothing is sent: only the warning matters here
     )
-    fake = FakeKubelet(short_tmp / "kubelet", seed=3)
+    fake = await start_kubelet(seed=3)
     settings = make_settings(short_tmp)
     settings = dataclasses.replace(settings, sinks=(*settings.sinks, hook))
     with capture_logs() as logs:
-        async with fake, running_agent(settings, fake) as run:
+        async with running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
     (warning,) = logged(logs, "a secret is less private than it should be")
     assert warning["log_level"] == "warning"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from testkit.agent import make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from watcher.kubelet.decoding import Decoder
 from watcher.model.build import build
 from watcher.model.events import Event
@@ -141,19 +142,17 @@ async def fake(short_tmp: Path) -> AsyncIterator[FakeKubelet]:
     await kubelet.stop(remove_socket=True)
 
 
-async def test_the_agent_stores_a_one_pod_change_as_that_pods_row(short_tmp: Path) -> None:
-    kubelet = FakeKubelet(short_tmp / "kubelet", large_node(pods=PODS), seed=42)
-    await kubelet.start()
-    try:
-        async with running_agent(make_settings(short_tmp, http=False), kubelet) as run:
-            await run.recorder.kinds_after(0, 1)
-            await run.quiet_cycle()
-            kubelet.allocate("ns-3", "pod-3", "c2", cpu_ids=[300])
-            mark = len(run.recorder.events)
-            await run.recorder.until(lambda: "allocation.changed" in run.recorder.kinds(mark))
-            assert run.agent.outbox.last_state_write == StateWrite(pods_written=1)
-    finally:
-        await kubelet.stop(remove_socket=True)
+async def test_the_agent_stores_a_one_pod_change_as_that_pods_row(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    kubelet = await start_kubelet(large_node(pods=PODS), seed=42)
+    async with running_agent(make_settings(short_tmp, http=False), kubelet) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.quiet_cycle()
+        kubelet.allocate("ns-3", "pod-3", "c2", cpu_ids=[300])
+        mark = len(run.recorder.events)
+        await run.recorder.until(lambda: "allocation.changed" in run.recorder.kinds(mark))
+        assert run.agent.outbox.last_state_write == StateWrite(pods_written=1)
 
 
 def _legacy_state(inventory: Inventory, *, seq: int, node: str) -> dict[str, object]:

@@ -11,10 +11,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from testkit.agent import make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from testkit.permissions import mode
 from watcher.config import ConfigError
 from watcher.settings_file import parse_settings
-from watcher.sim.fake_kubelet import FakeKubelet
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,9 @@ def test_a_link_to_a_system_directory_is_refused_too(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("umask_022")
-async def test_an_open_directory_holding_others_files_is_left_as_it_is(short_tmp: Path) -> None:
+async def test_an_open_directory_holding_others_files_is_left_as_it_is(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     """0755 with another service's files in it (as /var/lib is): the agent's own files are private,
     the directory keeps its mode, and the log says why."""
     settings = make_settings(short_tmp)
@@ -52,9 +54,9 @@ async def test_an_open_directory_holding_others_files_is_left_as_it_is(short_tmp
     state.mkdir(parents=True)
     os.chmod(state, 0o755)
     (state / "other-service.db").write_text("theirs")
-    fake = FakeKubelet(short_tmp / "kubelet", seed=3)
+    fake = await start_kubelet(seed=3)
     with capture_logs() as logs:
-        async with fake, running_agent(settings, fake) as run:
+        async with running_agent(settings, fake) as run:
             await run.recorder.kinds_after(0, 1)
     assert mode(state) == 0o755
     assert mode(state / "outbox.db") == 0o600
@@ -64,20 +66,21 @@ async def test_an_open_directory_holding_others_files_is_left_as_it_is(short_tmp
 
 
 @pytest.mark.usefixtures("umask_022")
-async def test_an_empty_open_directory_or_one_with_the_outbox_is_tightened(short_tmp: Path) -> None:
+async def test_an_empty_open_directory_or_one_with_the_outbox_is_tightened(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     """Empty, as the kubelet's hostPath DirectoryOrCreate makes it (0755), or holding the agent's
     outbox from before: the agent's, so made 0700."""
     settings = make_settings(short_tmp)
     state = settings.state_dir
     state.mkdir(parents=True)
     os.chmod(state, 0o755)
-    fake = FakeKubelet(short_tmp / "kubelet", seed=3)
-    async with fake:
-        async with running_agent(settings, fake) as run:
-            await run.recorder.kinds_after(0, 1)
-        assert mode(state) == 0o700
-        os.chmod(state, 0o755)
-        (state / "notes.txt").write_text("the agent's outbox is here too")
-        async with running_agent(settings, fake) as run:
-            await run.recorder.kinds_after(0, 1)
+    fake = await start_kubelet(seed=3)
+    async with running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+    assert mode(state) == 0o700
+    os.chmod(state, 0o755)
+    (state / "notes.txt").write_text("the agent's outbox is here too")
+    async with running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
     assert mode(state) == 0o700
