@@ -298,66 +298,15 @@ class SinkWorker:
                 await self.limiter.acquire()
             outcome = await self._send(batch)
             if outcome.delivered:
-                # Not recorded (stopping on a bad disk): it is sent again next time, same ids.
-                if isinstance(batch, Gap):
-                    await self._record("gap", self.outbox.gap_recorded, self.name, batch)
-                    self.log.warning(
-                        "recorded a gap in the sink's stream: events its caps dropped",
-                        first_seq=batch.first,
-                        last_seq=batch.last,
-                        dropped=batch.count,
-                        reasons=list(batch.reasons),
-                    )
-                    return True
-                await self._record("ack", self.outbox.ack, self.name, [e.seq for e in batch])
-                await self._deferred_caps()
-                if attempt:
-                    self.log.info("delivered after retrying", attempts=attempt + 1, events=len(batch))
-                self._notify("delivered", batch, started)
+                await self._delivered(batch, attempt, started)
                 return True
             if outcome.done is not None and not isinstance(batch, Gap):
                 batch = await self._split(batch, outcome, started)
-            events = [] if isinstance(batch, Gap) else batch
             if outcome.gone:
-                self.disabled = outcome.error
-                await self._release()  # bounded by the caps like the rest of its queue
-                await self._record("disable", self.outbox.set_disabled, self.name, outcome.error)
-                self.log.error(
-                    "receiver answered 410 Gone: sink DISABLED until the agent restarts or reloads; "
-                    "its events stay queued (bounded). Fix the sink's URL.",
-                    status=outcome.status,
-                    error=outcome.error,
-                    queued_from_seq=batch.first if isinstance(batch, Gap) else batch[0].seq,
-                )
-                self._notify("gone", events, started)
+                await self._gone(batch, outcome, started)
                 return False
             if not outcome.retry:
-                if isinstance(batch, Gap):
-                    # Nothing to dead-letter: the drop itself was counted and logged.
-                    await self._record("gap", self.outbox.gap_recorded, self.name, batch)
-                    self.log.error(
-                        "the sink refused to record a gap for good; its drop stays counted and logged",
-                        first_seq=batch.first,
-                        last_seq=batch.last,
-                        status=outcome.status,
-                        error=outcome.error,
-                    )
-                    return True
-                seqs = [e.seq for e in batch]
-                await self._record(
-                    "dead letter", self.outbox.dead_letter, self.name, seqs, outcome.status, outcome.error
-                )
-                self.log.error(
-                    "permanent failure: events dead-lettered; see `pod-resources-watcher outbox list`",
-                    status=outcome.status,
-                    error=outcome.error,
-                    seqs=seqs,
-                )
-                self._notify("dead_letter", batch, started)
-                try:
-                    await self.enforce_caps()  # the dead letters' cap, at once
-                except Exception as err:  # the next commit enforces it again
-                    self.log.error("could not enforce the dead letters' cap; will retry", error=repr(err))
+                await self._refused(batch, outcome, started)
                 return True
             if not retry or self.stop.is_set():
                 await self._release()
@@ -365,24 +314,90 @@ class SinkWorker:
                     "delivery failed while stopping; left queued", status=outcome.status, error=outcome.error
                 )
                 return False
-            delay = self.backoff.delay(attempt)
-            retry_after = self._retry_after(outcome)
-            if retry_after is not None:
-                delay = max(delay, retry_after)
+            await self._back_off(batch, outcome, attempt)
             attempt += 1
-            self.counts["retry"] += 1
-            self.log.warning(
-                "delivery failed; will retry",
-                attempt=attempt,
-                delay_s=round(delay, 3),
-                retry_after=retry_after,
-                status=outcome.status,
-                error=outcome.error,
-                events=len(events),
-            )
-            # While it waits, the batch is the queue's like any other event: the caps may drop it.
-            await self._release()
-            await sleep_or_stop(self.stop, delay)
             batch = await self._retake(batch)
             if not batch:
                 return True  # all of it was dropped meanwhile (counted, logged)
+
+    async def _delivered(self, batch: Batch, attempt: int, started: float) -> None:
+        """The outbox acknowledges what the sink took (a gap: that the stream recorded it)."""
+        # Not recorded (stopping on a bad disk): it is sent again next time, same ids.
+        if isinstance(batch, Gap):
+            await self._record("gap", self.outbox.gap_recorded, self.name, batch)
+            self.log.warning(
+                "recorded a gap in the sink's stream: events its caps dropped",
+                first_seq=batch.first,
+                last_seq=batch.last,
+                dropped=batch.count,
+                reasons=list(batch.reasons),
+            )
+            return
+        await self._record("ack", self.outbox.ack, self.name, [e.seq for e in batch])
+        await self._deferred_caps()
+        if attempt:
+            self.log.info("delivered after retrying", attempts=attempt + 1, events=len(batch))
+        self._notify("delivered", batch, started)
+
+    async def _gone(self, batch: Batch, outcome: Outcome, started: float) -> None:
+        """410: the sink is disabled until a restart or reload; its queue stays."""
+        self.disabled = outcome.error
+        await self._release()  # bounded by the caps like the rest of its queue
+        await self._record("disable", self.outbox.set_disabled, self.name, outcome.error)
+        self.log.error(
+            "receiver answered 410 Gone: sink DISABLED until the agent restarts or reloads; "
+            "its events stay queued (bounded). Fix the sink's URL.",
+            status=outcome.status,
+            error=outcome.error,
+            queued_from_seq=batch.first if isinstance(batch, Gap) else batch[0].seq,
+        )
+        self._notify("gone", [] if isinstance(batch, Gap) else batch, started)
+
+    async def _refused(self, batch: Batch, outcome: Outcome, started: float) -> None:
+        """A permanent failure: the events are dead-lettered (a gap is only let go)."""
+        if isinstance(batch, Gap):
+            # Nothing to dead-letter: the drop itself was counted and logged.
+            await self._record("gap", self.outbox.gap_recorded, self.name, batch)
+            self.log.error(
+                "the sink refused to record a gap for good; its drop stays counted and logged",
+                first_seq=batch.first,
+                last_seq=batch.last,
+                status=outcome.status,
+                error=outcome.error,
+            )
+            return
+        seqs = [e.seq for e in batch]
+        await self._record(
+            "dead letter", self.outbox.dead_letter, self.name, seqs, outcome.status, outcome.error
+        )
+        self.log.error(
+            "permanent failure: events dead-lettered; see `pod-resources-watcher outbox list`",
+            status=outcome.status,
+            error=outcome.error,
+            seqs=seqs,
+        )
+        self._notify("dead_letter", batch, started)
+        try:
+            await self.enforce_caps()  # the dead letters' cap, at once
+        except Exception as err:  # the next commit enforces it again
+            self.log.error("could not enforce the dead letters' cap; will retry", error=repr(err))
+
+    async def _back_off(self, batch: Batch, outcome: Outcome, attempt: int) -> None:
+        """Wait before attempt `attempt + 1`: the backoff, or longer if the receiver asked."""
+        delay = self.backoff.delay(attempt)
+        retry_after = self._retry_after(outcome)
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        self.counts["retry"] += 1
+        self.log.warning(
+            "delivery failed; will retry",
+            attempt=attempt + 1,
+            delay_s=round(delay, 3),
+            retry_after=retry_after,
+            status=outcome.status,
+            error=outcome.error,
+            events=0 if isinstance(batch, Gap) else len(batch),
+        )
+        # While it waits, the batch is the queue's like any other event: the caps may drop it.
+        await self._release()
+        await sleep_or_stop(self.stop, delay)
