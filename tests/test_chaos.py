@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from testkit.agent import Running, make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from watcher.model.build import build
 from watcher.model.events import Event
 from watcher.model.inventory import Inventory
-from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_plugins import Warmup
 
 # Long runs: `make chaos` runs them at full size (CI runs it); `make test` leaves them out.
@@ -93,10 +93,10 @@ async def _pods_watch_live(run: Running) -> None:
     await run.quiet_cycle()
 
 
-async def test_kubelet_chaos(short_tmp: Path) -> None:
+async def test_kubelet_chaos(short_tmp: Path, start_kubelet: StartKubelet) -> None:
     rng = random.Random(20261130)
-    fake = FakeKubelet(short_tmp / "kubelet", seed=rng.randrange(1 << 30))
-    async with fake, running_agent(make_settings(short_tmp, unreachable_grace=60), fake) as run:
+    fake = await start_kubelet(seed=rng.randrange(1 << 30))
+    async with running_agent(make_settings(short_tmp, unreachable_grace=60), fake) as run:
         await run.recorder.kinds_after(0, 1)
         await run.quiet_cycle()
         # Every restart from here on warms up as a real kubelet's does: plugins re-register

@@ -14,11 +14,11 @@ from collections import Counter
 from pathlib import Path
 
 from testkit.agent import make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from watcher.model.changes import Severity
 from watcher.model.conditions import condition_of
 from watcher.model.events import Event
 from watcher.model.routing import Route
-from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeDevice
 from watcher.sim.fake_plugins import Warmup
 
@@ -46,15 +46,17 @@ def _score(seen: Counter[tuple[str, ...]], truth: Counter[tuple[str, ...]]) -> t
     return precision, recall
 
 
-async def test_churn_precision_and_recall_are_one_for_every_sink_class(short_tmp: Path) -> None:
+async def test_churn_precision_and_recall_are_one_for_every_sink_class(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     settings = make_settings(short_tmp)
     settings = dataclasses.replace(
         settings, watch=dataclasses.replace(settings.watch, flap_limit=4, flap_window=60, flap_quiet=1.0)
     )
     truth: Counter[tuple[str, ...]] = Counter()
     problems: set[str] = set()
-    fake = FakeKubelet(short_tmp / "kubelet", seed=21)
-    async with fake, running_agent(settings, fake) as run:
+    fake = await start_kubelet(seed=21)
+    async with running_agent(settings, fake) as run:
         await run.recorder.kinds_after(0, 1)
         await run.settled()
         mark = len(run.recorder.events)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from testkit.agent import make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from watcher import heap
-from watcher.sim.fake_kubelet import FakeKubelet
 
 
 @pytest.fixture(autouse=True)
@@ -46,8 +46,10 @@ def test_what_settle_leaves_is_still_freed_by_reference_counting() -> None:
     assert alive() is None
 
 
-async def test_the_agent_settles_its_first_inventory_and_each_pods_api_snapshot(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=3)
+async def test_the_agent_settles_its_first_inventory_and_each_pods_api_snapshot(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=3)
     settles: list[str] = []
     real = heap.settle
 
@@ -58,7 +60,7 @@ async def test_the_agent_settles_its_first_inventory_and_each_pods_api_snapshot(
     # The two callers look the function up in the module, so counting it there sees both.
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(heap, "settle", counted)
-        async with fake, running_agent(make_settings(short_tmp, interval=3600.0), fake) as run:
+        async with running_agent(make_settings(short_tmp, interval=3600.0), fake) as run:
             watch = run.agent.pods_watch
             assert watch is not None
             await run.recorder.until(lambda: watch.state == "watching" and len(settles) >= 2, 10)

@@ -33,6 +33,7 @@ from structlog.testing import capture_logs
 
 from testkit.agent import make_settings, running_agent
 from testkit.certificates import client_context
+from testkit.fake_kubelets import StartKubelet
 from testkit.nats_cluster import NatsCluster, NatsServer
 from testkit.planted_secret import PLANTED_SECRET
 from testkit.waiting import wait_until
@@ -40,7 +41,6 @@ from watcher.cli import main
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
 from watcher.settings_file import parse_settings
-from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.base import Outcome
 from watcher.sinks.nats import NatsSink, NatsSinkSettings
 
@@ -505,7 +505,7 @@ async def test_tls_asked_for_is_required_so_credentials_never_cross_in_the_clear
 
 
 async def test_the_agents_log_lines_on_an_auth_failure_hold_no_secret(
-    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+    short_tmp: Path, capfd: pytest.CaptureFixture[str], start_kubelet: StartKubelet
 ) -> None:
     url_password = "nats-url-password-3c4d5e"
     async with nats_server(short_tmp / "nats", token_config(TOKEN), token=TOKEN) as server:
@@ -514,9 +514,9 @@ async def test_the_agents_log_lines_on_an_auth_failure_hold_no_secret(
         by_url = nats_settings([url_with_password], name="nats-url")
         settings = make_settings(short_tmp, http=False)
         settings = dataclasses.replace(settings, sinks=(*settings.sinks, by_token, by_url))
-        fake = FakeKubelet(short_tmp / "kubelet", seed=1)
+        fake = await start_kubelet(seed=1)
         with capture_logs() as logs:
-            async with fake, running_agent(settings, fake):
+            async with running_agent(settings, fake):
                 # Each sink's delivery refused, as the worker logs it (retried: see `refused`).
                 await wait_until(
                     lambda: (
