@@ -369,14 +369,26 @@ def test_demo_plays_the_whole_story_and_ends_by_itself(capfd: pytest.CaptureFixt
         "allocation.added",
         "kubelet.restarted",
         "cpu.removed",
+        "device.unhealthy",
+        "device.healthy",
     ):
         assert kind in out, kind
+    # The Pods API path: each page names the Job whose pod holds the failed GPU, first; the DRA
+    # GPU's carries its driver's own words, which only the holder's Pod status had. Both resolve.
+    trigger = "page    <- trigger: "
+    pages = [line.strip()[len(trigger) :] for line in out.splitlines() if line.strip().startswith(trigger)]
+    assert len(pages) == 2, pages
+    assert pages[0].startswith("Job ml/llm-pretrain (team research): nvidia.com/gpu ")
+    assert "allocated to ml/trainer-0/trainer" in pages[0]
+    assert pages[1].startswith("Job ml/llm-finetune (team research): gpu.nvidia.com gpu-0 (pool demo-node) ")
+    assert "unhealthy: critical XID 79 reported by NVML; held by ml/llm-finetune-0-x7k2p/trainer" in pages[1]
     # Every event reached every sink, and the audit log it wrote is intact.
     summary = out[out.index("== Summary") :]
     events = int(summary.split("events: ")[1].split(" ")[0])
     for sink in ("audit", "console", "webhook"):
         assert f"deliveries to {sink}: delivered {events}" in summary
     assert f"webhook receiver got {events} signed CloudEvents" in summary
+    assert "pages: 2 triggered, 2 resolved" in summary
     assert f"audit log: intact, {events} records chained" in summary
     # Both restarts warmed up as a real kubelet's do, and neither reached anyone.
     assert "kubelet restarts with a warm-up: 2, absorbed with 0 false alarm(s)" in summary

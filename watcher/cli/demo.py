@@ -32,12 +32,15 @@ def _demo(args: argparse.Namespace) -> int:
 def add_parser(subparsers: Subparsers) -> None:
     demo = subparsers.add_parser(
         "demo",
-        help="watch a simulated kubelet through a scripted story (about 10 s)",
-        description="Start a simulated kubelet on a temporary socket and the full watcher (console, "
-        "audit-log and signed-webhook sinks, with a local receiver), then play a story: baseline, a GPU "
-        "hot-plugged, a GPU failing while in use, healing, a pod allocating a NIC, a kubelet restart, "
-        "and a CPU change across a restart; each event is printed as it is delivered, and a summary "
-        "ends it. Needs nothing but this package; everything stays on loopback and a temp directory.",
+        help="watch a simulated kubelet through a scripted story (about 15 s)",
+        description="Start a simulated kubelet (pod-resources and its Pods API) on a temporary socket "
+        "and the full watcher (console, audit-log, signed-webhook and PagerDuty sinks, with a local "
+        "receiver), then play a story: baseline, a GPU hot-plugged, a GPU failing while a Job's pod "
+        "holds it (the page names the Job), healing, a DRA GPU its driver reports Unhealthy (the page "
+        "names the Job and carries the driver's words) and Healthy again, a pod allocating a NIC, a "
+        "kubelet restart, and a CPU change across a restart; each event is printed as it is delivered, "
+        "and a summary ends it. Needs nothing but this package; everything stays on loopback and a "
+        "temp directory.",
         epilog=DEMO_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,8 +1,10 @@
 """The demo: a simulated kubelet, the full watcher, and a scripted story, in well under 30 s.
 
 Everything runs in this process on loopback and a temporary directory: the
-fake kubelet, the agent with a console sink, an audit-log file sink and a
-signed CloudEvents webhook to a local receiver that prints what it gets.
+fake kubelet (pod-resources, and the Pods API with the pods' owners and DRA
+device health), the agent with a console sink, an audit-log file sink, a
+signed CloudEvents webhook and a PagerDuty sink, both to a local receiver
+that prints what it gets.
 """
 
 from __future__ import annotations
@@ -28,9 +30,19 @@ from watcher.ops.logs import configure_logging
 from watcher.secrets import Secret
 from watcher.settings import HttpSettings, KubeletSettings, LogSettings, Settings, WatchSettings
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_node import (
+    FakeClaim,
+    FakeClaimDevice,
+    FakeContainer,
+    FakeNode,
+    FakeOwner,
+    FakePod,
+    default_node,
+)
 from watcher.sim.fake_plugins import Warmup
 from watcher.sinks.audit import verify_files
 from watcher.sinks.file import FileSinkSettings
+from watcher.sinks.pagerduty import PagerDutySinkSettings
 from watcher.sinks.stdout import StdoutSinkSettings
 from watcher.sinks.webhook import WebhookSinkSettings
 from watcher.supervision import StoppedError, stop_on_signals, unless_stopped
@@ -39,20 +51,32 @@ __all__ = ["run_demo"]
 
 GPU = "nvidia.com/gpu"
 NIC = "intel.com/sriov_netdevice"
+# A GPU a DRA driver hands out through a ResourceClaim: its health is the driver's verdict, which
+# only the holder's Pod status (the Pods API) shows, in the driver's own words.
+DRA_DRIVER, DRA_POOL, DRA_GPU = "gpu.nvidia.com", "demo-node", "gpu-0"
+DRA_MESSAGE = "critical XID 79 reported by NVML"
+ROUTING_KEY = "demo" * 8  # PagerDuty's integration keys are 32 characters
 STEP_TIMEOUT_S = 10.0
-PAUSE_S = 1.0
+PAUSE_S = 0.7
 
 
 class _Receiver:
-    """A local webhook endpoint that prints the CloudEvents it receives."""
+    """A local endpoint that prints what it receives: the webhook's CloudEvents, and PagerDuty's
+    Events API v2 triggers (the page's summary, which names who is hit first) and resolves."""
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.received = 0
+        self.pages = 0
+        self.resolves = 0
         app = web.Application()
         app.router.add_post("/events", self.handle)
+        app.router.add_post("/v2/enqueue", self.page)
         self.runner = web.AppRunner(app, access_log=None)
         self.port = 0
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -60,6 +84,17 @@ class _Receiver:
         signed = "signed" if "webhook-signature" in request.headers else "unsigned"
         print(f"    webhook <- {body['type']} ({signed}, id {body['id'][:8]})", file=self.out, flush=True)
         return web.Response(status=204)
+
+    async def page(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if body["event_action"] == "trigger":
+            self.pages += 1
+            print(f"    page    <- trigger: {body['payload']['summary']}", file=self.out, flush=True)
+        else:
+            self.resolves += 1
+            print(f"    page    <- {body['event_action']} {body['dedup_key']}", file=self.out, flush=True)
+        answer = {"status": "success", "message": "Event processed", "dedup_key": body["dedup_key"]}
+        return web.json_response(answer, status=202)
 
     async def start(self) -> None:
         await self.runner.setup()
@@ -131,91 +166,138 @@ async def _delivered(agent: Agent) -> None:
             await asyncio.sleep(0.02)  # the workers drain on their own schedule: nothing to await
 
 
+def _demo_node() -> FakeNode:
+    """The built-in node (Job ml/llm-pretrain's trainer-0 holds four device-plugin GPUs), plus a
+    pod of Job ml/llm-finetune holding a GPU through a DRA claim, as a Job's pods get theirs from
+    a ResourceClaimTemplate."""
+    node = default_node()
+    gpu = FakeClaimDevice(DRA_DRIVER, DRA_POOL, DRA_GPU, [f"nvidia.com/gpu={DRA_GPU}"])
+    claim = FakeClaim("ml", "llm-finetune-0-gpu", [gpu], request="gpu")
+    node.add_pod(
+        FakePod(
+            "ml",
+            "llm-finetune-0-x7k2p",
+            [FakeContainer("trainer", claims=[claim])],
+            labels={"team": "research"},
+            owners=[FakeOwner("Job", "llm-finetune", api_version="batch/v1")],
+        )
+    )
+    return node
+
+
+def _settings(root: Path, fake: FakeKubelet, receiver: _Receiver, audit: Path) -> Settings:
+    secret = "whsec_" + base64.b64encode(random.randbytes(32)).decode()
+    return Settings(
+        node="demo-node",
+        state_dir=root / "state",
+        # The Pods API ([pods] api, on by default) is served under the same root_dir: the agent
+        # watches it, so events name each pod's owner and a DRA device's health comes in.
+        kubelet=KubeletSettings(socket=fake.socket_path, root_dir=root / "kubelet", unreachable_grace=10),
+        watch=WatchSettings(interval=10),
+        log=LogSettings(level="warning"),
+        http=HttpSettings(listen="127.0.0.1:0"),
+        sinks=(
+            StdoutSinkSettings(name="console", format="text"),
+            FileSinkSettings(name="audit", path=audit),
+            WebhookSinkSettings(
+                name="webhook",
+                url=Secret(value=receiver.url("/events")),
+                format="cloudevents",
+                signing_secret=Secret(value=secret),
+                rate=100,
+            ),
+            # Pages only: critical conditions, resolved at once (no hold-down) so the story shows both.
+            PagerDutySinkSettings(
+                name="pager",
+                routing_key=Secret(value=ROUTING_KEY),
+                endpoint=receiver.url("/v2/enqueue"),
+                min_severity="critical",
+                rate=100,
+                resolve_hold_down=0,
+            ),
+        ),
+    )
+
+
+async def _play(story: _Story, fake: FakeKubelet, out: TextIO) -> None:
+    """The scripted story, step by step."""
+    await story.step(
+        "Baseline: the watcher starts and takes the node's inventory", lambda: None, "watcher.started"
+    )
+    # From now on the kubelet comes back from a restart as a real one does: each device
+    # plugin registers again after a second or two, List fills in.
+    fake.plugins.warmup = Warmup(plugin_delay=(0.5, 2.0), pods_delay=(0.0, 0.5))
+    fake.plugins.on_register = lambda resource: print(
+        f"    device plugin for {resource} registered again", file=out, flush=True
+    )
+    await story.step(
+        "A GPU is hot-plugged on NUMA node 1",
+        lambda: fake.add_device(GPU, "GPU-hotplug-0", (1,)),
+        "device.added",
+    )
+    trainer_gpu = fake.node.pods[("ml", "trainer-0")].container("trainer").devices[GPU][0]
+    await story.step(
+        "A GPU fails while allocated to ml/trainer-0",
+        lambda: fake.make_unhealthy(GPU, trainer_gpu),
+        "device.removed",
+    )
+    await story.step("The GPU heals", lambda: fake.heal(GPU, trainer_gpu), "device.added")
+    await story.step(
+        "A GPU held through a DRA claim fails: its driver reports it Unhealthy, in its own words",
+        lambda: fake.dra.set_health(DRA_DRIVER, DRA_POOL, DRA_GPU, "Unhealthy", DRA_MESSAGE),
+        "device.unhealthy",
+    )
+    await story.step(
+        "The DRA driver reports the GPU Healthy again",
+        lambda: fake.dra.set_health(DRA_DRIVER, DRA_POOL, DRA_GPU, "Healthy"),
+        "device.healthy",
+    )
+    await story.step(
+        "A pod allocates a NIC",
+        lambda: fake.allocate("net", "edge-proxy-0", "proxy", devices={NIC: ["0000:86:02.2"]}),
+        "allocation.added",
+    )
+    await story.step(
+        "The kubelet restarts (socket replaced); its device plugins come back one by one",
+        lambda: fake.restart(downtime=0.3),
+        "kubelet.restarted",
+        warmup=fake,
+    )
+    await story.step(
+        "The kubelet restarts with fewer allocatable CPUs",
+        lambda: fake.restart(cpu_ids=set(range(2, 64)) - {48, 49}),
+        "cpu.removed",
+        warmup=fake,
+        caused=frozenset({"kubelet.restarted", "capacity.changed"}),
+    )
+
+
 async def run_demo(*, forever: bool = False, out: TextIO | None = None, seed: int | None = None) -> int:
     out = out if out is not None else sys.stdout
     configure_logging("warning", "console")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="prw-demo-") as tmp:
         root = Path(tmp)
-        fake = FakeKubelet(root / "kubelet", seed=seed)
+        fake = FakeKubelet(root / "kubelet", _demo_node(), seed=seed, node_name="demo-node")
         receiver = _Receiver(out)
         await receiver.start()
-        secret = "whsec_" + base64.b64encode(random.randbytes(32)).decode()
         audit = root / "state" / "audit.jsonl"
-        settings = Settings(
-            node="demo-node",
-            state_dir=root / "state",
-            kubelet=KubeletSettings(socket=fake.socket_path, root_dir=root / "kubelet", unreachable_grace=10),
-            watch=WatchSettings(interval=10),
-            log=LogSettings(level="warning"),
-            http=HttpSettings(listen="127.0.0.1:0"),
-            sinks=(
-                StdoutSinkSettings(name="console", format="text"),
-                FileSinkSettings(name="audit", path=audit),
-                WebhookSinkSettings(
-                    name="webhook",
-                    url=Secret(value=f"http://127.0.0.1:{receiver.port}/events"),
-                    format="cloudevents",
-                    signing_secret=Secret(value=secret),
-                    rate=100,
-                ),
-            ),
-        )
-        print(f"Simulated kubelet: {fake.socket_path}", file=out)
+        settings = _settings(root, fake, receiver, audit)
+        print(f"Simulated kubelet: {fake.socket_path}, its Pods API beside it", file=out)
         print(f"Sinks: console (below), audit log {audit},", file=out)
-        print(f"       signed CloudEvents webhook to a receiver on 127.0.0.1:{receiver.port}", file=out)
+        print(
+            f"       signed CloudEvents webhook and PagerDuty to a receiver on 127.0.0.1:{receiver.port}",
+            file=out,
+        )
         await fake.start()
         agent = Agent(settings)
         story = _Story(agent, out)
         task = asyncio.create_task(agent.run(), name="demo-agent")
         try:
-            await story.step(
-                "Baseline: the watcher starts and takes the node's inventory", lambda: None, "watcher.started"
-            )
-            # From now on the kubelet comes back from a restart as a real one does: each device
-            # plugin registers again after a second or two, List fills in.
-            fake.plugins.warmup = Warmup(plugin_delay=(0.5, 2.0), pods_delay=(0.0, 0.5))
-            fake.plugins.on_register = lambda resource: print(
-                f"    device plugin for {resource} registered again", file=out, flush=True
-            )
-            await story.step(
-                "A GPU is hot-plugged on NUMA node 1",
-                lambda: fake.add_device(GPU, "GPU-hotplug-0", (1,)),
-                "device.added",
-            )
-            trainer_gpu = fake.node.pods[("ml", "trainer-0")].container("trainer").devices[GPU][0]
-            await story.step(
-                "A GPU fails while allocated to ml/trainer-0",
-                lambda: fake.make_unhealthy(GPU, trainer_gpu),
-                "device.removed",
-            )
-            await story.step("The GPU heals", lambda: fake.heal(GPU, trainer_gpu), "device.added")
-            await story.step(
-                "A pod allocates a NIC",
-                lambda: fake.allocate("net", "edge-proxy-0", "proxy", devices={NIC: ["0000:86:02.2"]}),
-                "allocation.added",
-            )
-            await story.step(
-                "The kubelet restarts (socket replaced); its device plugins come back one by one",
-                lambda: fake.restart(downtime=0.3),
-                "kubelet.restarted",
-                warmup=fake,
-            )
-            await story.step(
-                "The kubelet restarts with fewer allocatable CPUs",
-                lambda: fake.restart(cpu_ids=set(range(2, 64)) - {48, 49}),
-                "cpu.removed",
-                warmup=fake,
-                caused=frozenset({"kubelet.restarted", "capacity.changed"}),
-            )
+            await _play(story, fake, out)
             await _delivered(agent)
             if forever:
-                interrupted = asyncio.Event()
-                with stop_on_signals(interrupted):
-                    # Said only once Ctrl-C is ours to handle.
-                    print("\n== Random churn until Ctrl-C", file=out, flush=True)
-                    with contextlib.suppress(StoppedError):
-                        await unless_stopped(interrupted, _churn(fake, random.Random(seed)))
+                await _churn_until_interrupted(fake, random.Random(seed), out)
         finally:
             agent.stop.set()
             with contextlib.suppress(Exception):
@@ -224,6 +306,15 @@ async def run_demo(*, forever: bool = False, out: TextIO | None = None, seed: in
             await receiver.stop()
         _summary(agent, story, receiver, audit, time.monotonic() - started, out)
     return 0
+
+
+async def _churn_until_interrupted(fake: FakeKubelet, rng: random.Random, out: TextIO) -> None:
+    interrupted = asyncio.Event()
+    with stop_on_signals(interrupted):
+        # Said only once Ctrl-C is ours to handle.
+        print("\n== Random churn until Ctrl-C", file=out, flush=True)
+        with contextlib.suppress(StoppedError):
+            await unless_stopped(interrupted, _churn(fake, rng))
 
 
 async def _churn(fake: FakeKubelet, rng: random.Random) -> None:
@@ -256,6 +347,7 @@ def _summary(
         counts = ", ".join(f"{k} {v}" for k, v in sorted(worker.counts.items())) or "nothing"
         print(f"deliveries to {name}: {counts}", file=out)
     print(f"webhook receiver got {receiver.received} signed CloudEvents", file=out)
+    print(f"pages: {receiver.pages} triggered, {receiver.resolves} resolved", file=out)
     print(
         f"kubelet restarts with a warm-up: {story.warmups}, "
         f"absorbed with {story.false_alarms} false alarm(s)",
