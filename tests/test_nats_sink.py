@@ -25,6 +25,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from testkit.agent import Running, make_settings, running_agent, write_agent_config
+from testkit.fake_kubelets import StartKubelet
 from testkit.nats_cluster import NatsCluster, running_cluster
 from testkit.waiting import wait_until
 from watcher.config import ConfigError
@@ -103,10 +104,6 @@ def _assert_in_seq_order(stored: Sequence[tuple[str, int, str]]) -> None:
         last[node] = seq
 
 
-async def _until(run: Running, predicate: object, timeout: float = 30.0) -> None:
-    await run.recorder.until(predicate, timeout)
-
-
 @asynccontextmanager
 async def _delivering(
     cluster: NatsCluster, root: Path, **sink: object
@@ -118,7 +115,7 @@ async def _delivering(
     ):
         got = Delivered(run)
         await run.settled()
-        await _until(run, lambda: len(got.ids) == len(run.recorder.events))
+        await run.recorder.until(lambda: len(got.ids) == len(run.recorder.events), 30)
         yield fake, run, got
 
 
@@ -294,13 +291,15 @@ def test_a_send_test_event_is_marked_in_every_header_a_consumer_may_route_on() -
 # --- against the cluster ---
 
 
-async def test_every_event_lands_once_in_seq_order_per_node(tmp_path: Path, short_tmp: Path) -> None:
+async def test_every_event_lands_once_in_seq_order_per_node(
+    tmp_path: Path, short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     gpu_a, gpu_b = _held_gpus(2)
     async with running_cluster(tmp_path / "nats") as cluster:
         sink = _sink(cluster)
+        fake_a = await start_kubelet(root=short_tmp / "a" / "kubelet")
+        fake_b = await start_kubelet(root=short_tmp / "b" / "kubelet")
         async with (
-            FakeKubelet(short_tmp / "a" / "kubelet") as fake_a,
-            FakeKubelet(short_tmp / "b" / "kubelet") as fake_b,
             running_agent(_agent(short_tmp / "a", sink, "gpu-1.eu.example"), fake_a) as a,
             running_agent(_agent(short_tmp / "b", sink, "gpu-2.eu.example"), fake_b) as b,
         ):
@@ -318,7 +317,9 @@ async def test_every_event_lands_once_in_seq_order_per_node(tmp_path: Path, shor
             await a.quiet_cycle()
             await b.quiet_cycle()
             for run, got in ((a, got_a), (b, got_b)):
-                await _until(run, lambda run=run, got=got: len(got.ids) == len(run.recorder.events))
+                await run.recorder.until(
+                    lambda run=run, got=got: len(got.ids) == len(run.recorder.events), 30
+                )
             made = [*a.recorder.events, *b.recorder.events]
             kinds = {str(e.kind) for e in made}
             assert {"device.removed", "device.added"} <= kinds
@@ -364,7 +365,7 @@ async def test_the_stream_leader_killed_during_a_burst_loses_nothing_and_stores_
             assert len(run.recorder.events) - start >= 150
             assert len(got.ids) < len(run.recorder.events), "nothing was left to deliver after the kill"
             await cluster.restart(leader)
-            await _until(run, lambda: len(got.ids) == len(run.recorder.events), timeout=60)
+            await run.recorder.until(lambda: len(got.ids) == len(run.recorder.events), 60)
             made = list(run.recorder.events)
             assert run.agent.metrics.value("deliveries_total", sink="fleet", result="dead_letter") == 0
 
@@ -396,7 +397,7 @@ async def test_the_whole_cluster_down_events_wait_in_the_outbox_and_arrive(
             assert (await run.agent.outbox.stats("fleet")).depth == len(run.recorder.events) - before
             assert len(got.ids) == before
             await cluster.start()
-            await _until(run, lambda: len(got.ids) == len(run.recorder.events), timeout=60)
+            await run.recorder.until(lambda: len(got.ids) == len(run.recorder.events), 60)
             made = list(run.recorder.events)
 
         stored = _stored(await cluster.messages(STREAM))
@@ -405,20 +406,20 @@ async def test_the_whole_cluster_down_events_wait_in_the_outbox_and_arrive(
         _assert_in_seq_order(stored)
 
 
-async def test_a_missing_stream_holds_the_events_until_it_is_created(tmp_path: Path, short_tmp: Path) -> None:
+async def test_a_missing_stream_holds_the_events_until_it_is_created(
+    tmp_path: Path, short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     async with running_cluster(tmp_path / "nats", size=1) as cluster:
         sink = _sink(cluster, create_stream=False)
-        async with (
-            FakeKubelet(short_tmp / "kubelet") as fake,
-            running_agent(_agent(short_tmp, sink), fake) as run,
-        ):
+        fake = await start_kubelet()
+        async with running_agent(_agent(short_tmp, sink), fake) as run:
             got = Delivered(run)
             await run.settled()
             for _ in range(3):
                 await run.quiet_cycle()
             assert got.ids == [] and (await run.agent.outbox.stats("fleet")).depth > 0
             await cluster.add_stream(STREAM, ["pod-resources.>"], replicas=1, duplicate_window=86400)
-            await _until(run, lambda: len(got.ids) == len(run.recorder.events), timeout=30)
+            await run.recorder.until(lambda: len(got.ids) == len(run.recorder.events), 30)
         assert len(_stored(await cluster.messages(STREAM))) == len(got.ids)
 
 
@@ -459,9 +460,10 @@ def _agent_process(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 async def test_a_sigkill_between_publish_and_outbox_ack_is_deduplicated_by_the_server(
-    tmp_path: Path, short_tmp: Path
+    tmp_path: Path, start_kubelet: StartKubelet
 ) -> None:
-    async with running_cluster(tmp_path / "nats") as cluster, FakeKubelet(short_tmp / "kubelet") as fake:
+    fake = await start_kubelet()
+    async with running_cluster(tmp_path / "nats") as cluster:
         servers = ", ".join(f'"{u}"' for u in cluster.urls)
         config = write_agent_config(
             tmp_path / "agent.toml",
