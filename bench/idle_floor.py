@@ -32,7 +32,7 @@ class _Never:
 async def _grpc(socket: str, pods_socket: str | None) -> None:
     from watcher import errors
     from watcher.kubelet.client import PodResourcesClient
-    from watcher.kubelet.pods_api import PodsApiClient
+    from watcher.sources.pods_api.client import PodsApiClient
 
     client = PodResourcesClient(socket)
     await client.allocatable_raw()

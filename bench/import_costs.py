@@ -39,8 +39,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "model/ (the pure core)",
         (
             "watcher.model.diff",
-            "watcher.model.who",
-            "watcher.model.device_health",
+            "watcher.model.devicehealth.affected",
+            "watcher.model.devicehealth.verdicts",
             "watcher.model.flapping",
             "watcher.model.incidents",
         ),
@@ -59,7 +59,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "watcher.kubeletapi.k8s.core_v1_pb2",
             "watcher.kubeletapi.v1alpha1.pods_pb2_grpc",
-            "watcher.kubelet.pods_watch",
+            "watcher.sources.pods_api.watch",
         ),
     ),
     ("store/ (the outbox)", ("watcher.store.store",)),
@@ -80,7 +80,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "... the kubernetes sink and ResourceSlices (lightkube itself not yet)",
-        ("watcher.sinks.kubernetes", "watcher.cycle.resource_slices"),
+        ("watcher.sinks.kubernetes", "watcher.sources.resource_slices"),
     ),
     ("... the nats sink (nats-py itself not yet)", ("watcher.sinks.nats",)),
     ("... lightkube (when the kubernetes sink connects)", ("lightkube", "lightkube.resources.core_v1")),

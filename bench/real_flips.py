@@ -26,16 +26,16 @@ from testkit.peers import PEERS_BIN
 from testkit.waiting import wait_until
 from watcher import errors
 from watcher.app import Agent
-from watcher.kubelet.pod_decoding import pod_meta
-from watcher.kubelet.pods_api import PodsApiClient
 from watcher.kubeletapi.v1alpha1 import pods_pb2
 from watcher.model.changes import Kind
+from watcher.model.devicehealth.pods import PodMeta
 from watcher.model.events import Event
-from watcher.model.pod_meta import PodMeta
 from watcher.settings import HttpSettings, KubeletSettings, Settings, pods_api_socket
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
 from watcher.sinks.file import FileSinkSettings
+from watcher.sources.pods_api.client import PodsApiClient
+from watcher.sources.pods_api.decoding import pod_meta
 
 __all__ = [
     "EVENT_S",

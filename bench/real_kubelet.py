@@ -56,10 +56,10 @@ from testkit.ports import free_port
 from testkit.real_dra import add_dra_driver, allocated_device, claim_job, claim_of, job_pod
 from testkit.real_node import RealNode
 from testkit.waiting import wait_until
-from watcher.kubelet.pods_api import PodsApiClient
 from watcher.model.changes import Kind
+from watcher.model.devicehealth.pods import PodMeta
 from watcher.model.events import Event
-from watcher.model.pod_meta import PodMeta
+from watcher.sources.pods_api.client import PodsApiClient
 
 __all__ = ["NEEDED", "Idle", "PodCreates", "RealKubeletPlan", "RealKubeletRun", "bench_real_kubelet"]
 

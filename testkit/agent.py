@@ -15,11 +15,12 @@ import jsonschema  # type: ignore[import-untyped]  # the test extra's, untyped
 
 from testkit.changes import Changes
 from watcher.app import Agent
-from watcher.kubelet.pods_watch import PodChange
 from watcher.model.events import Event, event_schema
 from watcher.settings import HttpSettings, KubeletSettings, PodsSettings, Settings, WatchSettings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.file import FileSinkSettings
+from watcher.sources.base import Source
+from watcher.sources.pods_api.watch import PodChange
 
 __all__ = [
     "AgentRun",
@@ -191,9 +192,11 @@ def make_settings(root: Path, *, kubelet_root: Path | None = None, **overrides: 
 
 
 @asynccontextmanager
-async def _agent_task(settings: Settings) -> AsyncIterator[tuple[Agent, Recorder, asyncio.Task[None]]]:
+async def _agent_task(
+    settings: Settings, sources: Sequence[Source] = ()
+) -> AsyncIterator[tuple[Agent, Recorder, asyncio.Task[None]]]:
     recorder = Recorder()
-    agent = Agent(settings)
+    agent = Agent(settings, sources=sources)
     agent.subscribe(recorder.on_event)
     agent.subscribe_cycles(recorder.on_cycle)
     # Deliveries wake waiters too, so a test can wait on what a sink received.
@@ -228,9 +231,11 @@ async def _agent_task(settings: Settings) -> AsyncIterator[tuple[Agent, Recorder
 
 
 @asynccontextmanager
-async def running_agent(settings: Settings, kubelet: FakeKubelet) -> AsyncIterator[Running]:
-    """The agent against the fake kubelet `kubelet`."""
-    async with _agent_task(settings) as (agent, recorder, task):
+async def running_agent(
+    settings: Settings, kubelet: FakeKubelet, sources: Sequence[Source] = ()
+) -> AsyncIterator[Running]:
+    """The agent against the fake kubelet `kubelet` (with `sources` beside those its settings ask for)."""
+    async with _agent_task(settings, sources) as (agent, recorder, task):
         yield Running(agent, recorder, task, kubelet=kubelet)
 
 

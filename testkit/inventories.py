@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from watcher.model.devicehealth.pods import DeviceVerdict, PodMeta
 from watcher.model.inventory import Inventory
-from watcher.model.pod_meta import DeviceVerdict, PodMeta
 from watcher.model.restore import from_canonical
 from watcher.sim.fake_node import FakeClaim, FakeClaimDevice, FakeContainer, FakeOwner, FakePod
 

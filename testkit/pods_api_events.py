@@ -1,4 +1,4 @@
-"""The kubelet's Pods API watch as the agent's own client reads it (`watcher.kubelet.pods_api`), each
+"""The kubelet's Pods API watch as the agent's own client reads it (`watcher.sources.pods_api.client`), each
 event recorded with the time it came and the pod as the agent decodes it, for tests that measure
 when a change reaches the Pods API and what it says."""
 
@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testkit.changes import Changes
-from watcher.kubelet.pod_decoding import pod_meta
-from watcher.kubelet.pods_api import PodsApiClient
 from watcher.kubeletapi.v1alpha1 import pods_pb2
-from watcher.model.pod_meta import PodMeta
+from watcher.model.devicehealth.pods import PodMeta
+from watcher.sources.pods_api.client import PodsApiClient
+from watcher.sources.pods_api.decoding import pod_meta
 
 __all__ = ["PodEvent", "PodsApiEvents", "verdict", "watched"]
 

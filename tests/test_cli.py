@@ -474,7 +474,7 @@ def test_send_test_never_touches_the_audit_log(tmp_path: Path, capfd: pytest.Cap
 def test_the_snapshot_table_escapes_names_that_would_forge_lines() -> None:
     from watcher.model.build import build
     from watcher.sim.fake_node import default_node
-    from watcher.snapshot import Snapshot, format_table
+    from watcher.snapshot.take import Snapshot, format_table
 
     fake = FakeKubelet("/nonexistent", default_node(), seed=1)
     gpu = next(i for r, i in fake.node.devices if r == "nvidia.com/gpu")
@@ -491,7 +491,7 @@ def test_the_snapshot_table_shows_invisible_and_combining_characters_escaped_and
     characters: each escaped, so the id reads as what it is, and the columns after it line up."""
     from watcher.model.build import build
     from watcher.sim.fake_node import default_node
-    from watcher.snapshot import Snapshot, format_table
+    from watcher.snapshot.take import Snapshot, format_table
 
     fake = FakeKubelet("/nonexistent", default_node(), seed=1)
     ids = [LOOK_ALIKE, OVERDRAWN, "GPU-" + "".join(INVISIBLE.values())]

@@ -34,8 +34,6 @@ from testkit.real_node import RealNode
 from testkit.waiting import wait_until
 from watcher.errors import KubeletInitializingError
 from watcher.kubelet.decoding import Decoder, Outcome
-from watcher.kubelet.pod_decoding import pod_meta
-from watcher.kubelet.pods_api import PodsApiClient
 from watcher.kubeletapi.k8s import core_v1_pb2
 from watcher.kubeletapi.v1 import api_pb2
 from watcher.kubeletapi.v1alpha1 import pods_pb2
@@ -43,6 +41,8 @@ from watcher.model.build import build_pod
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeClaimDevice, dra_backed_gpu_pod
 from watcher.sim.fake_plugins import Warmup
+from watcher.sources.pods_api.client import PodsApiClient
+from watcher.sources.pods_api.decoding import pod_meta
 
 # A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

@@ -34,7 +34,7 @@ from testkit.kube_reporting import (
 )
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.waiting import wait_until
-from watcher.settings import PodsSettings
+from watcher.settings import ResourceSlicesSettings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeClaim, FakeClaimDevice, FakeContainer, FakeDevice, FakeNode, FakePod
 from watcher.sinks.kubernetes import KubernetesSinkSettings
@@ -246,7 +246,7 @@ async def test_a_resource_slice_taint_and_the_pod_status_are_one_device_story(
     node.cpu_ids = {0, 1}
     node.add_pod(FakePod(placed.namespace, WORKLOAD, [FakeContainer("main", claims=[claim])]))
     settings = dataclasses.replace(
-        _agent_settings(placed, short_tmp), pods=PodsSettings(resource_slices_interval=1.0)
+        _agent_settings(placed, short_tmp), resource_slices=ResourceSlicesSettings(interval=1.0)
     )
     async with (
         FakeKubelet(short_tmp / "kubelet", node) as fake,

@@ -31,8 +31,8 @@ from testkit.peers import peer
 from testkit.real_driver import RealDriver
 from testkit.real_node import RealNode
 from watcher.backoff import Backoff
-from watcher.kubelet.pods_watch import PodChange, PodsWatch
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sources.pods_api.watch import PodChange, PodsWatch
 
 # A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

@@ -57,7 +57,12 @@ def _tag() -> str:
 
 @asynccontextmanager
 async def _agent(
-    short_tmp: Path, node: RealNode, pager: PagerDutyReceiver, extra_sinks: tuple[Any, ...] = (), **pods: Any
+    short_tmp: Path,
+    node: RealNode,
+    pager: PagerDutyReceiver,
+    extra_sinks: tuple[Any, ...] = (),
+    slices_interval: float = 30.0,
+    **pods: Any,
 ) -> AsyncIterator[AgentRun]:
     parsed = parse_settings(
         {
@@ -70,10 +75,16 @@ async def _agent(
                 }
             },
             "pods": pods,
+            "resource_slices": {"interval": slices_interval},
         }
     )
     base = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
-    settings = dataclasses.replace(base, sinks=(*base.sinks, *parsed.sinks, *extra_sinks), pods=parsed.pods)
+    settings = dataclasses.replace(
+        base,
+        sinks=(*base.sinks, *parsed.sinks, *extra_sinks),
+        pods=parsed.pods,
+        resource_slices=parsed.resource_slices,
+    )
     async with agent_against(settings) as run:
         await run.pods_watching(timeout=30)
         await run.released()
@@ -310,7 +321,7 @@ async def test_a_resource_slice_taint_and_the_pod_status_saying_the_same_are_one
     sink = KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig, api_rate=50.0)
     async with (
         PagerDutyReceiver() as pager,
-        _agent(short_tmp, node, pager, extra_sinks=(sink,), resource_slices_interval=1.0) as run,
+        _agent(short_tmp, node, pager, extra_sinks=(sink,), slices_interval=1.0) as run,
     ):
         mark = len(run.recorder.events)
 

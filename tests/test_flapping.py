@@ -10,10 +10,10 @@ from testkit.agent import make_settings, running_agent
 from testkit.inventories import DRIVER, claim_inventory, verdict_pod
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.conditions import condition_of
-from watcher.model.device_health import DeviceHealth
+from watcher.model.devicehealth.pods import HEALTHY, UNHEALTHY
+from watcher.model.devicehealth.verdicts import DeviceHealth
 from watcher.model.events import envelope
 from watcher.model.flapping import FlapRule, Flaps
-from watcher.model.pod_meta import HEALTHY, UNHEALTHY
 from watcher.model.routing import Route
 from watcher.sim.fake_kubelet import FakeKubelet
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from testkit.agent import make_settings, running_agent
 from testkit.inventories import DRIVER, claim_inventory, verdict_pod
 from watcher.model.changes import Change, Kind, Severity
-from watcher.model.device_health import DeviceHealth
+from watcher.model.devicehealth.pods import HEALTHY, UNHEALTHY, PodMeta
+from watcher.model.devicehealth.verdicts import DeviceHealth
 from watcher.model.events import envelope
 from watcher.model.incidents import Incidents
 from watcher.model.inventory import Inventory
-from watcher.model.pod_meta import HEALTHY, UNHEALTHY, PodMeta
 from watcher.model.routing import Route
 from watcher.sim.fake_kubelet import FakeKubelet
 

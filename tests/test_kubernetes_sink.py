@@ -31,14 +31,14 @@ from testkit.kube_schemas import strict_schemas
 from testkit.ports import free_port
 from watcher.cli import main
 from watcher.config import ConfigError
-from watcher.cycle.resource_slices import ResourceSliceTaints
+from watcher.kubeapi.api import KubeApi
 from watcher.kubelet.triggers import Trigger
 from watcher.model.changes import Change, Kind, Severity
+from watcher.model.devicehealth.affected import annotate
+from watcher.model.devicehealth.pods import Owner, PodIndex, PodMeta
 from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
-from watcher.model.pod_meta import Owner, PodIndex, PodMeta
-from watcher.model.who import annotate
 from watcher.settings_file import config_warnings, parse_settings
 from watcher.sim.apiserver import FakeApiServer, kubectl, pod_bound_user
 from watcher.sim.demo_kubernetes import run_kubernetes_demo
@@ -48,6 +48,7 @@ from watcher.sim.send_test import MemoryStore
 from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
 from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX, OWNER_MARK
 from watcher.sinks.kubernetes.planner import plan
+from watcher.sources.resource_slices import ResourceSliceTaints
 
 ROOT = Path(__file__).resolve().parent.parent
 RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
@@ -786,13 +787,12 @@ async def _story(api: FakeApiServer, tmp: Path) -> list[bool]:
             outcomes.append((await sink.deliver(_batch(before, after))).delivered)
     finally:
         await sink.close()
-    slices = ResourceSliceTaints(
-        _sink_settings(api, tmp), node=NODE, interval=30.0, trigger=Trigger(), stop=asyncio.Event()
-    )
+    kube_api = KubeApi(_sink_settings(api, tmp), field_manager="test")
+    slices = ResourceSliceTaints(kube_api, node=NODE, interval=30.0, trigger=Trigger(), stop=asyncio.Event())
     try:
         outcomes.append(await slices.read())
     finally:
-        await slices.close()
+        await kube_api.close()
     return outcomes
 
 

@@ -20,14 +20,15 @@ from testkit.admission_policy import review
 from testkit.agent import make_settings, running_agent
 from testkit.kube_rbac import rules_from_manifests
 from testkit.kube_schemas import strict_schemas
-from watcher.cycle.resource_slices import REASON, ResourceSliceTaints
+from watcher.kubeapi.api import KubeApi
 from watcher.kubelet.triggers import Trigger
-from watcher.model.device_taints import DeviceTaint
+from watcher.model.devicehealth.taints import DeviceTaint
 from watcher.settings import PodsSettings
 from watcher.sim.apiserver import FakeApiServer, pod_bound_user
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeClaim, FakeClaimDevice, FakeContainer, FakePod
 from watcher.sinks.kubernetes import KubernetesSinkSettings
+from watcher.sources.resource_slices import REASON, ResourceSliceTaints
 
 ROOT = Path(__file__).resolve().parent.parent
 RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
@@ -86,7 +87,8 @@ def _reader(api: FakeApiServer, tmp: Path) -> tuple[ResourceSliceTaints, Trigger
         name="k8s", kubeconfig=api.write_kubeconfig(tmp / "agent.kubeconfig", AGENT), timeout=2.0
     )
     trigger = Trigger()
-    reader = ResourceSliceTaints(settings, node=NODE, interval=30.0, trigger=trigger, stop=asyncio.Event())
+    api_ = KubeApi(settings, field_manager="test")
+    reader = ResourceSliceTaints(api_, node=NODE, interval=30.0, trigger=trigger, stop=asyncio.Event())
     return reader, trigger
 
 
@@ -114,7 +116,7 @@ async def test_the_nodes_taints_are_listed_and_a_change_fires_the_trigger(
         assert reader.taints is not None and [t.fails for t in reader.taints] == [False]
         assert api.count(status=403) == 0 and not reader.stale
     finally:
-        await reader.close()
+        await reader.api.close()
 
 
 async def test_without_the_rbac_it_says_so_once_and_knows_no_taints(tmp_path: Path) -> None:
@@ -137,7 +139,7 @@ async def test_without_the_rbac_it_says_so_once_and_knows_no_taints(tmp_path: Pa
         assert "may not list resource.k8s.io resourceslices" in warning["problem"]
         assert reader.taints is None and reader.trouble == "forbidden"
     finally:
-        await reader.close()
+        await reader.api.close()
         await server.stop()
 
 
@@ -166,7 +168,7 @@ async def test_an_outage_keeps_the_taints_last_read(tmp_path: Path) -> None:
         assert reader.taints == kept and reader.stale and REASON in await _reasons(trigger)
         assert REASON not in await _reasons(trigger)  # the failures fired nothing
     finally:
-        await reader.close()
+        await reader.api.close()
 
 
 def _dra_pod() -> FakePod:

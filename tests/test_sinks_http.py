@@ -35,11 +35,11 @@ from testkit.receivers import PagerDutyReceiver, PathEchoReceiver, SlackReceiver
 from watcher.cli import main
 from watcher.config import ConfigError
 from watcher.model.changes import Change, Kind, Severity
-from watcher.model.device_health import DeviceHealth
+from watcher.model.devicehealth.affected import annotate
+from watcher.model.devicehealth.pods import HEALTHY, UNHEALTHY, UNKNOWN, Owner, PodIndex, PodMeta
+from watcher.model.devicehealth.verdicts import DeviceHealth
 from watcher.model.events import Event, envelope, event_schema
 from watcher.model.lifecycle import reachable, unreachable
-from watcher.model.pod_meta import HEALTHY, UNHEALTHY, UNKNOWN, Owner, PodIndex, PodMeta
-from watcher.model.who import annotate
 from watcher.secrets import redact
 from watcher.settings_file import parse_settings
 from watcher.sinks.base import BaseSinkSettings as SinkSettings

@@ -22,8 +22,8 @@ from watcher.model.build import build
 from watcher.model.wording import printable
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import default_node
-from watcher.snapshot import Snapshot, take_snapshot
-from watcher.snapshot_html import MAX_LABEL, STATE_COLOURS, render_html
+from watcher.snapshot.html import MAX_LABEL, STATE_COLOURS, render_html
+from watcher.snapshot.take import Snapshot, take_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = "nvidia.com/gpu"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -27,18 +26,20 @@ from watcher.cycle.state import CycleState
 from watcher.delivery.dispatcher import DeliveryObserver, Dispatcher
 from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import KubeletHealth
-from watcher.kubelet.pods_watch import PodsWatch, SnapshotBounds
 from watcher.model.inventory import Inventory
 from watcher.model.settling import Settling
 from watcher.ops import notify
 from watcher.ops.connections import ConnectionLimits
 from watcher.ops.http import FD_OWN, HttpOptions, HttpServer
 from watcher.ops.metrics import Metrics
-from watcher.settings import HttpSettings, Settings, pods_api_socket
+from watcher.parts import kube_api_of, sources_of
+from watcher.settings import HttpSettings, Settings
 from watcher.settings_file import config_warnings, parse_listen
 from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Sink
 from watcher.sinks.http import HTTP_SINK_CONNECTIONS
 from watcher.sinks.registry import build_sinks
+from watcher.sources.base import Source
+from watcher.sources.pods_api.watch import PodsWatch
 from watcher.status import AgentStatus
 from watcher.store.outbox import OUTBOX_FILE
 from watcher.store.store import Store
@@ -46,9 +47,8 @@ from watcher.supervision import Supervisor, sleep_or_stop, wait_any
 from watcher.tls import ServerTls
 
 if TYPE_CHECKING:
-    # Imported where a kubernetes sink is configured, not before: the agent's RSS is budgeted.
-    from watcher.cycle.resource_slices import ResourceSliceTaints
-    from watcher.sinks.kubernetes import KubernetesSinkSettings
+    # Imported where the API server is used, not before: the agent's RSS is budgeted.
+    from watcher.sources.resource_slices import ResourceSliceTaints
 
 __all__ = ["Agent", "http_options"]
 
@@ -60,15 +60,6 @@ SHUTDOWN_GRACE_S = 5.0
 RELOAD_QUIET_S = 0.2
 # ... but never longer than this after the first one, so a steady stream cannot starve it.
 RELOAD_MAX_WAIT_S = 2.0
-
-
-def _kubernetes_sinks(configs: Sequence[BaseSinkSettings]) -> list[KubernetesSinkSettings]:
-    """The kubernetes sinks among `configs`. Their settings class exists only once its module is
-    imported (the registry imports it for such a sink), so with none configured nothing is imported."""
-    module = sys.modules.get("watcher.sinks.kubernetes.settings")
-    if module is None:
-        return []
-    return [s for s in configs if isinstance(s, module.KubernetesSinkSettings)]
 
 
 def http_options(http: HttpSettings, sinks: Sequence[BaseSinkSettings] = ()) -> HttpOptions:
@@ -110,6 +101,7 @@ class Agent:
         settings: Settings,
         *,
         sinks: Sequence[Sink] | None = None,
+        sources: Sequence[Source] = (),
         stop: asyncio.Event | None = None,
         rng: random.Random | None = None,
         load_settings: Callable[[], Settings] | None = None,
@@ -126,12 +118,14 @@ class Agent:
         self.outbox = Store(settings.state_dir / OUTBOX_FILE)
         self.storage = self.outbox.health
         self.storage.subscribe(lambda writable: self.metrics.state_writable.set(int(writable)))
-        if sinks is None:
-            sinks = build_sinks(
-                settings.sinks, node=settings.node, state_dir=settings.state_dir, store=self.outbox
-            )
+        # The one way to the API server, shared by the kubernetes sink and the sources reading it.
+        self.kube_api = kube_api_of(settings)
         self.dispatcher = Dispatcher(
-            self.outbox, sinks, stop=self.stop, rng=self.rng, on_outbox_error=self._outbox_trouble
+            self.outbox,
+            sinks if sinks is not None else self._build_sinks(settings),
+            stop=self.stop,
+            rng=self.rng,
+            on_outbox_error=self._outbox_trouble,
         )
         self.dispatcher.observers.append(self.metrics.observe_delivery)
         self.notifier = Notifier(settings, stop=self.stop, rng=self.rng)
@@ -153,44 +147,11 @@ class Agent:
             rate_backoff=Backoff(base=0.2, cap=10.0, rng=self.rng),
             retry_backoff=self.retry_backoff,
             stop=self.stop,
+            sources=[*sources_of(settings, self.kube_api, self.notifier, self.stop, self.rng), *sources],
         )
         self.reactor.observers.append(
             lambda _: self.notifier.kubelet_answered(not self.committer.state.health.failing)
         )
-        # The kubelet's Pods API, when it is there: pod changes as they happen, and what pods are.
-        self.pods_watch: PodsWatch | None = None
-        if settings.pods.api:
-            self.pods_watch = PodsWatch(
-                pods_api_socket(settings),
-                labels=settings.pods.labels,
-                backoff=Backoff(base=0.5, cap=30.0, rng=self.rng),
-                stop=self.stop,
-                on_changes=self.reactor.pod_reads.on_changes,
-                on_state=self.notifier.pods_api_state,  # its stream's end: a restart, at once
-                timeout=settings.kubelet.timeout,
-                watches=self.notifier.watches,
-                bounds=SnapshotBounds(seconds=settings.pods.snapshot_timeout),
-                resync_interval=settings.pods.resync_interval,
-            )
-            self.reactor.pods_watch = self.pods_watch
-            self.reactor.pod_reads.index = self.pods_watch.index  # a reused name's pods told apart
-        # DRA device taints from the API server: only where a kubernetes sink gives us one.
-        self.slice_taints: ResourceSliceTaints | None = None
-        kube = _kubernetes_sinks(settings.sinks)
-        if settings.pods.resource_slices and kube:
-            from watcher.cycle.resource_slices import ResourceSliceTaints
-            from watcher.sinks.kubernetes import KubernetesSink
-
-            sink = next((s for s in sinks if isinstance(s, KubernetesSink) and s.name == kube[0].name), None)
-            self.slice_taints = ResourceSliceTaints(
-                kube[0],
-                node=settings.node,
-                interval=settings.pods.resource_slices_interval,
-                trigger=self.notifier.trigger,
-                stop=self.stop,
-                limiter=sink.limiter if sink is not None else None,
-            )
-            self.reactor.slice_taints = self.slice_taints
         self.supervisor = Supervisor(self.stop, grace=SHUTDOWN_GRACE_S)
         self.status = AgentStatus(
             settings=lambda: self.settings,
@@ -200,10 +161,32 @@ class Agent:
             dispatcher=self.dispatcher,
             outbox=self.outbox,
             metrics=self.metrics,
-            pods_watch=self.pods_watch,
         )
         self.http: HttpServer | None = None
         self._reload_lock = asyncio.Lock()
+
+    def _build_sinks(self, settings: Settings) -> list[Sink]:
+        return build_sinks(
+            settings.sinks,
+            node=settings.node,
+            state_dir=settings.state_dir,
+            store=self.outbox,
+            kube_api=self.kube_api,
+        )
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        return self.reactor.sources
+
+    @property
+    def pods_watch(self) -> PodsWatch | None:
+        """The Pods API watch, when the agent runs one (a test and benchmark seam)."""
+        return self.reactor.pods_api.watch if self.reactor.pods_api is not None else None
+
+    @property
+    def slice_taints(self) -> ResourceSliceTaints | None:
+        """The ResourceSlices source, when the agent runs one (a test seam)."""
+        return next((s for s in self.sources if s.name == "resource-slices"), None)  # type: ignore[return-value]
 
     # -- seams --
 
@@ -269,10 +252,8 @@ class Agent:
                 "state-watch": self.notifier.watch_state_files,
                 "delivery": self._deliver_once_open,
             }
-            if self.pods_watch is not None:
-                tasks["pods-watch"] = self.pods_watch.run
-            if self.slice_taints is not None:
-                tasks["resource-slices"] = self.slice_taints.run
+            for source in self.sources:
+                tasks[source.name] = source.run
             if not self.storage.ready.is_set() and not await self.open():
                 tasks["outbox-open"] = self._open_later
             if self.settings.http.enabled:
@@ -305,7 +286,10 @@ class Agent:
 
     async def close(self) -> None:
         """Close the kubelet channel, the sinks and the outbox (what `run()` does last)."""
-        for close in (self.reactor.client.close, self.dispatcher.close, self.outbox.close):
+        closing = [self.reactor.client.close, self.dispatcher.close, self.outbox.close]
+        if self.kube_api is not None:
+            closing.insert(2, self.kube_api.close)  # after the sinks and sources that use it
+        for close in closing:
             try:
                 await close()
             except Exception as err:  # one failing close must not skip the others
@@ -399,9 +383,14 @@ class Agent:
             # ready_stale_after is read on every /readyz and a token file is re-read when it
             # changes; the rest is the running server's shape.
             log.warning("[http] changes other than ready_stale_after apply on restart")
-        sinks = build_sinks(
-            settings.sinks, node=settings.node, state_dir=settings.state_dir, store=self.outbox
-        )
+        if kube_api_of(settings, self.kube_api) is not self.kube_api:
+            log.warning(
+                "[kubernetes] and the kubernetes sink's connection apply on restart; keeping the running one"
+            )
+        if settings.resource_slices != old.resource_slices:
+            log.warning("[resource_slices] changes apply on restart; keeping the running source")
+            settings = dataclasses.replace(settings, resource_slices=old.resource_slices)
+        sinks = self._build_sinks(settings)
         self.settings = settings
         self.committer.settings = settings
         try:

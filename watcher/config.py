@@ -175,6 +175,14 @@ def _secret(key: str, value: Any, *, is_file: bool, base: Path | None) -> Secret
         raise ConfigError(f"{key}: {err}") from err
 
 
+# Keys that moved, and where to: a config written for an earlier version is told where, not refused
+# as a typo.
+MOVED = {
+    "pods.resource_slices": "[resource_slices] enabled",
+    "pods.resource_slices_interval": "[resource_slices] interval",
+}
+
+
 def build(
     cls: type[Any], data: Any, path: str, *, skip: frozenset[str] = frozenset(), base: Path | None = None
 ) -> Any:
@@ -191,6 +199,8 @@ def build(
     allowed = set(fields) | set(secret_files)
     unknown = sorted(set(data) - allowed)
     where = f"{path}." if path else ""
+    if unknown and f"{where}{unknown[0]}" in MOVED:
+        raise ConfigError(f"{where}{unknown[0]}: moved; set {MOVED[f'{where}{unknown[0]}']} instead")
     if unknown:
         close = difflib.get_close_matches(unknown[0], allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

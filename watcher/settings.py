@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Literal
 
 from watcher.config import ConfigError, field_meta
+from watcher.kubeapi.settings import KubernetesApiSettings
 from watcher.kubelet.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT
-from watcher.kubelet.pods_watch import DEFAULT_RESYNC_INTERVAL, DEFAULT_SNAPSHOT_TIMEOUT
 from watcher.secrets import Secret
 from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.stdout import StdoutSinkSettings
+from watcher.sources.pods_api.watch import DEFAULT_RESYNC_INTERVAL, DEFAULT_SNAPSHOT_TIMEOUT
 
 __all__ = [
     "KubeletSettings",
@@ -158,15 +159,19 @@ class PodsSettings:
             max=86400,
         ),
     )
-    resource_slices: bool = field(
+
+
+@dataclass(frozen=True)
+class ResourceSlicesSettings:
+    enabled: bool = field(
         default=True,
         metadata=field_meta(
-            "With a `kubernetes` sink: also read the node's ResourceSlices (with that sink's "
-            "credentials; needs `list` on resource.k8s.io resourceslices) and count a device's "
-            "NoSchedule/NoExecute taint as Unhealthy, one story with the Pod status's verdict."
+            "Read the node's ResourceSlices where the agent talks to the API server ([kubernetes] api: "
+            "with a `kubernetes` sink, or `on`; needs `list` on resource.k8s.io resourceslices) and "
+            "count a device's NoSchedule/NoExecute taint as Unhealthy, one story with the Pod status's."
         ),
     )
-    resource_slices_interval: float = field(
+    interval: float = field(
         default=30.0,
         metadata=field_meta("Seconds between two lists of the node's ResourceSlices.", min=1, max=3600),
     )
@@ -401,6 +406,8 @@ class Settings:
     kubelet: KubeletSettings = field(default_factory=KubeletSettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
     pods: PodsSettings = field(default_factory=PodsSettings)
+    resource_slices: ResourceSlicesSettings = field(default_factory=ResourceSlicesSettings)
+    kubernetes: KubernetesApiSettings = field(default_factory=KubernetesApiSettings)
     log: LogSettings = field(default_factory=LogSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     sinks: tuple[BaseSinkSettings, ...] = field(

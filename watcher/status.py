@@ -15,12 +15,12 @@ import structlog
 from watcher.cycle.committer import Committer
 from watcher.cycle.reactor import Reactor
 from watcher.delivery.dispatcher import Dispatcher
-from watcher.kubelet.pods_watch import PodsWatch
 from watcher.kubelet.watching import DirectoryWatches
 from watcher.model.inventory import Inventory
 from watcher.ops.http import Health
 from watcher.ops.metrics import Metrics
 from watcher.settings import Settings
+from watcher.sources.pods_api.source import OFF
 from watcher.store.store import Store
 
 __all__ = ["AgentStatus", "InventoryDocument"]
@@ -79,10 +79,8 @@ class AgentStatus:
         dispatcher: Dispatcher,
         outbox: Store,
         metrics: Metrics,
-        pods_watch: PodsWatch | None = None,
     ) -> None:
         self._settings = settings
-        self.pods_watch = pods_watch
         self._tasks = tasks
         self.reactor = reactor
         self.committer = committer
@@ -112,23 +110,13 @@ class AgentStatus:
             "last_success_age_s": None if age is None else round(age, 3),
             "seq": state.seq,
             # Which way pod changes are seen: the kubelet's Pods API, or pod-resources alone.
-            "pods_api": (
-                {"state": "off", "detail": "[pods] api = false"}
-                if self.pods_watch is None
-                else {"state": self.pods_watch.state, "detail": self.pods_watch.detail}
-            ),
+            "pods_api": OFF,
         }
+        # Each source says how it is doing; none is a reason to be unready on its own.
+        for source in self.reactor.sources:
+            details[source.status_key] = source.status()
         # What each trigger directory shows through the mounts: a missing mount is named here.
         details["watches"] = watch_report(self.reactor.notifier.watches)
-        slices = self.reactor.slice_taints
-        if slices is not None:  # only with a kubernetes sink; never a reason to be unready
-            read = slices.last_read
-            details["resource_slices"] = {
-                "taints": None if slices.taints is None else len(slices.taints),
-                "stale": slices.stale,
-                "problem": slices.trouble,
-                "last_read_age_s": None if read is None else round(time.monotonic() - read, 3),
-            }
         if self.storage.error is not None:
             where = settings.state_dir
             return Health(False, f"cannot store events and state in {where}: {self.storage.error}", details)

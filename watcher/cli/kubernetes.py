@@ -22,8 +22,8 @@ KUBERNETES_EXIT_CODES = exit_codes(
 
 
 async def _kubernetes_cleanup(args: argparse.Namespace) -> int:
+    from watcher.kubeapi.kubeconfig import clear_text_warning
     from watcher.sinks.kubernetes import KubernetesError, KubernetesSinkSettings, remove_owned_conditions
-    from watcher.sinks.kubernetes.kubeconfig import clear_text_warning
 
     nodes: list[str] = list(args.node)
     if args.config is not None:

@@ -24,9 +24,9 @@ from watcher.kubelet.client import (
     DEFAULT_TIMEOUT,
     PodResourcesClient,
 )
-from watcher.kubelet.pods_api import DEFAULT_MAX_RECEIVE_BYTES as PODS_MAX_RECEIVE_BYTES
-from watcher.kubelet.pods_api import PodsApiClient
 from watcher.settings import DEFAULT_POD_LABELS, default_node_name
+from watcher.sources.pods_api.client import DEFAULT_MAX_RECEIVE_BYTES as PODS_MAX_RECEIVE_BYTES
+from watcher.sources.pods_api.client import PodsApiClient
 
 __all__ = ["add_parser"]
 
@@ -41,8 +41,8 @@ SNAPSHOT_EXIT_CODES = exit_codes(
 
 async def _snapshot(args: argparse.Namespace) -> int:
     # Here, not at the top: the agent never takes a snapshot, and imports `watcher.cli`.
-    from watcher.snapshot import format_json, format_table, take_snapshot
-    from watcher.snapshot_pods import PodsView, default_pods_socket, read_pods
+    from watcher.snapshot.pods import PodsView, default_pods_socket, read_pods
+    from watcher.snapshot.take import format_json, format_table, take_snapshot
 
     async with PodResourcesClient(
         args.socket, timeout=args.timeout, max_receive_bytes=args.max_receive_bytes
@@ -60,7 +60,7 @@ async def _snapshot(args: argparse.Namespace) -> int:
     if snap.degraded and args.output != "table":
         print(f"{PROG}: warning: {snap.degraded}", file=sys.stderr)
     if args.output == "html":
-        from watcher.snapshot_html import render_html
+        from watcher.snapshot.html import render_html
 
         node = args.node or default_node_name()
         sys.stdout.write(render_html(snap, node))

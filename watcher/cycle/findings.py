@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection, Mapping
 
 import structlog
 
@@ -18,15 +17,14 @@ from watcher.cycle.state import CycleState
 from watcher.kubelet.plugins import plugin_sockets
 from watcher.model import lifecycle
 from watcher.model.changes import Change
-from watcher.model.corroboration import corroborate
-from watcher.model.device_taints import DeviceTaint
+from watcher.model.devicehealth.affected import annotate
+from watcher.model.devicehealth.plugin_devices import corroborate
 from watcher.model.diff import diff
 from watcher.model.flapping import FlapRule
 from watcher.model.inventory import Inventory
-from watcher.model.pod_meta import PodIndex, PodMeta
 from watcher.model.settling import Settling
-from watcher.model.who import annotate
 from watcher.settings import Settings
+from watcher.sources.base import Evidence
 
 __all__ = ["restarted", "settle", "conclude"]
 
@@ -78,19 +76,17 @@ def conclude(
     cycle: str,
     before: Inventory | None,
     after: Inventory,
-    *,
-    pods: PodIndex | None = None,
-    taints: Collection[DeviceTaint] | None = None,
-    gone: Mapping[tuple[str, str], PodMeta] | None = None,
+    evidence: Evidence,
 ) -> CycleState:
     """Diff `before` against the inventory to report, add the changes to `changes` (after the
     lifecycle ones already there) and return the draft that holds `after`.
 
-    `pods`: the Pods API's complete view of the node's pods (None: no watch live now). With it, a
-    DRA device's verdict in its holders' Pod status is a change too, a device plugin's device that
-    left allocatable carries the kubelet's verdicts, and every change names the pods it hits.
-    `taints`: the node's ResourceSlice device taints as last read (None: none read), the second
-    source of DRA device health, merged with the Pod status's (watcher.model.device_health)."""
+    `evidence`: what the sources say (watcher.sources.base). With the Pods API's complete view of
+    the pods, a DRA device's verdict in its holders' Pod status is a change too, a device plugin's
+    device that left allocatable carries the kubelet's verdicts, and every change names the pods it
+    hits; the ResourceSlice taints are the second source of DRA device health, merged with the Pod
+    status's (watcher.model.devicehealth.verdicts)."""
+    pods = evidence.pods
     if before is not None and after is not before:
         after.carry_tally(before)  # one pod's change costs that pod, not a recount of the node
     diffs: list[Change] = list(diff(before, after)) if before is not None and after is not before else []
@@ -108,12 +104,12 @@ def conclude(
             unknown_grace=settings.pods.health_unknown_grace,
             unheld_grace=settings.pods.unheld_grace,
             holding=draft.settling.holding,
-            taints=taints,
+            taints=evidence.taints,
         )
         diffs.extend(verdicts)
     flaps, damped = draft.flaps.damp(now, diffs, flap_rule(settings))
     incidents, grouped = draft.incidents.group(cycle, damped, settings.watch.incident_threshold)
-    changes.extend(annotate(grouped, pods, gone) if pods is not None else grouped)
+    changes.extend(annotate(grouped, pods, evidence.gone) if pods is not None else grouped)
     draft = dataclasses.replace(
         draft, flaps=flaps, incidents=incidents, inventory=after, device_health=device_health
     )

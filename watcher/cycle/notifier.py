@@ -18,11 +18,11 @@ from pathlib import Path
 
 import structlog
 
-from watcher.cycle.pod_reads import POD_STATUS
 from watcher.kubelet.identity import FileIdentity, SocketState, is_replacement, probe_socket, replaced_since
 from watcher.kubelet.triggers import Trigger
 from watcher.kubelet.watching import DirectoryWatches
 from watcher.settings import Settings, WatchSettings
+from watcher.sources.pods_api.reads import POD_STATUS
 from watcher.supervision import Scope
 
 __all__ = ["CHECKPOINT_NAME", "NO_STREAM", "Notifier", "PLUGIN_FOLLOW_UPS", "STATE_FILE_NAMES"]

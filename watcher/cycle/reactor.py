@@ -12,9 +12,8 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import structlog
 from google.protobuf.message import DecodeError
@@ -26,25 +25,22 @@ from watcher.cycle.asking import Replaced, query_answers, unless_replaced
 from watcher.cycle.committer import Committer
 from watcher.cycle.findings import conclude, flap_rule, restarted, settle
 from watcher.cycle.notifier import Notifier
-from watcher.cycle.pod_reads import PodAnswers, PodKey, PodReads
 from watcher.cycle.state import CycleState
 from watcher.kubelet.client import PodResourcesClient
 from watcher.kubelet.decoding import Decoder
 from watcher.kubelet.health import ALLOCATABLE
 from watcher.kubelet.identity import is_replacement, probe_socket, replaced_since
-from watcher.kubelet.pods_watch import PodsWatch
 from watcher.model import lifecycle
 from watcher.model.changes import Change
 from watcher.model.events import new_cycle_id
 from watcher.model.inventory import Inventory
-from watcher.model.pod_meta import PodIndex
 from watcher.ops.metrics import Metrics
 from watcher.ratelimit import RateLimiter
 from watcher.settings import Settings
+from watcher.sources.base import Source, merged
+from watcher.sources.pods_api.reads import PodAnswers, PodKey, PodReads
+from watcher.sources.pods_api.source import PodsApiSource
 from watcher.supervision import StoppedError, unless_stopped
-
-if TYPE_CHECKING:
-    from watcher.cycle.resource_slices import ResourceSliceTaints
 
 __all__ = ["Reactor", "CycleObserver"]
 
@@ -69,6 +65,7 @@ class Reactor:
         rate_backoff: Backoff,
         retry_backoff: Backoff,
         stop: asyncio.Event,
+        sources: Sequence[Source] = (),
     ) -> None:
         self.settings = settings
         self.notifier = notifier
@@ -80,9 +77,11 @@ class Reactor:
         self.client = _client(settings)
         self.limiter = RateLimiter(settings.watch.max_rpc_rate)
         self.decoder = Decoder()
-        self.pod_reads = PodReads(notifier.trigger)  # what the Pods API watch named, if it runs
-        self.pods_watch: PodsWatch | None = None  # set by the app when it runs one
-        self.slice_taints: ResourceSliceTaints | None = None  # likewise (only with a kubernetes sink)
+        # What the agent reads besides pod-resources: each hands every cycle its evidence.
+        self.sources = tuple(sources)
+        # The Pods API's reads change how a cycle asks the kubelet (Get for the pods it named).
+        self.pods_api = next((s for s in self.sources if isinstance(s, PodsApiSource)), None)
+        self.pod_reads = self.pods_api.reads if self.pods_api is not None else PodReads(notifier.trigger)
         self.list_only: str | None = None  # why GetAllocatableResources is unavailable
         self.last_success: float | None = None  # monotonic
         self.last_reconnect_latency: float | None = None  # socket change seen -> first answer
@@ -104,8 +103,8 @@ class Reactor:
     async def run(self) -> None:
         """Wait for a trigger or a deadline, re-query when one is due, until the stop flag."""
         with contextlib.suppress(StoppedError):
-            if self.pods_watch is not None:  # the first look names pods' owners when the API can
-                await unless_stopped(self.stop, self.pods_watch.settled())
+            for source in self.sources:  # e.g. the first look names pods' owners when the API can
+                await unless_stopped(self.stop, source.first_look())
             self.notifier.trigger.fire("startup", urgent=True)
             while not self.stop.is_set():
                 wait = self.notifier.trigger.wait(self._wake_at(), self.settings.watch.debounce)
@@ -145,7 +144,7 @@ class Reactor:
         if (quiet := state.flaps.next_look(flap_rule(self.settings))) is not None:
             deadlines.append(quiet)
         # An Unknown is timed only while the Pod status is read; an unheld story always.
-        live = self._pods() is not None
+        live = self.pods_api is not None and self.pods_api.live
         health, unheld = state.device_health, self.settings.pods.unheld_grace
         if (look := health.next_look(self._unknown_grace, unheld, verdicts=live)) is not None:
             deadlines.append(look)
@@ -281,26 +280,10 @@ class Reactor:
                 )
             changes.extend(held)
             draft = dataclasses.replace(draft, settling=settling)
-            taints = self.slice_taints.taints if self.slice_taints is not None else None
-            draft = conclude(
-                self.settings,
-                draft,
-                changes,
-                cycle,
-                before,
-                after,
-                pods=self._pods(),
-                taints=taints,
-                gone=self.pod_reads.take_gone(after),
-            )
+            evidence = merged([source.evidence(after) for source in self.sources])
+            draft = conclude(self.settings, draft, changes, cycle, before, after, evidence)
         result = "changed" if after is not before else "unchanged"
         return result, functools.partial(commit, draft, before=before, baseline=before is None)
-
-    def _pods(self) -> PodIndex | None:
-        """The Pods API's view of the pods, when it is complete and live (None: no watch, or it is
-        down or still reading its snapshot; then nothing of the pods' status is judged)."""
-        watch = self.pods_watch
-        return watch.index if watch is not None and watch.state == "watching" else None
 
     async def _check_socket_identity(
         self, reasons: frozenset[str], draft: CycleState, changes: list[Change]

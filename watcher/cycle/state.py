@@ -20,7 +20,7 @@ import structlog
 
 from watcher.kubelet.health import KubeletHealth
 from watcher.kubelet.identity import FileIdentity
-from watcher.model.device_health import DeviceHealth
+from watcher.model.devicehealth.verdicts import DeviceHealth
 from watcher.model.flapping import Flaps
 from watcher.model.incidents import Incidents
 from watcher.model.inventory import Inventory

@@ -103,6 +103,10 @@ class SinkContext:
     state_dir: Path
     store: KeyValue
     audit_logs: Mapping[str, Path] = field(default_factory=dict)
+    # The agent's one KubeApi (watcher.kubeapi.api), when it talks to the API server: the kubernetes
+    # sink shares its client and limiter with the sources that read the API. Typed loosely so that
+    # this module does not import the client library's side.
+    kube_api: object | None = None
 
 
 @dataclass(frozen=True)

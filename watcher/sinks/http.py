@@ -11,16 +11,14 @@ never carries a secret (`redact`).
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import aiohttp
 
 from watcher import __version__
+from watcher.retry_after import parse_retry_after
 from watcher.secrets import redact
 from watcher.sinks.base import HttpSinkSettings, Outcome
 from watcher.tls import client_context
@@ -33,28 +31,6 @@ MAX_BODY_BYTES = 64 * 1024
 HTTP_SINK_CONNECTIONS = 4
 # RFC 9110 delta-seconds: ASCII digits only. str.isdigit() also takes "²" or "٣", which float()
 # then refuses: that raised here once, and the event was dead-lettered as if refused for good.
-_DELTA_SECONDS = re.compile(r"[0-9]+")
-
-
-def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date; never raises.
-
-    None when the value is neither (`1e20`, `-5`, `²`, a date past year 9999): the caller's own
-    backoff applies. A huge but valid value comes back as it is (possibly inf); capping it is
-    the delivery worker's job, with the sink's `retry_after_max`.
-    """
-    if value is None:
-        return None
-    value = value.strip()
-    if _DELTA_SECONDS.fullmatch(value):
-        return float(value)  # thousands of digits give inf, not an error
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 def outcome_of(status: int, headers: Mapping[str, str], body: str) -> Outcome:

@@ -26,9 +26,9 @@ import structlog
 from watcher.config import field_meta
 from watcher.model.changes import Kind
 from watcher.model.conditions import condition_of
+from watcher.model.devicehealth.affected import owner_text
 from watcher.model.events import Event
 from watcher.model.hold_down import HeldEnd, Step, decide
-from watcher.model.who import owner_text
 from watcher.secrets import Secret
 from watcher.sinks.base import (
     BaseSinkSettings,

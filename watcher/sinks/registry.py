@@ -285,16 +285,29 @@ def build_sink(
     state_dir: Path,
     store: KeyValue,
     peers: Sequence[BaseSinkSettings] = (),
+    kube_api: object | None = None,
 ) -> Sink:
     """Instantiate one configured sink; `peers` are the other configured sinks (whose audit logs
     it may report)."""
     context = SinkContext(
-        node=node, state_dir=state_dir, store=store, audit_logs=audit_logs_of(peers, state_dir)
+        node=node,
+        state_dir=state_dir,
+        store=store,
+        audit_logs=audit_logs_of(peers, state_dir),
+        kube_api=kube_api,
     )
     return sink_type_of(cfg).factory(cfg, context)
 
 
 def build_sinks(
-    configs: Sequence[BaseSinkSettings], *, node: str, state_dir: Path, store: KeyValue
+    configs: Sequence[BaseSinkSettings],
+    *,
+    node: str,
+    state_dir: Path,
+    store: KeyValue,
+    kube_api: object | None = None,
 ) -> list[Sink]:
-    return [build_sink(cfg, node=node, state_dir=state_dir, store=store, peers=configs) for cfg in configs]
+    return [
+        build_sink(cfg, node=node, state_dir=state_dir, store=store, peers=configs, kube_api=kube_api)
+        for cfg in configs
+    ]

@@ -21,16 +21,18 @@ those already written are saved as they are written.
 The client library (lightkube) is imported when the sink is first used, so an agent without this
 sink pays nothing for it.
 
-`settings` holds the sink's settings and their checks, `kubeconfig` the client configuration and
-its checks (which `check-config` runs too), `client` the API client and its paced requests,
+`settings` holds the sink's settings and their checks (the client, its configuration and its paced
+requests are watcher.kubeapi's, shared with the sources that read the API), `refusals` an API
+refusal as an outcome,
 `planner` the Events and missing-device state a batch asks for, `condition_plan` what each owned
 condition says, `notes` how their texts are bounded, `conditions` the condition writes and
 their removal, `events` the Event writes, `sink` the sink itself and its one registration.
 """
 
-from watcher.sinks.kubernetes.client import KubernetesError, connect
+from watcher.kubeapi.client import KubernetesError, connect
+from watcher.kubeapi.settings import SERVICE_ACCOUNT_DIR
 from watcher.sinks.kubernetes.conditions import remove_owned_conditions
-from watcher.sinks.kubernetes.settings import SERVICE_ACCOUNT_DIR, KubernetesSinkSettings
+from watcher.sinks.kubernetes.settings import KubernetesSinkSettings
 
 # isort: split
 # Last: importing it registers the sink type, and by then the package must be complete (other

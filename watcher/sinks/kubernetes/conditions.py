@@ -9,9 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from watcher.kubeapi.client import KubernetesError, RefusedError, call, connect
 from watcher.ratelimit import RateLimiter
-from watcher.sinks.kubernetes.client import KubernetesError, RefusedError, call, connect, refused_outcome
 from watcher.sinks.kubernetes.condition_plan import NodeCondition, is_owned
+from watcher.sinks.kubernetes.refusals import refused_outcome
 from watcher.sinks.kubernetes.settings import KubernetesSinkSettings
 
 if TYPE_CHECKING:  # imported for real only when the sink is used
@@ -110,7 +111,7 @@ async def remove_owned_conditions(
     Raises KubernetesError saying what went wrong."""
     from lightkube.resources.core_v1 import Node
 
-    client = connect(settings)
+    client = connect(settings, field_manager=settings.reporting_controller)
     limiter = RateLimiter(settings.api_rate)
     out: dict[str, list[str]] = {}
     try:

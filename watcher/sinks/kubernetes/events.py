@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
+from watcher.kubeapi.client import RefusedError, call
 from watcher.ratelimit import RateLimiter
-from watcher.sinks.kubernetes.client import RefusedError, call
 from watcher.sinks.kubernetes.planner import KubeEvent
 from watcher.sinks.kubernetes.settings import KubernetesSinkSettings
 

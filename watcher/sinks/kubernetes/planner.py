@@ -25,10 +25,10 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from watcher.model.changes import Kind
-from watcher.model.device_health import SLICE_SOURCE
-from watcher.model.device_health import SOURCE as POD_STATUS
+from watcher.model.devicehealth.affected import hit_pods, owner_text
+from watcher.model.devicehealth.verdicts import SLICE_SOURCE
+from watcher.model.devicehealth.verdicts import SOURCE as POD_STATUS
 from watcher.model.events import Event
-from watcher.model.who import hit_pods, owner_text
 from watcher.model.wording import printable
 from watcher.sinks.kubernetes.notes import fit, listed, pods_of
 
@@ -292,7 +292,8 @@ def _time_of(event: Event) -> datetime:
 
 
 def _owner_first(text: str, details: Mapping[str, Any]) -> str:
-    """`text` after the owner of the pods `details` names (`watcher.model.who`), if it has one."""
+    """`text` after the owner of the pods `details` names (watcher.model.devicehealth.affected),
+    if it has one."""
     owner = owner_text(details)
     return text if owner is None else f"{owner}: {text}"
 

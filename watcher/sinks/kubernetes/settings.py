@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Literal
 
 from watcher.config import ConfigError, field_meta
+from watcher.kubeapi.settings import SERVICE_ACCOUNT_DIR
 from watcher.model.changes import Kind
 from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX, check_condition_type, shared_types
 
-__all__ = ["KubernetesSinkSettings", "SERVICE_ACCOUNT_DIR", "check_settings"]
+__all__ = ["KubernetesSinkSettings", "check_settings"]
 
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # The kinds the conditions are built from: a sink whose `kinds` left these out would report
 # conditions that never clear, so check-config refuses that.
 _NEEDED_KINDS = (

@@ -11,15 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from watcher.kubeapi.api import KubeApi
+from watcher.kubeapi.client import KubernetesError, RefusedError
+from watcher.kubeapi.kubeconfig import check_client_config, clear_text_warning
 from watcher.model.events import Event
-from watcher.ratelimit import RateLimiter
 from watcher.sinks.base import Capabilities, KeyValue, Outcome, SinkContext
-from watcher.sinks.kubernetes.client import KubernetesError, RefusedError, connect, refused_outcome
 from watcher.sinks.kubernetes.condition_plan import NodeCondition, conditions_for, shared_types
 from watcher.sinks.kubernetes.conditions import condition_patch, taken_types, write_conditions
 from watcher.sinks.kubernetes.events import EventWriter, fresh_records
-from watcher.sinks.kubernetes.kubeconfig import check_client_config, clear_text_warning
 from watcher.sinks.kubernetes.planner import Missing, plan
+from watcher.sinks.kubernetes.refusals import refused_outcome
 from watcher.sinks.kubernetes.settings import KubernetesSinkSettings, check_settings
 from watcher.sinks.registry import SinkType, register
 
@@ -32,13 +33,20 @@ log = structlog.get_logger("watcher.sinks.kubernetes")
 
 
 class KubernetesSink:
-    def __init__(self, settings: KubernetesSinkSettings, *, node: str, store: KeyValue) -> None:
+    def __init__(
+        self, settings: KubernetesSinkSettings, *, node: str, store: KeyValue, api: KubeApi | None = None
+    ) -> None:
         self.name = settings.name
         self.settings = settings
         self.node = node
         self.store = store
-        self.limiter = RateLimiter(settings.api_rate)
-        self._client: AsyncClient | None = None
+        # The agent's one KubeApi when it hands one over (its sources share the client and the
+        # limiter); else one of the sink's own, from its connection fields, which the sink closes.
+        self._own_api = api is None
+        self.kube_api = (
+            api if api is not None else KubeApi(settings, field_manager=settings.reporting_controller)
+        )
+        self.limiter = self.kube_api.limiter
         self._lock = asyncio.Lock()
         self._events = EventWriter(settings, node=node, limiter=self.limiter, api=self._api)
 
@@ -47,9 +55,7 @@ class KubernetesSink:
         return f"kubernetes:{self.name}:state"
 
     def _api(self) -> AsyncClient:
-        if self._client is None:
-            self._client = connect(self.settings)
-        return self._client
+        return self.kube_api.client()
 
     async def deliver(self, events: Sequence[Event]) -> Outcome:
         async with self._lock:
@@ -157,9 +163,8 @@ class KubernetesSink:
         return None
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        if self._own_api:  # a shared one is the agent's to close: its sources still use it
+            await self.kube_api.close()
 
 
 def _check(path: str, settings: KubernetesSinkSettings) -> None:
@@ -174,7 +179,8 @@ def _warnings(path: str, settings: KubernetesSinkSettings) -> list[str]:
 
 
 def _kubernetes_sink(settings: KubernetesSinkSettings, context: SinkContext) -> KubernetesSink:
-    return KubernetesSink(settings, node=context.node, store=context.store)
+    api = context.kube_api if isinstance(context.kube_api, KubeApi) else None
+    return KubernetesSink(settings, node=context.node, store=context.store, api=api)
 
 
 register(

@@ -1,0 +1,69 @@
+"""The source seam: what the agent reads besides the kubelet's pod-resources answers.
+
+A source (as a monitor of node-problem-detector, or a provider of the kubelet) is a supervised loop
+that keeps what it last read, says how it is doing in `/readyz`, and hands each cycle its evidence as
+one frozen value. The reactor gets its sources when it is made; the agent supervises them, `/readyz`
+lists them, and `findings.conclude` takes their evidence merged. Adding one is a module here, its
+settings, and one line where the agent is composed (watcher/app.py `_sources`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from watcher.model.devicehealth.pods import PodIndex, PodMeta
+from watcher.model.devicehealth.taints import DeviceTaint
+from watcher.model.inventory import Inventory
+
+__all__ = ["Evidence", "Source", "merged"]
+
+PodKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the sources say of the node for one cycle, beside pod-resources' answer.
+
+    `pods`: the Pods API's complete, live view of the node's pods (None: no watch live now); with it,
+    a DRA device's verdict in its holders' Pod status is a change too, and every change names the
+    pods it hits. `taints`: the node's DRA device taints as last read (None: none read).
+    `gone`: pods that ended since the last cycle, by name, so that their removal names them.
+    """
+
+    pods: PodIndex | None = None
+    taints: tuple[DeviceTaint, ...] | None = None
+    gone: Mapping[PodKey, PodMeta] = field(default_factory=dict)
+
+
+def merged(parts: Sequence[Evidence]) -> Evidence:
+    """The sources' evidence as one value: what any of them set (each says its own part)."""
+    pods = next((e.pods for e in parts if e.pods is not None), None)
+    taints = next((e.taints for e in parts if e.taints is not None), None)
+    gone: dict[PodKey, PodMeta] = {}
+    for e in parts:
+        gone.update(e.gone)
+    return Evidence(pods=pods, taints=taints, gone=gone)
+
+
+class Source(Protocol):
+    """One thing the agent reads. `name` is its supervised task's; `status_key` its `/readyz` entry."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def status_key(self) -> str: ...
+
+    async def run(self) -> None:
+        """Read until the agent stops; never raises for its peer's sake (an outage is a state)."""
+
+    async def first_look(self) -> None:
+        """Return once the agent's first cycle may use what this source reads (bounded)."""
+
+    def status(self) -> dict[str, Any]:
+        """How it is doing, for `/readyz` (never a reason to be unready on its own)."""
+
+    def evidence(self, after: Inventory) -> Evidence:
+        """What it says for the cycle that reports `after` (it may hand over what it kept for it)."""
