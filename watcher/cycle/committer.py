@@ -142,32 +142,13 @@ class Committer:
         taken as it is); False when the store refused: nothing moved, and a retry is scheduled."""
         current = self.state
         after = draft.inventory
-        changes = list(changes)
-        if not current.started_reported:
-            started = lifecycle.started(
-                after if draft.health.ever_connected else None,
-                baseline="fresh" if baseline or current.inventory is None else "saved",
-                changes=sum(1 for c in changes if c.kind not in LIFECYCLE_KINDS),
-                error=draft.health.last_error,
-            )
-            changes.insert(0, started)
+        changes = self._with_started(changes, draft, baseline=baseline)
         # After a failed commit, try again even with nothing new: that is how the agent
         # finds out the disk is back (and /readyz, the metrics and the sinks with it).
         if after is current.inventory and not changes and self.storage.error is None:
             self.state = draft
             return True
-        previous = before if before is not None else current.inventory
-        events = [
-            envelope(
-                c,
-                seq=current.seq + i,
-                node=self.settings.node,
-                cycle=cycle,
-                before=previous.content_hash if previous is not None else None,
-                after=after.content_hash if after is not None else None,
-            )
-            for i, c in enumerate(changes, start=1)
-        ]
+        events = self._envelopes(changes, cycle, before if before is not None else current.inventory, after)
         seq = current.seq + len(events)
         saved = SavedState(
             seq=seq,
@@ -200,6 +181,41 @@ class Committer:
         if not current.started_reported:
             heap.settle("the first inventory")  # the node's view, built whole: watcher.heap
         await self.dispatcher.hand_over()
+        self._announce(events)
+        return True
+
+    def _with_started(self, changes: Sequence[Change], draft: CycleState, *, baseline: bool) -> list[Change]:
+        """`changes`, after the agent's `started` event if this is its first commit."""
+        current = self.state
+        changes = list(changes)
+        if not current.started_reported:
+            started = lifecycle.started(
+                draft.inventory if draft.health.ever_connected else None,
+                baseline="fresh" if baseline or current.inventory is None else "saved",
+                changes=sum(1 for c in changes if c.kind not in LIFECYCLE_KINDS),
+                error=draft.health.last_error,
+            )
+            changes.insert(0, started)
+        return changes
+
+    def _envelopes(
+        self, changes: Sequence[Change], cycle: str, before: Inventory | None, after: Inventory | None
+    ) -> list[Event]:
+        """The events of `changes`, numbered on from the committed state's seq."""
+        return [
+            envelope(
+                c,
+                seq=self.state.seq + i,
+                node=self.settings.node,
+                cycle=cycle,
+                before=before.content_hash if before is not None else None,
+                after=after.content_hash if after is not None else None,
+            )
+            for i, c in enumerate(changes, start=1)
+        ]
+
+    def _announce(self, events: Sequence[Event]) -> None:
+        """Count, log and hand to the observers the events just stored."""
         for event in events:
             self.metrics.events.labels(str(event.kind)).inc()
             self.log.info(
@@ -211,7 +227,6 @@ class Committer:
             )
             for observer in self.observers:
                 observer(event)
-        return True
 
     def _failed(self, err: Exception) -> None:
         self.log.error(
