@@ -171,6 +171,14 @@ class Metrics:
         """`max_device_series`: the [http] setting of that name (its default here too)."""
         r = self.registry = CollectorRegistry()
         self.max_device_series = max_device_series
+        # In this order on the page: the kubelet's, the deliveries' and the state's, the outbox's
+        # and the HTTP server's (the inventory's have a registry of their own).
+        self._kubelet_metrics(r)
+        self._delivery_and_state_metrics(r)
+        self._inventory_metrics()
+        self._outbox_and_http_metrics(r)
+
+    def _kubelet_metrics(self, r: CollectorRegistry) -> None:
         self.requeries = Counter(
             f"{P}_requeries", "Re-queries of the kubelet by result.", ["result"], registry=r
         )
@@ -187,6 +195,8 @@ class Metrics:
         # alert on the first `device.flapping` of a run needs the series to exist before it.
         for kind in Kind:
             self.events.labels(str(kind))
+
+    def _delivery_and_state_metrics(self, r: CollectorRegistry) -> None:
         self.deliveries = Counter(
             f"{P}_deliveries", "Events handled by sink and result.", ["sink", "result"], registry=r
         )
@@ -218,6 +228,8 @@ class Metrics:
             "Unix time of the last successful re-query.",
             registry=r,
         )
+
+    def _inventory_metrics(self) -> None:
         # The inventory's gauges are most of a large node's page (hundreds of device series) and
         # change only with the inventory: they live in a registry of their own whose text is kept
         # between scrapes, so a scrape renders the few live figures only.
@@ -233,6 +245,8 @@ class Metrics:
         self._shown: Inventory | None = None  # what the inventory gauges show
         self.device_health = _DeviceHealthCollector()
         inv.register(self.device_health)
+
+    def _outbox_and_http_metrics(self, r: CollectorRegistry) -> None:
         self.outbox = _OutboxCollector()
         r.register(self.outbox)
         self.http_connections = Gauge(f"{P}_http_connections", "HTTP connections open now.", registry=r)
