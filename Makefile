@@ -42,7 +42,7 @@ test: tools lint typecheck pytest ## everything CI runs: the test tools, lint, t
 # The fast tier: the pure core (model, diff, inventory, settings, the planner) and the units that
 # need no process, server or outside tool. Every file here is also in the full suite.
 FAST_TESTS := tests/test_diffing.py tests/test_inventory.py tests/test_inventory_properties.py \
-	tests/test_kube_reports.py tests/test_store.py tests/test_sink_registry.py tests/test_layout.py \
+	tests/test_kubernetes_planner.py tests/test_store.py tests/test_sink_registry.py tests/test_layout.py \
 	tests/test_allocator.py tests/test_ratelimit.py tests/test_supervision.py tests/test_decoding.py \
 	tests/test_admission_policy.py tests/test_proto.py tests/test_audit_integrity.py \
 	tests/test_settings.py tests/test_incidents.py tests/test_docs.py

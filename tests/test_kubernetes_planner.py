@@ -1,4 +1,5 @@
-"""What goes into Kubernetes, decided purely: Events per Pod and Node, and the Node conditions.
+"""What goes into Kubernetes, decided purely (watcher/sinks/kubernetes/planner.py and
+condition_plan.py): Events per Pod and Node, and the Node conditions.
 
 The events fed in are the agent's own, made by the real diff of two inventories (and the real
 lifecycle builder for watcher.started), so the planner is tested on what it will really be given.
