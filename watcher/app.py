@@ -32,12 +32,11 @@ from watcher.ops import notify
 from watcher.ops.connections import ConnectionLimits
 from watcher.ops.http import FD_OWN, HttpOptions, HttpServer
 from watcher.ops.metrics import Metrics
-from watcher.parts import kube_api_of, sources_of
+from watcher.parts import kube_api_of, sinks_of, sources_of
 from watcher.settings import HttpSettings, Settings
 from watcher.settings_file import config_warnings, parse_listen
 from watcher.sinks.base import BaseSinkSettings, HttpSinkSettings, Sink
 from watcher.sinks.http import HTTP_SINK_CONNECTIONS
-from watcher.sinks.registry import build_sinks
 from watcher.sources.base import Source
 from watcher.sources.pods_api.watch import PodsWatch
 from watcher.status import AgentStatus
@@ -120,38 +119,15 @@ class Agent:
         self.storage.subscribe(lambda writable: self.metrics.state_writable.set(int(writable)))
         # The one way to the API server, shared by the kubernetes sink and the sources reading it.
         self.kube_api = kube_api_of(settings)
+        if sinks is None:
+            sinks = sinks_of(settings, self.outbox, self.kube_api)
         self.dispatcher = Dispatcher(
-            self.outbox,
-            sinks if sinks is not None else self._build_sinks(settings),
-            stop=self.stop,
-            rng=self.rng,
-            on_outbox_error=self._outbox_trouble,
+            self.outbox, sinks, stop=self.stop, rng=self.rng, on_outbox_error=self._outbox_trouble
         )
         self.dispatcher.observers.append(self.metrics.observe_delivery)
         self.notifier = Notifier(settings, stop=self.stop, rng=self.rng)
         self.retry_backoff = Backoff(base=0.5, cap=min(10.0, settings.watch.interval), rng=self.rng)
-        self.committer = Committer(
-            settings,
-            outbox=self.outbox,
-            dispatcher=self.dispatcher,
-            metrics=self.metrics,
-            backoff=self.retry_backoff,
-            wake=lambda reason, urgent: self.notifier.trigger.fire(reason, urgent=urgent),
-            state=CycleState(last_snapshot=time.monotonic()),
-        )
-        self.reactor = Reactor(
-            settings,
-            notifier=self.notifier,
-            committer=self.committer,
-            metrics=self.metrics,
-            rate_backoff=Backoff(base=0.2, cap=10.0, rng=self.rng),
-            retry_backoff=self.retry_backoff,
-            stop=self.stop,
-            sources=[*sources_of(settings, self.kube_api, self.notifier, self.stop, self.rng), *sources],
-        )
-        self.reactor.observers.append(
-            lambda _: self.notifier.kubelet_answered(not self.committer.state.health.failing)
-        )
+        self.committer, self.reactor = self._cycle_parts(settings, sources)
         self.supervisor = Supervisor(self.stop, grace=SHUTDOWN_GRACE_S)
         self.status = AgentStatus(
             settings=lambda: self.settings,
@@ -165,18 +141,29 @@ class Agent:
         self.http: HttpServer | None = None
         self._reload_lock = asyncio.Lock()
 
-    def _build_sinks(self, settings: Settings) -> list[Sink]:
-        return build_sinks(
-            settings.sinks,
-            node=settings.node,
-            state_dir=settings.state_dir,
-            store=self.outbox,
-            kube_api=self.kube_api,
+    def _cycle_parts(self, settings: Settings, sources: Sequence[Source]) -> tuple[Committer, Reactor]:
+        """The committer and the reactor, which reads the sources the settings ask for and `sources`."""
+        committer = Committer(
+            settings,
+            outbox=self.outbox,
+            dispatcher=self.dispatcher,
+            metrics=self.metrics,
+            backoff=self.retry_backoff,
+            wake=lambda reason, urgent: self.notifier.trigger.fire(reason, urgent=urgent),
+            state=CycleState(last_snapshot=time.monotonic()),
         )
-
-    @property
-    def sources(self) -> tuple[Source, ...]:
-        return self.reactor.sources
+        reactor = Reactor(
+            settings,
+            notifier=self.notifier,
+            committer=committer,
+            metrics=self.metrics,
+            rate_backoff=Backoff(base=0.2, cap=10.0, rng=self.rng),
+            retry_backoff=self.retry_backoff,
+            stop=self.stop,
+            sources=[*sources_of(settings, self.kube_api, self.notifier, self.stop, self.rng), *sources],
+        )
+        reactor.observers.append(lambda _: self.notifier.kubelet_answered(not committer.state.health.failing))
+        return committer, reactor
 
     @property
     def pods_watch(self) -> PodsWatch | None:
@@ -186,7 +173,7 @@ class Agent:
     @property
     def slice_taints(self) -> ResourceSliceTaints | None:
         """The ResourceSlices source, when the agent runs one (a test seam)."""
-        return next((s for s in self.sources if s.name == "resource-slices"), None)  # type: ignore[return-value]
+        return next((s for s in self.reactor.sources if s.name == "resource-slices"), None)  # type: ignore[return-value]
 
     # -- seams --
 
@@ -252,7 +239,7 @@ class Agent:
                 "state-watch": self.notifier.watch_state_files,
                 "delivery": self._deliver_once_open,
             }
-            for source in self.sources:
+            for source in self.reactor.sources:
                 tasks[source.name] = source.run
             if not self.storage.ready.is_set() and not await self.open():
                 tasks["outbox-open"] = self._open_later
@@ -390,7 +377,7 @@ class Agent:
         if settings.resource_slices != old.resource_slices:
             log.warning("[resource_slices] changes apply on restart; keeping the running source")
             settings = dataclasses.replace(settings, resource_slices=old.resource_slices)
-        sinks = self._build_sinks(settings)
+        sinks = sinks_of(settings, self.outbox, self.kube_api)
         self.settings = settings
         self.committer.settings = settings
         try:

@@ -14,7 +14,8 @@ from watcher.backoff import Backoff
 from watcher.cycle.notifier import Notifier
 from watcher.kubeapi.settings import Connection
 from watcher.settings import Settings, pods_api_socket
-from watcher.sinks.base import BaseSinkSettings
+from watcher.sinks.base import BaseSinkSettings, KeyValue, Sink
+from watcher.sinks.registry import build_sinks
 from watcher.sources.base import Source
 from watcher.sources.pods_api.source import PodsApiSource
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from watcher.kubeapi.api import KubeApi
     from watcher.sinks.kubernetes import KubernetesSinkSettings
 
-__all__ = ["kube_api_of", "sources_of"]
+__all__ = ["kube_api_of", "sinks_of", "sources_of"]
 
 
 def kube_api_of(settings: Settings, running: KubeApi | None = None) -> KubeApi | None:
@@ -74,6 +75,13 @@ def sources_of(
             )
         )
     return sources
+
+
+def sinks_of(settings: Settings, store: KeyValue, kube_api: KubeApi | None) -> list[Sink]:
+    """The sinks the settings configure; a kubernetes sink shares `kube_api` with the sources."""
+    return build_sinks(
+        settings.sinks, node=settings.node, state_dir=settings.state_dir, store=store, kube_api=kube_api
+    )
 
 
 def _pods_api_source(
