@@ -119,6 +119,58 @@ def _body(rec: Any) -> tuple[str, Any]:
     raise ValueError("unexpected shape")
 
 
+def _record(line: _Line, want: str) -> tuple[str, Any, int, Any, str]:
+    """(kind, body, n, prev, hash) of a record; _BrokenError if it is none."""
+    try:
+        rec = json.loads(line.raw)
+        kind, body = _body(rec)
+        n, prev, digest = rec["n"], rec["prev"], rec["hash"]
+        if not isinstance(n, int) or not isinstance(digest, str):
+            raise ValueError("unexpected shape")
+    except (ValueError, KeyError, TypeError):
+        raise _BrokenError(f"{want} is broken at {line.path}:{line.lineno}: not a valid record") from None
+    return kind, body, n, prev, digest
+
+
+def _check_hash(
+    n: int, where: str, digest: str, unhashed: dict[str, Any], keys: Sequence[bytes], scan: _Scan
+) -> None:
+    """The record's hash or MAC matches it, and no unkeyed record follows a keyed one."""
+    if digest.startswith(KEYED):
+        if keys and not any(hmac.compare_digest(chain_hash(unhashed, k), digest) for k in keys):
+            raise _BrokenError(
+                f"record {n} at {where} does not match its MAC under the key: altered, "
+                "re-chained without the key, or written with another key"
+            )
+        if scan.first_keyed is None:
+            scan.first_keyed = n
+        scan.last_keyed = n
+    elif digest.startswith(UNKEYED):
+        if chain_hash(unhashed, None) != digest:
+            raise _BrokenError(f"record {n} at {where} was altered (its hash does not match)")
+        if keys and scan.first_keyed is not None:
+            raise _BrokenError(
+                f"record {n} at {where} is not keyed, but record {scan.first_keyed} before it "
+                "is: the log was downgraded (rewritten without the key)"
+            )
+    else:
+        raise _BrokenError(f"record {n} at {where} has a hash of no known kind")
+
+
+def _check_link(n: int, prev: Any, where: str, expected_n: int | None, scan: _Scan) -> None:
+    """The record is the one expected after the last, and chains to it."""
+    if expected_n is None:
+        scan.first = n
+        if n == 1 and prev != GENESIS:
+            raise _BrokenError(f"record 1 at {where} does not start the chain")
+    elif n != expected_n:
+        if n < expected_n:
+            raise _BrokenError(f"record {n} at {where} is out of order (expected {expected_n})")
+        raise _BrokenError(f"{_span(expected_n, n - 1)} missing before {where}")
+    elif prev != scan.last_hash:
+        raise _BrokenError(f"record {n} at {where} does not chain to record {n - 1}")
+
+
 def _scan(
     ordered: Sequence[Path], keys: Sequence[bytes], wanted: set[int], seen: dict[int, str], scan: _Scan
 ) -> None:
@@ -127,45 +179,11 @@ def _scan(
     for path in ordered:
         for line in _lines(path):
             where = f"{line.path}:{line.lineno}"
-            want = "the first record" if expected_n is None else f"record {expected_n}"
-            try:
-                rec = json.loads(line.raw)
-                kind, body = _body(rec)
-                n, prev, digest = rec["n"], rec["prev"], rec["hash"]
-                if not isinstance(n, int) or not isinstance(digest, str):
-                    raise ValueError("unexpected shape")
-            except (ValueError, KeyError, TypeError):
-                raise _BrokenError(f"{want} is broken at {where}: not a valid record") from None
-            unhashed = {"n": n, "prev": prev, kind: body}
-            if digest.startswith(KEYED):
-                if keys and not any(hmac.compare_digest(chain_hash(unhashed, k), digest) for k in keys):
-                    raise _BrokenError(
-                        f"record {n} at {where} does not match its MAC under the key: altered, "
-                        "re-chained without the key, or written with another key"
-                    )
-                if scan.first_keyed is None:
-                    scan.first_keyed = n
-                scan.last_keyed = n
-            elif digest.startswith(UNKEYED):
-                if chain_hash(unhashed, None) != digest:
-                    raise _BrokenError(f"record {n} at {where} was altered (its hash does not match)")
-                if keys and scan.first_keyed is not None:
-                    raise _BrokenError(
-                        f"record {n} at {where} is not keyed, but record {scan.first_keyed} before it "
-                        "is: the log was downgraded (rewritten without the key)"
-                    )
-            else:
-                raise _BrokenError(f"record {n} at {where} has a hash of no known kind")
-            if expected_n is None:
-                scan.first = n
-                if n == 1 and prev != GENESIS:
-                    raise _BrokenError(f"record 1 at {where} does not start the chain")
-            elif n != expected_n:
-                if n < expected_n:
-                    raise _BrokenError(f"record {n} at {where} is out of order (expected {expected_n})")
-                raise _BrokenError(f"{_span(expected_n, n - 1)} missing before {where}")
-            elif prev != scan.last_hash:
-                raise _BrokenError(f"record {n} at {where} does not chain to record {n - 1}")
+            kind, body, n, prev, digest = _record(
+                line, "the first record" if expected_n is None else f"record {expected_n}"
+            )
+            _check_hash(n, where, digest, {"n": n, "prev": prev, kind: body}, keys, scan)
+            _check_link(n, prev, where, expected_n, scan)
             if n in wanted:
                 seen[n] = digest
             if kind == "gap":
@@ -269,19 +287,32 @@ def verify_files(
             notes.append("the head was not checked: give the current log file too (not only rotated ones)")
         else:
             notes += _check_head(head_file, keys, scan, seen, saved)
-        for n, digest in expect:
-            if n not in seen:
-                span = "none" if scan.first is None else f"{scan.first}..{scan.last}"
-                raise _BrokenError(f"record {n} (--expect) is not in the files given (records {span})")
-            if not hmac.compare_digest(seen[n], digest):
-                raise _BrokenError(
-                    f"record {n} has hash {seen[n]}, not {digest} as reported earlier (--expect): "
-                    "the log was rewritten"
-                )
-            notes.append(f"record {n} has the hash reported earlier")
+        _check_expected(expect, scan, seen, notes)
     except _BrokenError as err:
         gaps = tuple(scan.gaps)
         return VerifyResult(False, scan.count, scan.first, scan.last, str(err), tuple(notes), gaps=gaps)
+    return _intact(scan, keys, notes)
+
+
+def _check_expected(
+    expect: Sequence[tuple[int, str]], scan: _Scan, seen: dict[int, str], notes: list[str]
+) -> None:
+    """The records reported earlier (`--expect`) are there with the same hash: a note for each in
+    `notes` (those before a broken one are kept), or _BrokenError."""
+    for n, digest in expect:
+        if n not in seen:
+            span = "none" if scan.first is None else f"{scan.first}..{scan.last}"
+            raise _BrokenError(f"record {n} (--expect) is not in the files given (records {span})")
+        if not hmac.compare_digest(seen[n], digest):
+            raise _BrokenError(
+                f"record {n} has hash {seen[n]}, not {digest} as reported earlier (--expect): "
+                "the log was rewritten"
+            )
+        notes.append(f"record {n} has the hash reported earlier")
+
+
+def _intact(scan: _Scan, keys: Sequence[bytes], notes: list[str]) -> VerifyResult:
+    """The result for a log found intact: unverified if it has keyed records and no key was given."""
     if scan.first_keyed is not None and not keys:
         assert scan.last_keyed is not None
         verb = "is" if scan.first_keyed == scan.last_keyed else "are"
