@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from testkit.agent import make_settings, running_agent
 from watcher.model.devicehealth.taints import DeviceTaint
 from watcher.model.inventory import Inventory
@@ -103,3 +105,16 @@ def test_evidence_merges_what_each_source_says() -> None:
     assert merged([]) == Evidence()
     both = merged([Evidence(taints=(t,)), Evidence(gone={("ml", "a"): None})])  # type: ignore[dict-item]
     assert both.taints == (t,) and set(both.gone) == {("ml", "a")} and both.pods is None
+
+
+def test_the_api_connection_is_set_in_one_place() -> None:
+    from watcher.config import ConfigError
+    from watcher.settings_file import parse_settings
+
+    sink = {"type": "kubernetes", "server": "https://127.0.0.1:6443"}
+    assert parse_settings({"sinks": {"k8s": sink}}).kubernetes.api == "auto"
+    both = {"kubernetes": {"server": "https://127.0.0.1:6443"}, "sinks": {"k8s": sink}}
+    with pytest.raises(ConfigError, match=r"^sinks\.k8s\.server: .*not in both"):
+        parse_settings(both)
+    with pytest.raises(ConfigError, match=r"^pods\.resource_slices: moved; set \[resource_slices\] enabled"):
+        parse_settings({"pods": {"resource_slices": False}})

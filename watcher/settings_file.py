@@ -136,7 +136,22 @@ def parse_settings(data: Mapping[str, Any], *, base_dir: Path | None = None) -> 
         raise ConfigError("state_dir: a system directory, which the agent would make 0700: give it its own")
     if sinks is not None:
         settings = dataclasses.replace(settings, sinks=sinks)
+    _check_one_connection(settings)
     return settings
+
+
+def _check_one_connection(settings: Settings) -> None:
+    """The agent has one connection to the API server: set in [kubernetes], or (left unset there)
+    in a kubernetes sink; in both, one of them would be silently ignored."""
+    if settings.kubernetes.connection_is_default():
+        return
+    for sink in settings.sinks:
+        named = [k for k in ("kubeconfig", "context", "server") if getattr(sink, k, None) is not None]
+        if getattr(sink, "type", None) == "kubernetes" and named:
+            raise ConfigError(
+                f"sinks.{sink.name}.{named[0]}: the agent has one connection to the API server and "
+                "[kubernetes] sets it; set the connection there or in the sink, not in both"
+            )
 
 
 def load_settings(path: Path) -> Settings:
