@@ -21,9 +21,10 @@ from testkit.agent import make_settings, running_agent
 from testkit.kube_rbac import rules_from_manifests
 from testkit.kube_schemas import strict_schemas
 from watcher.kubeapi.api import KubeApi
+from watcher.kubeapi.settings import KubernetesApiSettings
 from watcher.kubelet.triggers import Trigger
 from watcher.model.devicehealth.taints import DeviceTaint
-from watcher.settings import PodsSettings
+from watcher.settings import PodsSettings, ResourceSlicesSettings
 from watcher.sim.apiserver import FakeApiServer, pod_bound_user
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeClaim, FakeClaimDevice, FakeContainer, FakePod
@@ -222,3 +223,47 @@ async def test_through_the_agent_a_taint_and_the_pod_status_are_one_story(
         assert health(mark)[1].details["sources"] == ["pod-status", "resource-slice"]
         ready = run.agent.status.readiness().details["resource_slices"]
         assert ready["taints"] == 0 and ready["stale"] is False and ready["problem"] is None
+
+
+async def test_without_a_kubernetes_sink_a_role_that_only_lists_slices_is_enough(short_tmp: Path) -> None:
+    """[kubernetes] api = "on" and no kubernetes sink: the agent reads its node's slices with a role
+    that may list them and nothing else (no Event, node or pod verb), and a taint on a held device
+    is a device.unhealthy; nothing else is asked of the API server."""
+    rules = [
+        r
+        for r in rules_from_manifests(
+            [RBAC], service_account="pod-resources-watcher", namespace="pod-resources-watcher"
+        )
+        if "resourceslices" in str(r)
+    ]
+    assert len(rules) == 1
+    server = _server(short_tmp, rules)
+    await server.start()
+    fake = FakeKubelet(short_tmp / "kubelet", seed=21)
+    fake.node.add_pod(_dra_pod())
+    kubeconfig = server.write_kubeconfig(short_tmp / "agent.kubeconfig", AGENT)
+    settings = dataclasses.replace(
+        make_settings(short_tmp),
+        pods=PodsSettings(),
+        kubernetes=KubernetesApiSettings(api="on", kubeconfig=kubeconfig, api_rate=50.0),
+        resource_slices=ResourceSlicesSettings(interval=1.0),
+    )
+    assert not any(s.type == "kubernetes" for s in settings.sinks)
+    try:
+        async with fake, running_agent(settings, fake) as run:
+            reader = run.agent.slice_taints
+            assert reader is not None
+            await run.recorder.until(lambda: reader.taints == (), 10)
+            mark = len(run.recorder.events)
+            server.put_resource_slice(_slice("node-a-gpus", NODE, {DEVICE: [XID_TAINT]}))
+            await run.recorder.until(
+                lambda: any(e.kind == "device.unhealthy" for e in run.recorder.events[mark:]), 10
+            )
+            (failed,) = [e for e in run.recorder.events[mark:] if e.kind.startswith("device.")]
+            assert failed.details["sources"] == ["resource-slice"]
+            assert run.agent.status.readiness().details["resource_slices"]["problem"] is None
+        assert server.count(status=403) == 0
+        paths = {r.path for r in server.requests}
+        assert paths == {"/apis/resource.k8s.io/v1/resourceslices"}, paths
+    finally:
+        await server.stop()
