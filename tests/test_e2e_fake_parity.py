@@ -106,7 +106,7 @@ KEPT_DIFFERENCES = {
         "device verdicts), then each status the kubelet makes while it starts the containers",
         "sends a new pod as Running with its containers' statuses and verdicts at once",
         "the fake has no pod workers; the agent reads a new pod with Get whatever its phase, and a "
-        "pod's first verdicts are no health change (cycle/pod_reads.py)",
+        "pod's first verdicts are no health change (sources/pods_api/reads.py)",
         "test_kept_a_new_pod_comes_pending_first_upstream_and_running_from_the_fake",
     ),
     "a claim's two names": Kept(
