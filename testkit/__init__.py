@@ -11,6 +11,7 @@ other). The wheel carries only `watcher*`; nothing under `watcher/` imports this
 - http_server, receiver, receivers: a loopback server for a test's own handler; the recording,
   scriptable receiver; Slack, PagerDuty and webhook receivers that enforce each service's rules
 - dispatching: the real Dispatcher on a real outbox, its deliveries awaitable
+- http_sinks: events, each HTTP sink's settings and a DRA device's story for the sinks' tests
 - permissions: a path's permission bits, a umask for the length of a test
 - certificates, ports, disks, processes: openssl-made PKI, free ports, filesystems that fill up or
   fail, the fake kubelet as a child process

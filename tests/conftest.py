@@ -1,5 +1,6 @@
 """Shared fixtures: short socket directories, a running fake kubelet, a task-leak guard,
-certificates for TLS tests, and the real Kubernetes API server (kube-testcluster)."""
+certificates for TLS tests, the real Kubernetes API server (kube-testcluster), and the HTTP sinks'
+receivers and sinks."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import logging
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import pytest_asyncio
@@ -20,7 +22,10 @@ from testkit.container_node import ContainerCluster, ContainerNode, start_contai
 from testkit.deployed import IMAGE, agent_image
 from testkit.disks import FailingDisk, tmpfs
 from testkit.disks import failing_disk as make_failing_disk
+from testkit.dispatching import open_outbox
 from testkit.fake_kubelets import StartKubelet
+from testkit.http_sinks import NODE as SINK_NODE
+from testkit.http_sinks import PD_KEY, SIGNING_SECRET
 from testkit.kube_controllers import KubeControllers, start_kube_controllers
 from testkit.kube_testcluster import KubeTestCluster, start_kube_testcluster
 from testkit.kubelet_lite import KubeletLite
@@ -28,7 +33,14 @@ from testkit.peers import peer
 from testkit.permissions import umask
 from testkit.planted_secret import PLANTED_SECRET
 from testkit.real_node import RealNode
+from testkit.receiver import Receiver
+from testkit.receivers import PagerDutyReceiver, SlackReceiver, WebhookReceiver
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sinks.base import BaseSinkSettings, Sink
+from watcher.sinks.registry import build_sink
+from watcher.store.store import Store
+
+ReceiverT = TypeVar("ReceiverT", bound=Receiver)
 
 
 @pytest.fixture
@@ -231,3 +243,75 @@ async def image_node(container_node: ContainerNode) -> ContainerNode:
     archive = await asyncio.to_thread(agent_image)
     assert IMAGE in await container_node.import_image(archive)
     return container_node
+
+
+# --- the HTTP sinks against their receivers (tests/test_sink_*.py; testkit/http_sinks.py) ---
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[ReceiverT], Awaitable[ReceiverT]]]:
+    """Start receivers on 127.0.0.1; they are closed after the test."""
+    started: list[Receiver] = []
+
+    async def start(receiver: ReceiverT) -> ReceiverT:
+        started.append(await receiver.start())
+        return receiver
+
+    yield start
+    for receiver in reversed(started):
+        await receiver.close()
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    """A real outbox: the dispatcher's queues, and the KeyValue the PagerDuty sink keeps."""
+    async with open_outbox(tmp_path / "outbox.db") as outbox:
+        yield outbox
+
+
+@pytest.fixture
+async def make_sink(
+    serve: Callable[[Receiver], Awaitable[Receiver]], store: Store, tmp_path: Path
+) -> AsyncIterator[Callable[[BaseSinkSettings], Sink]]:
+    """Build sinks with `build_sink`; closed (before the receivers) after the test."""
+    made: list[Sink] = []
+
+    def make(cfg: BaseSinkSettings) -> Sink:
+        sink = build_sink(cfg, node=SINK_NODE, state_dir=tmp_path, store=store)
+        made.append(sink)
+        return sink
+
+    yield make
+    for sink in made:
+        await sink.close()
+
+
+@pytest.fixture
+async def slack(serve: Callable[[SlackReceiver], Awaitable[SlackReceiver]]) -> SlackReceiver:
+    return await serve(SlackReceiver(rate=1.0))
+
+
+@pytest.fixture
+async def pagerduty(serve: Callable[[PagerDutyReceiver], Awaitable[PagerDutyReceiver]]) -> PagerDutyReceiver:
+    return await serve(PagerDutyReceiver())
+
+
+@pytest.fixture
+async def hook(serve: Callable[[WebhookReceiver], Awaitable[WebhookReceiver]]) -> WebhookReceiver:
+    return await serve(WebhookReceiver())
+
+
+@pytest.fixture
+async def signed_hook(serve: Callable[[WebhookReceiver], Awaitable[WebhookReceiver]]) -> WebhookReceiver:
+    return await serve(WebhookReceiver(secret=SIGNING_SECRET))
+
+
+@pytest.fixture
+def pd_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """${PD_ROUTING_KEY}, which `pd_config` names, set to PD_KEY."""
+    monkeypatch.setenv("PD_ROUTING_KEY", PD_KEY)
+
+
+@pytest.fixture
+def signing_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOK_SIGNING_SECRET", SIGNING_SECRET)
