@@ -167,30 +167,51 @@ def _pod_of(holder: str) -> tuple[str, str, str] | None:
 
 def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[str]]]) -> Report:
     """The Events and the new missing-device state for one batch of our events (in seq order)."""
-    state: Missing = {res: {dev: list(pods) for dev, pods in devs.items()} for res, devs in missing.items()}
-    report = Report(missing=state)
-    pods: dict[tuple[str, str], _PodNotes] = {}
-    # What the batch's events say of the pods they name (the Pods API's uid, owner and labels).
-    who: dict[tuple[str, str], Mapping[str, Any]] = {}
-    removed: dict[str, list[str]] = {}
-    added: dict[str, list[str]] = {}
+    planner = _Planner(missing)
+    for event in events:
+        planner.take(event)
+    node = events[0].node if events else ""
+    report = Report(planner.events, planner.state, planner.resources, started=planner.started)
+    report.events.extend(planner.node_summaries(node))
+    report.events.extend(planner.pod_events(node))
+    if events:
+        # One re-query's events: they were seen together, at the last one's time.
+        seen = _time_of(events[-1])
+        report.events[:] = [replace(e, observed=seen) for e in report.events]
+    return report
 
-    def notes(holder: str) -> tuple[_PodNotes, str] | None:
+
+class _Planner:
+    """One batch's plan in the making: the missing-device state, the Events so far, and what the
+    batch says of each pod and of the devices added and removed (worded once it is all read)."""
+
+    def __init__(self, missing: Mapping[str, Mapping[str, Sequence[str]]]) -> None:
+        self.state: Missing = {
+            res: {dev: list(pods) for dev, pods in devs.items()} for res, devs in missing.items()
+        }
+        self.events: list[KubeEvent] = []
+        self.resources: set[str] = set()
+        self.started = False
+        self.pods: dict[tuple[str, str], _PodNotes] = {}
+        # What the batch's events say of the pods they name (the Pods API's uid, owner and labels).
+        self.who: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self.removed: dict[str, list[str]] = {}
+        self.added: dict[str, list[str]] = {}
+
+    def _notes(self, holder: str) -> tuple[_PodNotes, str] | None:
         pod = _pod_of(holder)
         if pod is None:
             return None
-        return pods.setdefault((pod[0], pod[1]), _PodNotes()), pod[2]
+        return self.pods.setdefault((pod[0], pod[1]), _PodNotes()), pod[2]
 
-    for event in events:
+    def take(self, event: Event) -> None:
         d = event.details
-        resource, device = str(d.get("resource", "")), str(d.get("device", ""))
-        holders = _strings(d.get("allocated_to"))
         for entry in hit_pods(d):
-            who[(entry["namespace"], entry["name"])] = entry
+            self.who[(entry["namespace"], entry["name"])] = entry
         if d.get("test") is True:
             # `send-test`: a Normal Event on the Node that says so; no condition, no pod touched.
-            report.events.append(_node_event(event.node, "Normal", "SendTest", event.summary))
-            continue
+            self.events.append(_node_event(event.node, "Normal", "SendTest", event.summary))
+            return
         if d.get("source") in _DRA_SOURCES:
             # A DRA device's health, from its holder's Pod status or its slice's taints: such
             # devices are never in allocatable, which the Node conditions are kept from, so its
@@ -198,90 +219,115 @@ def plan(events: Sequence[Event], missing: Mapping[str, Mapping[str, Sequence[st
             # the conditions leave it out, whichever source told it.
             if event.kind in _NODE_EVENTS:
                 reason, kind = _NODE_EVENTS[event.kind]
-                report.events.append(_node_event(event.node, kind, reason, event.summary))
-            continue
+                self.events.append(_node_event(event.node, kind, reason, event.summary))
+            return
         if event.kind in (Kind.WATCHER_STARTED, Kind.INVENTORY_SNAPSHOT):
-            if event.kind is Kind.WATCHER_STARTED:
-                reconciled = _reconcile(state, d.get("inventory"), d.get("allocatable_devices"))
-            else:
-                canonical = d.get("inventory")
-                allocatable = canonical.get("allocatable") if isinstance(canonical, Mapping) else None
-                ids = allocatable.get("devices") if isinstance(allocatable, Mapping) else None
-                reconciled = _reconcile(state, d.get("summary"), ids)
-            if reconciled is not None:
-                report.resources.update(reconciled)
-                report = Report(report.events, state, report.resources, started=True)
-            continue
+            self._reconcile(event)
+            return
+        self._device(event)
+        if event.kind in _NODE_EVENTS:
+            reason, kind = _NODE_EVENTS[event.kind]
+            self.events.append(_node_event(event.node, kind, reason, _owner_first(event.summary, d)))
+
+    def _reconcile(self, event: Event) -> None:
+        d = event.details
+        if event.kind is Kind.WATCHER_STARTED:
+            reconciled = _reconcile(self.state, d.get("inventory"), d.get("allocatable_devices"))
+        else:
+            canonical = d.get("inventory")
+            allocatable = canonical.get("allocatable") if isinstance(canonical, Mapping) else None
+            ids = allocatable.get("devices") if isinstance(allocatable, Mapping) else None
+            reconciled = _reconcile(self.state, d.get("summary"), ids)
+        if reconciled is not None:
+            self.resources.update(reconciled)
+            self.started = True
+
+    def _device(self, event: Event) -> None:
+        """A device's change: the missing-device state, and what the pods holding it are told."""
+        d, state = event.details, self.state
+        resource, device = str(d.get("resource", "")), str(d.get("device", ""))
+        holders = _strings(d.get("allocated_to"))
         if event.kind in (Kind.DEVICE_REMOVED, Kind.DEVICE_FLAPPING):
             # A flapping device counts as unavailable until its flapping ends present.
-            before = state.get(resource, {}).get(device, [])
-            state.setdefault(resource, {})[device] = sorted(set(before) | set(holders))
-            report.resources.add(resource)
+            self._missing(resource, device, holders)
             if event.kind is Kind.DEVICE_REMOVED and "incident" not in d:
-                removed.setdefault(resource, []).append(device)
+                self.removed.setdefault(resource, []).append(device)
             for holder in holders:
-                if (got := notes(holder)) is not None:
+                if (got := self._notes(holder)) is not None:
                     target = got[0].failed if event.kind is Kind.DEVICE_REMOVED else got[0].flapping
                     target.append(_held(resource, device, got[1]))
         elif event.kind is Kind.DEVICE_ADDED or (event.kind is Kind.DEVICE_FLAP_ENDED and d.get("present")):
-            was = state.get(resource, {}).pop(device, None)
-            if resource in state and not state[resource]:
-                del state[resource]
-            report.resources.add(resource)
-            if event.kind is Kind.DEVICE_ADDED:
-                added.setdefault(resource, []).append(device)
-            for holder in sorted(set(was or [])):
-                if (got := notes(holder)) is not None:
-                    got[0].recovered.append(_held(resource, device, got[1]))
+            self._back(resource, device, added=event.kind is Kind.DEVICE_ADDED)
         elif event.kind is Kind.DEVICE_FLAP_ENDED:  # ended missing: it stays missing
-            before = state.get(resource, {}).get(device, [])
-            state.setdefault(resource, {})[device] = sorted(set(before) | set(holders))
-            report.resources.add(resource)
+            self._missing(resource, device, holders)
         elif event.kind is Kind.DEVICE_INCIDENT:
             for dev in _strings(d.get("devices")):
                 state.setdefault(resource, {}).setdefault(dev, [])
-            report.resources.add(resource)
-        if event.kind in _NODE_EVENTS:
-            reason, kind = _NODE_EVENTS[event.kind]
-            report.events.append(_node_event(event.node, kind, reason, _owner_first(event.summary, d)))
-    node = events[0].node if events else ""
-    for resource, devices in sorted(removed.items()):
-        hit = pods_of(h for dev in devices for h in state.get(resource, {}).get(dev, []))
-        note = f"{len(devices)} {resource} device(s) left allocatable (unhealthy or unplugged): "
-        note += listed(devices)
-        if hit:
-            note += f"; allocated to {listed(hit)}"
-            known = [who[key] for p in hit if (key := _split(p)) in who]
-            note = _owner_first(note, {"pods": known})
-        report.events.append(_node_event(node, "Warning", "DeviceRemoved", note))
-    for resource, devices in sorted(added.items()):
-        note = f"{len(devices)} {resource} device(s) joined or came back to allocatable: {listed(devices)}"
-        report.events.append(_node_event(node, "Normal", "DeviceAdded", note))
-    for (namespace, name), n in sorted(pods.items()):
-        its = who.get((namespace, name))
-        regarding = Regarding("Pod", name, namespace, str(its["uid"]) if its else "")
-        first = owner_text({"pods": [its]}) if its else None
-        head = f"{first}: " if first else ""
-        if n.failed:
-            note = head + (
-                f"{len(n.failed)} device(s) allocated to this pod left the node's allocatable devices "
-                f"(failed or vanished) on node {node}: {listed(n.failed)}"
+            self.resources.add(resource)
+
+    def _back(self, resource: str, device: str, *, added: bool) -> None:
+        """A device back in allocatable (`added`), or whose flapping ended with it there."""
+        state = self.state
+        was = state.get(resource, {}).pop(device, None)
+        if resource in state and not state[resource]:
+            del state[resource]
+        self.resources.add(resource)
+        if added:
+            self.added.setdefault(resource, []).append(device)
+        for holder in sorted(set(was or [])):
+            if (got := self._notes(holder)) is not None:
+                got[0].recovered.append(_held(resource, device, got[1]))
+
+    def _missing(self, resource: str, device: str, holders: list[str]) -> None:
+        before = self.state.get(resource, {}).get(device, [])
+        self.state.setdefault(resource, {})[device] = sorted(set(before) | set(holders))
+        self.resources.add(resource)
+
+    def node_summaries(self, node: str) -> list[KubeEvent]:
+        """One Node Event per resource whose devices left, or joined, allocatable in the batch."""
+        out = []
+        for resource, devices in sorted(self.removed.items()):
+            hit = pods_of(h for dev in devices for h in self.state.get(resource, {}).get(dev, []))
+            note = f"{len(devices)} {resource} device(s) left allocatable (unhealthy or unplugged): "
+            note += listed(devices)
+            if hit:
+                note += f"; allocated to {listed(hit)}"
+                known = [self.who[key] for p in hit if (key := _split(p)) in self.who]
+                note = _owner_first(note, {"pods": known})
+            out.append(_node_event(node, "Warning", "DeviceRemoved", note))
+        for resource, devices in sorted(self.added.items()):
+            note = (
+                f"{len(devices)} {resource} device(s) joined or came back to allocatable: {listed(devices)}"
             )
-            report.events.append(KubeEvent(regarding, "Warning", "DeviceFailed", fit(note, MAX_NOTE_BYTES)))
-        if n.flapping:
-            note = head + (
-                f"device(s) allocated to this pod keep failing and coming back on node {node}: "
-                f"{listed(n.flapping)}"
-            )
-            report.events.append(KubeEvent(regarding, "Warning", "DeviceFlapping", fit(note, MAX_NOTE_BYTES)))
-        if n.recovered:
-            note = head + f"device(s) allocated to this pod are back on node {node}: {listed(n.recovered)}"
-            report.events.append(KubeEvent(regarding, "Normal", "DeviceRecovered", fit(note, MAX_NOTE_BYTES)))
-    if events:
-        # One re-query's events: they were seen together, at the last one's time.
-        seen = _time_of(events[-1])
-        report.events[:] = [replace(e, observed=seen) for e in report.events]
-    return report
+            out.append(_node_event(node, "Normal", "DeviceAdded", note))
+        return out
+
+    def pod_events(self, node: str) -> list[KubeEvent]:
+        """One Event per Pod and reason: its devices that failed, flap, or are back."""
+        out = []
+        for (namespace, name), n in sorted(self.pods.items()):
+            its = self.who.get((namespace, name))
+            regarding = Regarding("Pod", name, namespace, str(its["uid"]) if its else "")
+            first = owner_text({"pods": [its]}) if its else None
+            head = f"{first}: " if first else ""
+            if n.failed:
+                note = head + (
+                    f"{len(n.failed)} device(s) allocated to this pod left the node's allocatable devices "
+                    f"(failed or vanished) on node {node}: {listed(n.failed)}"
+                )
+                out.append(KubeEvent(regarding, "Warning", "DeviceFailed", fit(note, MAX_NOTE_BYTES)))
+            if n.flapping:
+                note = head + (
+                    f"device(s) allocated to this pod keep failing and coming back on node {node}: "
+                    f"{listed(n.flapping)}"
+                )
+                out.append(KubeEvent(regarding, "Warning", "DeviceFlapping", fit(note, MAX_NOTE_BYTES)))
+            if n.recovered:
+                note = (
+                    head + f"device(s) allocated to this pod are back on node {node}: {listed(n.recovered)}"
+                )
+                out.append(KubeEvent(regarding, "Normal", "DeviceRecovered", fit(note, MAX_NOTE_BYTES)))
+        return out
 
 
 def _time_of(event: Event) -> datetime:
