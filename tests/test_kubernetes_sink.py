@@ -24,7 +24,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from testkit.admission_policy import review
-from testkit.agent import Running, make_settings, running_agent
+from testkit.agent import make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from testkit.inventories import inventory_of
 from testkit.kube_rbac import rules_from_manifests
 from testkit.kube_schemas import strict_schemas
@@ -42,7 +43,6 @@ from watcher.model.inventory import Inventory
 from watcher.settings_file import config_warnings, parse_settings
 from watcher.sim.apiserver import FakeApiServer, kubectl, pod_bound_user
 from watcher.sim.demo_kubernetes import run_kubernetes_demo
-from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod, default_node
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
@@ -158,27 +158,21 @@ def _agent_settings(api: FakeApiServer, root: Path, **sink_overrides: Any) -> An
     return dataclasses.replace(settings, sinks=(*settings.sinks, sink))
 
 
-async def _until(run: Running, predicate: Any, timeout: float = 15.0) -> None:
-    await run.recorder.until(predicate, timeout)
-
-
 def _node_writes(api: FakeApiServer) -> int:
     return api.count(method="PATCH", path_prefix=f"/api/v1/nodes/{NODE}/status", status=200)
 
 
 async def test_a_gpu_failing_while_allocated_and_back_through_kubectl(
-    tmp_path: Path, short_tmp: Path, api: FakeApiServer
+    tmp_path: Path, short_tmp: Path, api: FakeApiServer, start_kubelet: StartKubelet
 ) -> None:
     node = _default_node_in(api)
     ns, pod, gpu = _held_gpu(node)
-    async with (
-        FakeKubelet(short_tmp / "kubelet", node) as fake,
-        running_agent(_agent_settings(api, short_tmp), fake) as run,
-    ):
+    fake = await start_kubelet(node)
+    async with running_agent(_agent_settings(api, short_tmp), fake) as run:
         # Reconciled at start: the node is healthy, so the condition is there and False.
-        await _until(run, lambda: _status(api) == "False")
+        await run.recorder.until(lambda: _status(api) == "False", 15)
         fake.make_unhealthy(GPU, gpu)
-        await _until(run, lambda: _status(api) == "True")
+        await run.recorder.until(lambda: _status(api) == "True", 15)
         failed = _condition(api)
         assert failed is not None and failed["reason"] == "DevicesFailedOrMissing"
         assert gpu in failed["message"] and f"{ns}/{pod}" in failed["message"]
@@ -197,11 +191,11 @@ async def test_a_gpu_failing_while_allocated_and_back_through_kubectl(
         assert "DeviceRemoved" in described  # the Node's own Event
 
         fake.heal(GPU, gpu)
-        await _until(run, lambda: _status(api) == "False")
+        await run.recorder.until(lambda: _status(api) == "False", 15)
         back = _condition(api)
         assert back is not None and back["reason"] == "DevicesAvailable"
         assert back["lastTransitionTime"] >= failed["lastTransitionTime"]
-        await _until(run, lambda: any(e["reason"] == "DeviceRecovered" for e in api.events()))
+        await run.recorder.until(lambda: any(e["reason"] == "DeviceRecovered" for e in api.events()), 15)
         listed = await _kubectl_json(
             api, tmp_path, "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={pod}"
         )
@@ -215,44 +209,42 @@ async def test_a_gpu_failing_while_allocated_and_back_through_kubectl(
 
 
 async def test_an_agent_restart_during_a_failure_neither_duplicates_nor_clears(
-    tmp_path: Path, short_tmp: Path, api: FakeApiServer
+    tmp_path: Path, short_tmp: Path, api: FakeApiServer, start_kubelet: StartKubelet
 ) -> None:
     node = _default_node_in(api)
     _, _, gpu = _held_gpu(node)
-    async with FakeKubelet(short_tmp / "kubelet", node) as fake:
-        async with running_agent(_agent_settings(api, short_tmp), fake) as run:
-            await _until(run, lambda: _status(api) == "False")
-            fake.make_unhealthy(GPU, gpu)
-            await _until(run, lambda: _status(api) == "True")
-            await _until(run, lambda: any(e["reason"] == "DeviceFailed" for e in api.events()))
-        before = _condition(api)
-        events_before = len(api.events())
-        writes_before = _node_writes(api)
-        reads_before = api.count(method="GET", path_prefix=f"/api/v1/nodes/{NODE}/status")
-        async with running_agent(_agent_settings(api, short_tmp), fake) as run:
-            # The restart is reconciled (watcher.started, the first delivery): the status is read...
-            await _until(
-                run, lambda: run.agent.metrics.value("deliveries_total", sink="k8s", result="delivered") > 0
-            )
-            assert api.count(method="GET", path_prefix=f"/api/v1/nodes/{NODE}/status") > reads_before
-            await run.quiet_cycle()
-        # ...and found right: not written, not cleared, not duplicated, no new Event.
-        assert _condition(api) == before
-        assert _node_writes(api) == writes_before
-        assert len(api.events()) == events_before
-        node_seen = await _kubectl_json(api, tmp_path, "get", "node", NODE)
-        ours = [c for c in node_seen["status"]["conditions"] if c["type"] == CONDITION]
-        assert [(c["status"], c["lastTransitionTime"]) for c in ours] == [
-            ("True", before["lastTransitionTime"])
-        ]
-        listed = await _kubectl_json(
-            api, tmp_path, "get", "events", "-A", "--field-selector", "reason=DeviceFailed"
+    fake = await start_kubelet(node)
+    async with running_agent(_agent_settings(api, short_tmp), fake) as run:
+        await run.recorder.until(lambda: _status(api) == "False", 15)
+        fake.make_unhealthy(GPU, gpu)
+        await run.recorder.until(lambda: _status(api) == "True", 15)
+        await run.recorder.until(lambda: any(e["reason"] == "DeviceFailed" for e in api.events()), 15)
+    before = _condition(api)
+    events_before = len(api.events())
+    writes_before = _node_writes(api)
+    reads_before = api.count(method="GET", path_prefix=f"/api/v1/nodes/{NODE}/status")
+    async with running_agent(_agent_settings(api, short_tmp), fake) as run:
+        # The restart is reconciled (watcher.started, the first delivery): the status is read...
+        await run.recorder.until(
+            lambda: run.agent.metrics.value("deliveries_total", sink="k8s", result="delivered") > 0, 15
         )
-        assert len(listed["items"]) == 1
+        assert api.count(method="GET", path_prefix=f"/api/v1/nodes/{NODE}/status") > reads_before
+        await run.quiet_cycle()
+    # ...and found right: not written, not cleared, not duplicated, no new Event.
+    assert _condition(api) == before
+    assert _node_writes(api) == writes_before
+    assert len(api.events()) == events_before
+    node_seen = await _kubectl_json(api, tmp_path, "get", "node", NODE)
+    ours = [c for c in node_seen["status"]["conditions"] if c["type"] == CONDITION]
+    assert [(c["status"], c["lastTransitionTime"]) for c in ours] == [("True", before["lastTransitionTime"])]
+    listed = await _kubectl_json(
+        api, tmp_path, "get", "events", "-A", "--field-selector", "reason=DeviceFailed"
+    )
+    assert len(listed["items"]) == 1
 
 
 async def test_a_flapping_device_healthy_at_an_agent_restart_clears_the_condition(
-    tmp_path: Path, short_tmp: Path, api: FakeApiServer
+    tmp_path: Path, short_tmp: Path, api: FakeApiServer, start_kubelet: StartKubelet
 ) -> None:
     # The flap's end is an hour away (its quiet period counts again from the restart), and the
     # saved inventory already had the device: only its presence at start can clear the condition.
@@ -263,25 +255,25 @@ async def test_a_flapping_device_healthy_at_an_agent_restart_clears_the_conditio
         s = _agent_settings(api, short_tmp)
         return dataclasses.replace(s, watch=dataclasses.replace(s.watch, flap_limit=2, flap_quiet=3600.0))
 
-    async with FakeKubelet(short_tmp / "kubelet", node) as fake:
-        async with running_agent(flappy(), fake) as run:
-            await _until(run, lambda: _status(api) == "False")
-            for _ in range(3):
-                fake.make_unhealthy(GPU, gpu)
-                await run.quiet_cycle()
-                fake.heal(GPU, gpu)
-                await run.quiet_cycle()
-            await _until(run, lambda: any(e["reason"] == "DeviceFlapping" for e in api.events()))
-            await _until(run, lambda: _status(api) == "True")
-        async with running_agent(flappy(), fake) as run:
-            await _until(run, lambda: _status(api) == "False")
-        node_seen = await _kubectl_json(api, tmp_path, "get", "node", NODE)
-        assert [c["status"] for c in node_seen["status"]["conditions"] if c["type"] == CONDITION] == ["False"]
+    fake = await start_kubelet(node)
+    async with running_agent(flappy(), fake) as run:
+        await run.recorder.until(lambda: _status(api) == "False", 15)
+        for _ in range(3):
+            fake.make_unhealthy(GPU, gpu)
+            await run.quiet_cycle()
+            fake.heal(GPU, gpu)
+            await run.quiet_cycle()
+        await run.recorder.until(lambda: any(e["reason"] == "DeviceFlapping" for e in api.events()), 15)
+        await run.recorder.until(lambda: _status(api) == "True", 15)
+    async with running_agent(flappy(), fake) as run:
+        await run.recorder.until(lambda: _status(api) == "False", 15)
+    node_seen = await _kubectl_json(api, tmp_path, "get", "node", NODE)
+    assert [c["status"] for c in node_seen["status"]["conditions"] if c["type"] == CONDITION] == ["False"]
 
 
 @pytest.mark.chaos  # long: `make chaos` runs it (CI runs both), `make test` leaves it out
 async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_write(
-    tmp_path: Path, short_tmp: Path, api: FakeApiServer
+    tmp_path: Path, short_tmp: Path, api: FakeApiServer, start_kubelet: StartKubelet
 ) -> None:
     node = FakeNode()
     node.cpu_ids = {0, 1, 2, 3}
@@ -290,38 +282,37 @@ async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_
         pod = FakePod("ml", f"job-{i}", [FakeContainer("main", devices={GPU: [f"GPU-{i}"]})])
         node.add_pod(pod)
         api.add_pod("ml", f"job-{i}", NODE, uid=pod.uid)
-    async with FakeKubelet(short_tmp / "kubelet", node) as fake:
-        async with running_agent(_agent_settings(api, short_tmp, api_rate=RATE), fake) as run:
-            await _until(run, lambda: _status(api) == "False")
-            writes = _node_writes(api)
-            for d in fake.node.devices.values():
-                d.healthy = False
-            fake.write_state_files()
-            await _until(run, lambda: _status(api) == "True", timeout=30)
-            await _until(
-                run,
-                lambda: (
-                    len({e["regarding"]["name"] for e in api.events() if e["reason"] == "DeviceFailed"}) == 64
-                ),
-                timeout=30,
-            )
-            await run.quiet_cycle()
-        pod_events = [e for e in api.events() if e["regarding"]["kind"] == "Pod"]
-        assert len(pod_events) == 64  # one per pod, none per device beyond it
-        listed = await _kubectl_json(api, tmp_path, "get", "events", "-n", "ml")
-        assert sorted(e["involvedObject"]["name"] for e in listed["items"]) == sorted(
-            f"job-{i}" for i in range(64)
+    fake = await start_kubelet(node)
+    async with running_agent(_agent_settings(api, short_tmp, api_rate=RATE), fake) as run:
+        await run.recorder.until(lambda: _status(api) == "False", 15)
+        writes = _node_writes(api)
+        for d in fake.node.devices.values():
+            d.healthy = False
+        fake.write_state_files()
+        await run.recorder.until(lambda: _status(api) == "True", 30)
+        await run.recorder.until(
+            lambda: (
+                len({e["regarding"]["name"] for e in api.events() if e["reason"] == "DeviceFailed"}) == 64
+            ),
+            30,
         )
-        assert {(e["type"], e["reason"]) for e in listed["items"]} == {("Warning", "DeviceFailed")}
-        assert _node_writes(api) == writes + 1
-        node_events = sorted(e["reason"] for e in api.events() if e["regarding"]["kind"] == "Node")
-        assert node_events == ["DeviceIncident"]  # the 64 are named once, by the incident
-        assert "64 nvidia.com/gpu device(s)" in (_condition(api) or {})["message"]
-        # Bounded load: never more than api_rate requests in any one second at the API server.
-        arrivals = [r.at for r in api.requests if r.user == SA["username"]]
-        assert len(arrivals) > 2 * RATE  # enough to be bounded by the rate at all
-        busiest = max(sum(1 for b in arrivals if a <= b < a + 1.0) for a in arrivals)
-        assert busiest <= RATE
+        await run.quiet_cycle()
+    pod_events = [e for e in api.events() if e["regarding"]["kind"] == "Pod"]
+    assert len(pod_events) == 64  # one per pod, none per device beyond it
+    listed = await _kubectl_json(api, tmp_path, "get", "events", "-n", "ml")
+    assert sorted(e["involvedObject"]["name"] for e in listed["items"]) == sorted(
+        f"job-{i}" for i in range(64)
+    )
+    assert {(e["type"], e["reason"]) for e in listed["items"]} == {("Warning", "DeviceFailed")}
+    assert _node_writes(api) == writes + 1
+    node_events = sorted(e["reason"] for e in api.events() if e["regarding"]["kind"] == "Node")
+    assert node_events == ["DeviceIncident"]  # the 64 are named once, by the incident
+    assert "64 nvidia.com/gpu device(s)" in (_condition(api) or {})["message"]
+    # Bounded load: never more than api_rate requests in any one second at the API server.
+    arrivals = [r.at for r in api.requests if r.user == SA["username"]]
+    assert len(arrivals) > 2 * RATE  # enough to be bounded by the rate at all
+    busiest = max(sum(1 for b in arrivals if a <= b < a + 1.0) for a in arrivals)
+    assert busiest <= RATE
 
 
 # --- the sink alone, on the API server's hard answers ---
@@ -596,7 +587,7 @@ def _theirs(api: FakeApiServer) -> list[tuple[str, str, str, str]]:
 
 
 async def test_another_writers_conditions_of_our_suffix_are_never_touched(
-    tmp_path: Path, short_tmp: Path, api: FakeApiServer
+    tmp_path: Path, short_tmp: Path, api: FakeApiServer, start_kubelet: StartKubelet
 ) -> None:
     admin = api.write_kubeconfig(tmp_path / "admin.kubeconfig", "admin")
     body = json.dumps({"status": {"conditions": THEIRS}})
@@ -608,18 +599,18 @@ async def test_another_writers_conditions_of_our_suffix_are_never_touched(
     assert len(before) == 2
     node = _default_node_in(api)
     _, _, gpu = _held_gpu(node)
-    async with FakeKubelet(short_tmp / "kubelet", node) as fake:
-        async with running_agent(_agent_settings(api, short_tmp), fake) as run:
-            # The start's reconcile (which prunes what is ours and no longer wanted) and a failure.
-            await _until(
-                run, lambda: run.agent.metrics.value("deliveries_total", sink="k8s", result="delivered") > 0
-            )
-            fake.make_unhealthy(GPU, gpu)
-            await _until(run, lambda: any(e["reason"] == "DeviceFailed" for e in api.events()))
-            fake.heal(GPU, gpu)
-            await _until(run, lambda: any(e["reason"] == "DeviceRecovered" for e in api.events()))
-            await run.quiet_cycle()
-        assert _theirs(api) == before  # neither removed nor rewritten, True as their writer left it
+    fake = await start_kubelet(node)
+    async with running_agent(_agent_settings(api, short_tmp), fake) as run:
+        # The start's reconcile (which prunes what is ours and no longer wanted) and a failure.
+        await run.recorder.until(
+            lambda: run.agent.metrics.value("deliveries_total", sink="k8s", result="delivered") > 0, 15
+        )
+        fake.make_unhealthy(GPU, gpu)
+        await run.recorder.until(lambda: any(e["reason"] == "DeviceFailed" for e in api.events()), 15)
+        fake.heal(GPU, gpu)
+        await run.recorder.until(lambda: any(e["reason"] == "DeviceRecovered" for e in api.events()), 15)
+        await run.quiet_cycle()
+    assert _theirs(api) == before  # neither removed nor rewritten, True as their writer left it
     # The uninstall step, as an admin for every node: it removes only what it can prove is ours
     # (the agent's conditions of the node's other resources), theirs stay.
     rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(admin), "--all-nodes")
@@ -731,7 +722,7 @@ async def test_a_token_is_never_sent_in_clear_text_off_loopback(tmp_path: Path) 
 
 
 async def test_a_token_sent_in_clear_text_on_loopback_is_warned_about_once(
-    tmp_path: Path, short_tmp: Path, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, short_tmp: Path, capfd: pytest.CaptureFixture[str], start_kubelet: StartKubelet
 ) -> None:
     """Loopback http:// goes (a tunnel, kubectl proxy), but not without a word: the agent logs one
     warning at start naming the key, the server and what to do; check-config and `kubernetes
@@ -742,10 +733,10 @@ async def test_a_token_sent_in_clear_text_on_loopback_is_warned_about_once(
     settings = make_settings(short_tmp, pods_api=False)  # the API server's side is all this is about
     sink = KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig)
     settings = dataclasses.replace(settings, sinks=(*settings.sinks, sink))
-    async with FakeKubelet(short_tmp / "kubelet", default_node()) as fake:
-        with capture_logs() as logs:
-            async with running_agent(settings, fake) as run:
-                await run.recorder.kinds_after(0, 1)
+    fake = await start_kubelet(default_node())
+    with capture_logs() as logs:
+        async with running_agent(settings, fake) as run:
+            await run.recorder.kinds_after(0, 1)
     warned = [e for e in logs if e["log_level"] == "warning" and server in str(e.get("problem"))]
     assert len(warned) == 1, warned
     assert warned[0]["event"] == "a secret is less private than it should be"
