@@ -14,6 +14,7 @@ import grpc
 from structlog.testing import capture_logs
 
 from testkit.agent import Running, make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from testkit.inventories import dra_job_pod
 from testkit.waiting import wait_until
 from watcher.kubelet.triggers import GATHER_MOST
@@ -53,9 +54,11 @@ def _job_pod(name: str, cpus: set[int]) -> FakePod:
     )
 
 
-async def test_a_new_pod_is_read_with_one_get_and_named_with_its_owner(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=3)
-    async with fake, running_agent(_settings(short_tmp), fake) as run:
+async def test_a_new_pod_is_read_with_one_get_and_named_with_its_owner(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=3)
+    async with running_agent(_settings(short_tmp), fake) as run:
         await run.recorder.kinds_after(0, 1)
         await _watching(run)
         mark, calls = len(run.recorder.events), dict(fake.calls)
@@ -104,31 +107,34 @@ async def test_a_finished_pod_is_taken_out_without_a_call_and_a_deleted_one_once
         assert run.recorder.kinds(mark + 4) == []
 
 
-async def test_the_first_snapshot_and_its_duplicates_report_nothing(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=5)
-    async with fake:
-        _api(fake).delay_broadcasts(0.2)  # changes meanwhile reach the new watch twice
-        async with running_agent(_settings(short_tmp), fake) as run:
-            await run.recorder.kinds_after(0, 1)
-            await _watching(run)
-            fake.update_pod("ml", "trainer-0", labels={"team": "research", "app": "x"})
-            watch = run.agent.pods_watch
-            assert watch is not None
-            uid = fake.node.pods[("ml", "trainer-0")].uid
+async def test_the_first_snapshot_and_its_duplicates_report_nothing(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=5)
+    _api(fake).delay_broadcasts(0.2)  # changes meanwhile reach the new watch twice
+    async with running_agent(_settings(short_tmp), fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        await _watching(run)
+        fake.update_pod("ml", "trainer-0", labels={"team": "research", "app": "x"})
+        watch = run.agent.pods_watch
+        assert watch is not None
+        uid = fake.node.pods[("ml", "trainer-0")].uid
 
-            def relabelled() -> bool:
-                meta = watch.index.by_uid(uid)
-                return meta is not None and dict(meta.labels).get("app") == "x"
+        def relabelled() -> bool:
+            meta = watch.index.by_uid(uid)
+            return meta is not None and dict(meta.labels).get("app") == "x"
 
-            # A label change alone wakes no cycle (events read labels from the index): look.
-            await wait_until(relabelled, what="the index relabelled")
-            await run.quiet_cycle()
-            assert run.recorder.kinds() == ["watcher.started"]
+        # A label change alone wakes no cycle (events read labels from the index): look.
+        await wait_until(relabelled, what="the index relabelled")
+        await run.quiet_cycle()
+        assert run.recorder.kinds() == ["watcher.started"]
 
 
-async def test_a_kubelet_restart_initializing_gives_only_kubelet_restarted(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=6)
-    async with fake, running_agent(make_settings(short_tmp, poll_interval=0.05), fake) as run:
+async def test_a_kubelet_restart_initializing_gives_only_kubelet_restarted(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=6)
+    async with running_agent(make_settings(short_tmp, poll_interval=0.05), fake) as run:
         await run.recorder.kinds_after(0, 1)
         await _watching(run)
         mark = len(run.recorder.events)
@@ -145,13 +151,15 @@ async def test_a_kubelet_restart_initializing_gives_only_kubelet_restarted(short
         assert kinds == ["kubelet.restarted"]
 
 
-async def test_a_dropped_watch_re_diffs_nothing_lost_nothing_twice(short_tmp: Path) -> None:
+async def test_a_dropped_watch_re_diffs_nothing_lost_nothing_twice(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     node = FakeNode()
     for i in range(150):  # one change to all: 150 events at once overflow the 100-event buffer
         node.add_pod(FakePod("load", f"pod-{i:03}", [FakeContainer("main", cpu_ids={i})]))
     node.cpu_ids = set(range(256))
-    fake = FakeKubelet(short_tmp / "kubelet", node, seed=7)
-    async with fake, running_agent(_settings(short_tmp), fake) as run:
+    fake = await start_kubelet(node, seed=7)
+    async with running_agent(_settings(short_tmp), fake) as run:
         await run.recorder.kinds_after(0, 1)
         await _watching(run)
         mark = len(run.recorder.events)
@@ -165,9 +173,11 @@ async def test_a_dropped_watch_re_diffs_nothing_lost_nothing_twice(short_tmp: Pa
         assert run.agent.inventory is not None and run.agent.inventory.pods == ()
 
 
-async def test_without_the_socket_the_agent_works_as_before_and_says_so(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=8, pods_api=False)
-    async with fake, running_agent(make_settings(short_tmp), fake) as run:
+async def test_without_the_socket_the_agent_works_as_before_and_says_so(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=8, pods_api=False)
+    async with running_agent(make_settings(short_tmp), fake) as run:
         await run.recorder.kinds_after(0, 1)
         watch = run.agent.pods_watch
         assert watch is not None
@@ -310,12 +320,14 @@ async def test_a_flood_of_verdict_changes_costs_a_bounded_number_of_re_queries(s
         assert run.recorder.kinds(mark) == [] and _api(fake).dropped == 0
 
 
-async def test_a_held_plugin_gpu_failing_is_seen_through_the_pod_status_alone(short_tmp: Path) -> None:
+async def test_a_held_plugin_gpu_failing_is_seen_through_the_pod_status_alone(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     """The kubelet shows a plugin device's health in its holder's status within milliseconds (the
     real kubelet: ~4 ms, make bench section 13), long before the checkpoint's rewrite is seen. With
     the state files not watched and the timer an hour away, the status alone brings the whole look
     that reports the device gone, and the heal back."""
-    fake = FakeKubelet(short_tmp / "kubelet", seed=5)
+    fake = await start_kubelet(seed=5)
     held = sorted(
         (pod.namespace, pod.name, i)
         for pod in fake.node.pods.values()
@@ -324,7 +336,7 @@ async def test_a_held_plugin_gpu_failing_is_seen_through_the_pod_status_alone(sh
     )
     assert held, "the built-in node has a pod holding a GPU"
     _, _, victim = held[0]
-    async with fake, running_agent(_settings(short_tmp), fake) as run:
+    async with running_agent(_settings(short_tmp), fake) as run:
         await run.recorder.kinds_after(0, 1)
         await _watching(run)
         mark = len(run.recorder.events)
