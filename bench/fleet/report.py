@@ -51,6 +51,16 @@ def _fleet_row(label: str, row: Phase) -> str:
 
 
 def render_fleet(f: FleetResult) -> list[str]:
+    lines = [*_intro(f), *_phases(f), *_capacity(f), *_failover(f), *render_goals(f)]
+    if f.plan.quick and not f.profiles:
+        lines += ["(A --quick run takes no profiles.)", ""]
+    for name, rows in f.profiles.items():
+        lines += [f"Profile ({name}; cProfile, top entries by own time):", "", "```", *rows, "```", ""]
+    return [*lines, rerun("fleet"), ""]
+
+
+def _intro(f: FleetResult) -> list[str]:
+    """What the section measures and how."""
     p = f.plan
     rate = p.per_node_rate * 1000
     steady_kinds = "; ".join(" + ".join(c) for c in f.script.steady)
@@ -78,6 +88,13 @@ def render_fleet(f: FleetResult) -> list[str]:
     ]
     if f.plan.quick:
         lines += ["(A --quick run: tiny fleets and windows, not for the record.)", ""]
+    return lines
+
+
+def _phases(f: FleetResult) -> list[str]:
+    """How the nodes start, and the steady and burst phases' table."""
+    p = f.plan
+    lines: list[str] = []
     conn = "; ".join(
         f"{c.nodes:,} nodes"
         + (f" sharing {c.connections:,} connections" if c.shared else "")
@@ -105,6 +122,13 @@ def render_fleet(f: FleetResult) -> list[str]:
         lines.append(
             _fleet_row(f"{burst.nodes:,} nodes, burst ({burst.burst_nodes:,} nodes lose a GPU)", burst)
         )
+    return lines
+
+
+def _capacity(f: FleetResult) -> list[str]:
+    """The sustained capacity's table."""
+    p = f.plan
+    lines: list[str] = []
     lines += [
         "",
         "Events/s: steady, what arrived over the window (the offered rate); burst, the burst's events "
@@ -150,6 +174,12 @@ def render_fleet(f: FleetResult) -> list[str]:
         "at the sink's defaults (max_in_flight 1), judged on the best such row.",
         "",
     ]
+    return lines
+
+
+def _failover(f: FleetResult) -> list[str]:
+    """The stream's leader killed mid-load."""
+    lines: list[str] = []
     o = f.failover
     lines += ["### The stream leader killed mid-load", ""]
     if o.killed is None:
@@ -185,9 +215,4 @@ def render_fleet(f: FleetResult) -> list[str]:
             ),
             "",
         ]
-    lines += render_goals(f)
-    if f.plan.quick and not f.profiles:
-        lines += ["(A --quick run takes no profiles.)", ""]
-    for name, rows in f.profiles.items():
-        lines += [f"Profile ({name}; cProfile, top entries by own time):", "", "```", *rows, "```", ""]
-    return [*lines, rerun("fleet"), ""]
+    return lines
