@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from testkit.agent import make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from testkit.inventories import DRIVER, claim_inventory, verdict_pod
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.conditions import condition_of
@@ -15,7 +16,6 @@ from watcher.model.devicehealth.verdicts import DeviceHealth
 from watcher.model.events import envelope
 from watcher.model.flapping import FlapRule, Flaps
 from watcher.model.routing import Route
-from watcher.sim.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"
 RULE = FlapRule(limit=4, window=60, quiet=30)
@@ -80,12 +80,14 @@ def test_notification_routes_skip_the_marked_changes_only() -> None:
 
 async def test_a_flapping_device_reaches_notification_sinks_twice_and_the_audit_log_every_time(
     short_tmp: Path,
+    start_kubelet: StartKubelet,
 ) -> None:
     settings = make_settings(short_tmp)
     settings = dataclasses.replace(
         settings, watch=dataclasses.replace(settings.watch, flap_limit=4, flap_window=60, flap_quiet=1.0)
     )
-    async with FakeKubelet(short_tmp / "kubelet", seed=9) as fake, running_agent(settings, fake) as run:
+    fake = await start_kubelet(seed=9)
+    async with running_agent(settings, fake) as run:
         await run.recorder.kinds_after(0, 1)
         await run.quiet_cycle()
         mark = len(run.recorder.events)
@@ -149,30 +151,29 @@ def test_flapping_devices_round_trip_with_their_quiet_counted_from_the_restart()
         assert Flaps.from_json(junk, now=0.0) == Flaps()
 
 
-async def test_a_flap_that_ends_while_the_agent_restarts_still_gets_its_end(short_tmp: Path) -> None:
+async def test_a_flap_that_ends_while_the_agent_restarts_still_gets_its_end(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     """Issue 36 item 3: the episode ends while the agent is down; the restarted agent tells its end."""
     settings = make_settings(short_tmp)
     settings = dataclasses.replace(
         settings, watch=dataclasses.replace(settings.watch, flap_limit=3, flap_window=60.0, flap_quiet=1.0)
     )
-    fake = FakeKubelet(short_tmp / "kubelet", seed=18)
+    fake = await start_kubelet(seed=18)
     gpu = fake.node.pods[("ml", "trainer-0")].container("trainer").devices[GPU][0]
-    async with fake:
-        async with running_agent(settings, fake) as run:
-            await run.recorder.kinds_after(0, 1)
+    async with running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.quiet_cycle()
+        for i in range(5):
+            fake.set_healthy(GPU, gpu, i % 2 == 1)
+            await run.recorder.until(lambda i=i: run.recorder.kinds().count("device.removed") == i // 2 + 1)
             await run.quiet_cycle()
-            for i in range(5):
-                fake.set_healthy(GPU, gpu, i % 2 == 1)
-                await run.recorder.until(
-                    lambda i=i: run.recorder.kinds().count("device.removed") == i // 2 + 1
-                )
-                await run.quiet_cycle()
-            assert "device.flapping" in run.recorder.kinds()
-        fake.set_healthy(GPU, gpu, True)  # it settles while the agent is away
-        async with running_agent(settings, fake) as run:
-            await run.recorder.until(lambda: "device.flap_ended" in run.recorder.kinds(), timeout=10)
-            (ended,) = [e for e in run.recorder.events if e.kind == "device.flap_ended"]
-            assert ended.details["present"] is True and ended.details["device"] == gpu
+        assert "device.flapping" in run.recorder.kinds()
+    fake.set_healthy(GPU, gpu, True)  # it settles while the agent is away
+    async with running_agent(settings, fake) as run:
+        await run.recorder.until(lambda: "device.flap_ended" in run.recorder.kinds(), timeout=10)
+        (ended,) = [e for e in run.recorder.events if e.kind == "device.flap_ended"]
+        assert ended.details["present"] is True and ended.details["device"] == gpu
 
 
 def test_a_dra_story_ending_unobserved_ends_its_flapping_episode_for_good() -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from testkit.agent import make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from testkit.inventories import DRIVER, claim_inventory, verdict_pod
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.devicehealth.pods import HEALTHY, UNHEALTHY, PodMeta
@@ -14,7 +15,6 @@ from watcher.model.events import envelope
 from watcher.model.incidents import Incidents
 from watcher.model.inventory import Inventory
 from watcher.model.routing import Route
-from watcher.sim.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"
 PAGING = Route(min_severity=Severity.WARNING, resolutions=True, skip_incident_devices=True)
@@ -45,11 +45,11 @@ def test_fewer_than_the_threshold_are_paged_one_by_one() -> None:
     assert out == gone and incidents.open == ()
 
 
-async def test_a_whole_node_of_gpus_failing_is_one_page_and_one_resolve(short_tmp: Path) -> None:
-    async with (
-        FakeKubelet(short_tmp / "kubelet", seed=11) as fake,
-        running_agent(make_settings(short_tmp), fake) as run,
-    ):
+async def test_a_whole_node_of_gpus_failing_is_one_page_and_one_resolve(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(seed=11)
+    async with running_agent(make_settings(short_tmp), fake) as run:
         await run.recorder.kinds_after(0, 1)
         await run.quiet_cycle()
         mark = len(run.recorder.events)
@@ -186,30 +186,31 @@ def test_open_incidents_round_trip_through_the_saved_state_and_garbage_reads_emp
         assert Incidents.from_json(junk) == Incidents()
 
 
-async def test_an_incident_open_across_an_agent_restart_is_still_resolved(short_tmp: Path) -> None:
+async def test_an_incident_open_across_an_agent_restart_is_still_resolved(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     """Issue 36 item 3: 8 GPUs fail (one incident), the agent restarts, the GPUs return: the
     incident's resolve is sent, once."""
     settings = make_settings(short_tmp)
-    fake = FakeKubelet(short_tmp / "kubelet", seed=17)
+    fake = await start_kubelet(seed=17)
     gpus = [d for (r, _), d in fake.node.devices.items() if r == GPU]
-    async with fake:
-        async with running_agent(settings, fake) as run:
-            await run.recorder.kinds_after(0, 1)
-            await run.quiet_cycle()
-            for d in gpus:
-                d.healthy = False
-            fake.write_state_files()
-            await run.recorder.until(lambda: "device.incident" in run.recorder.kinds())
+    async with running_agent(settings, fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.quiet_cycle()
         for d in gpus:
-            d.healthy = True
+            d.healthy = False
         fake.write_state_files()
-        async with running_agent(settings, fake) as run:
-            await run.recorder.until(lambda: "device.incident_resolved" in run.recorder.kinds())
-            await run.quiet_cycle()
-            kinds = run.recorder.kinds()
-            assert kinds.count("device.added") == len(gpus) and kinds.count("device.incident_resolved") == 1
-            paged = [str(e.kind) for e in run.recorder.events if PAGING.matches(e)]
-            assert "device.incident_resolved" in paged and "device.added" not in paged
+        await run.recorder.until(lambda: "device.incident" in run.recorder.kinds())
+    for d in gpus:
+        d.healthy = True
+    fake.write_state_files()
+    async with running_agent(settings, fake) as run:
+        await run.recorder.until(lambda: "device.incident_resolved" in run.recorder.kinds())
+        await run.quiet_cycle()
+        kinds = run.recorder.kinds()
+        assert kinds.count("device.added") == len(gpus) and kinds.count("device.incident_resolved") == 1
+        paged = [str(e.kind) for e in run.recorder.events if PAGING.matches(e)]
+        assert "device.incident_resolved" in paged and "device.added" not in paged
 
 
 def test_an_incident_saved_before_grouping_was_turned_off_still_resolves_and_none_opens() -> None:

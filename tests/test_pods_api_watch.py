@@ -20,6 +20,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from testkit.changes import Changes
+from testkit.fake_kubelets import StartKubelet
 from testkit.waiting import wait_until
 from watcher import errors
 from watcher.backoff import Backoff
@@ -140,57 +141,60 @@ async def test_a_resync_against_an_unchanged_index_reports_nothing(kubelet: Fake
 
 async def test_a_restart_is_initializing_then_a_resync_of_only_what_changed_meanwhile(
     short_tmp: Path,
+    start_kubelet: StartKubelet,
 ) -> None:
     warmup = Warmup(plugin_delay=(0.0, 0.1), pods_delay=(0.6, 0.8))
-    async with FakeKubelet(short_tmp, seed=7, warmup=warmup) as kubelet:
-        with capture_logs() as logs:
-            async with watching(_api(kubelet).socket_path) as w:
-                await w.until_state("watching")
-                first = len(w.batches)
-                gone, failed = _uid(kubelet, "net", "dpdk-router"), _uid(kubelet, "ml", "trainer-0")
-                await kubelet.stop()
-                kubelet.free("net", "dpdk-router")
-                kubelet.update_pod("ml", "trainer-0", phase="Failed")
-                kubelet.update_pod("ml", "inference-7f9c", labels={"app.kubernetes.io/name": "inference"})
-                await kubelet.start()
-                await w.until(lambda: len(w.batches) > first, "the resync")
-                assert "initializing" in w.states[w.states.index("watching") + 1 :]
-                batch, resync = w.batches[-1]
-                assert resync is True
-                assert {c.uid: (c.after.phase if c.after else None) for c in batch} == {
-                    gone: None,
-                    failed: "Failed",
-                }
-                assert all(c.resources for c in batch)
-                assert w.watch.index.by_uid(gone) is None
-        assert not [e for e in _warnings(logs) if "initializ" in e]
-        # Once per time the state was entered (at the first start too, when the watch came in time).
-        initializing = [e for e in logs if "initializing" in str(e["event"])]
-        assert len(initializing) == w.states.count("initializing")
-        assert {e["log_level"] for e in initializing} == {"info"}
+    kubelet = await start_kubelet(root=short_tmp, seed=7, warmup=warmup)
+    with capture_logs() as logs:
+        async with watching(_api(kubelet).socket_path) as w:
+            await w.until_state("watching")
+            first = len(w.batches)
+            gone, failed = _uid(kubelet, "net", "dpdk-router"), _uid(kubelet, "ml", "trainer-0")
+            await kubelet.stop()
+            kubelet.free("net", "dpdk-router")
+            kubelet.update_pod("ml", "trainer-0", phase="Failed")
+            kubelet.update_pod("ml", "inference-7f9c", labels={"app.kubernetes.io/name": "inference"})
+            await kubelet.start()
+            await w.until(lambda: len(w.batches) > first, "the resync")
+            assert "initializing" in w.states[w.states.index("watching") + 1 :]
+            batch, resync = w.batches[-1]
+            assert resync is True
+            assert {c.uid: (c.after.phase if c.after else None) for c in batch} == {
+                gone: None,
+                failed: "Failed",
+            }
+            assert all(c.resources for c in batch)
+            assert w.watch.index.by_uid(gone) is None
+    assert not [e for e in _warnings(logs) if "initializ" in e]
+    # Once per time the state was entered (at the first start too, when the watch came in time).
+    initializing = [e for e in logs if "initializing" in str(e["event"])]
+    assert len(initializing) == w.states.count("initializing")
+    assert {e["log_level"] for e in initializing} == {"info"}
 
 
-async def test_a_dropped_watch_re_diffs_and_reports_every_change_once(short_tmp: Path) -> None:
+async def test_a_dropped_watch_re_diffs_and_reports_every_change_once(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     node = FakeNode()
     for i in range(150):
         node.add_pod(FakePod("load", f"pod-{i:03}", [FakeContainer("main")]))
-    async with FakeKubelet(short_tmp, node, seed=2) as kubelet:
-        with capture_logs() as logs:
-            async with watching(_api(kubelet).socket_path) as w:
-                await w.until_state("watching")
-                before = len(w.changes)
-                for i in range(150):  # one refresh: 150 events at once overflow the 100-event buffer
-                    kubelet.update_pod("load", f"pod-{i:03}", phase="Failed")
-                await w.until(lambda: len(w.changes) - before >= 150, "every change reported")
-                await w.until(lambda: w.watch.state == "watching" and w.watch.connects == 2, "rewatch")
-                after = w.changes[before:]
-                assert _api(kubelet).dropped == 1
-                assert sorted(c.uid for c in after) == sorted(p.uid for p in node.pods.values())
-                assert all(c.after is not None and c.after.phase == "Failed" for c in after)
-                assert {resync for batch, resync in w.batches[1:]} == {False, True}  # live, then re-diff
-        assert [e for e in _warnings(logs) if "dropped" in e] == [
-            "the kubelet dropped the Pods API watch; reconnecting for a fresh snapshot"
-        ]
+    kubelet = await start_kubelet(node, root=short_tmp, seed=2)
+    with capture_logs() as logs:
+        async with watching(_api(kubelet).socket_path) as w:
+            await w.until_state("watching")
+            before = len(w.changes)
+            for i in range(150):  # one refresh: 150 events at once overflow the 100-event buffer
+                kubelet.update_pod("load", f"pod-{i:03}", phase="Failed")
+            await w.until(lambda: len(w.changes) - before >= 150, "every change reported")
+            await w.until(lambda: w.watch.state == "watching" and w.watch.connects == 2, "rewatch")
+            after = w.changes[before:]
+            assert _api(kubelet).dropped == 1
+            assert sorted(c.uid for c in after) == sorted(p.uid for p in node.pods.values())
+            assert all(c.after is not None and c.after.phase == "Failed" for c in after)
+            assert {resync for batch, resync in w.batches[1:]} == {False, True}  # live, then re-diff
+    assert [e for e in _warnings(logs) if "dropped" in e] == [
+        "the kubelet dropped the Pods API watch; reconnecting for a fresh snapshot"
+    ]
 
 
 async def test_a_stopping_kubelet_closing_the_watch_as_a_drop_is_no_warning(kubelet: FakeKubelet) -> None:
@@ -451,12 +455,14 @@ async def test_a_stream_that_stops_delivering_is_caught_by_the_periodic_list(kub
     assert [(e["log_level"], e["missed"]) for e in missed] == [("warning", 1)]
 
 
-async def test_the_periodic_list_decodes_only_the_pods_whose_bytes_changed(short_tmp: Path) -> None:
+async def test_the_periodic_list_decodes_only_the_pods_whose_bytes_changed(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     node = FakeNode()
     for i in range(500):
         node.add_pod(FakePod("load", f"pod-{i:03}", [FakeContainer("main")], labels={"team": "t"}))
-    kubelet = FakeKubelet(short_tmp, node, seed=2)
-    async with kubelet, watching(_api(kubelet).socket_path, resync_interval=0.05, catch_up=0.05) as w:
+    kubelet = await start_kubelet(node, root=short_tmp, seed=2)
+    async with watching(_api(kubelet).socket_path, resync_interval=0.05, catch_up=0.05) as w:
         await w.until_state("watching")
         stream = w.watch.stream
         check = stream.check

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
+from testkit.fake_kubelets import StartKubelet
 from watcher.cli import main
 from watcher.kubeletapi.k8s import core_v1_pb2
 from watcher.sim.fake_kubelet import FakeKubelet
@@ -77,12 +78,12 @@ async def test_json_gains_the_pods_and_their_device_verdicts(
 
 
 async def test_without_the_socket_it_is_the_snapshot_as_before_and_one_line_why(
-    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+    short_tmp: Path, capfd: pytest.CaptureFixture[str], start_kubelet: StartKubelet
 ) -> None:
-    async with FakeKubelet(short_tmp, seed=3, pods_api=False) as fake:
-        out, _ = await _snapshot(fake, capfd)
-        with_flag, _ = await _snapshot(fake, capfd, "--no-pods-api")
-        doc = json.loads((await _snapshot(fake, capfd, "-o", "json"))[0])
+    fake = await start_kubelet(root=short_tmp, seed=3, pods_api=False)
+    out, _ = await _snapshot(fake, capfd)
+    with_flag, _ = await _snapshot(fake, capfd, "--no-pods-api")
+    doc = json.loads((await _snapshot(fake, capfd, "-o", "json"))[0])
     notes = [line for line in out.splitlines() if "Pods API" in line]
     assert notes == [
         f"note: Pods API not available: no socket at {short_tmp / 'pods-api' / 'pods-api.sock'} "
