@@ -116,70 +116,80 @@ class SlackReceiver(Receiver):
         if len(blocks) > self.MAX_BLOCKS:
             rec.violations.append(f"invalid_blocks: {len(blocks)} blocks > {self.MAX_BLOCKS}")
         for i, block in enumerate(blocks):
-            where = f"blocks[{i}]"
-            if not isinstance(block, Mapping):
-                rec.violations.append(f"invalid_blocks: {where} is not an object")
-                continue
-            block_id = block.get("block_id")
-            if block_id is not None and (not isinstance(block_id, str) or len(block_id) > self.MAX_BLOCK_ID):
-                rec.violations.append(f"invalid_blocks: {where}.block_id longer than {self.MAX_BLOCK_ID}")
-            kind = block.get("type")
-            if kind == "header":
-                total += self._text_object(
-                    rec,
-                    block.get("text"),
-                    f"{where}.text",
-                    low=1,
-                    high=self.MAX_HEADER,
-                    kinds=("plain_text",),
-                )
-            elif kind == "section":
-                if "text" not in block and "fields" not in block:
-                    rec.violations.append(f"invalid_blocks: {where} has neither text nor fields")
-                if "text" in block:
-                    total += self._text_object(
-                        rec,
-                        block["text"],
-                        f"{where}.text",
-                        low=1,
-                        high=self.MAX_SECTION,
-                        kinds=("mrkdwn", "plain_text"),
-                    )
-                fields = block.get("fields", [])
-                if not isinstance(fields, list) or len(fields) > self.MAX_FIELDS:
-                    rec.violations.append(f"invalid_blocks: {where}.fields: at most {self.MAX_FIELDS}")
-                    fields = []
-                for j, item in enumerate(fields):
-                    total += self._text_object(
-                        rec,
-                        item,
-                        f"{where}.fields[{j}]",
-                        low=1,
-                        high=self.MAX_FIELD,
-                        kinds=("mrkdwn", "plain_text"),
-                    )
-            elif kind == "context":
-                elements = block.get("elements")
-                if not isinstance(elements, list) or not 1 <= len(elements) <= self.MAX_CONTEXT_ELEMENTS:
-                    rec.violations.append(
-                        f"invalid_blocks: {where}.elements: 1..{self.MAX_CONTEXT_ELEMENTS} elements"
-                    )
-                    elements = []
-                for j, element in enumerate(elements):
-                    if isinstance(element, Mapping) and element.get("type") == "image":
-                        continue
-                    total += self._text_object(
-                        rec,
-                        element,
-                        f"{where}.elements[{j}]",
-                        low=1,
-                        high=self.MAX_SECTION,
-                        kinds=("mrkdwn", "plain_text"),
-                    )
-            elif kind != "divider":
-                rec.violations.append(f"invalid_blocks: {where} has unsupported type {kind!r}")
+            total += self._block(rec, block, f"blocks[{i}]")
         if total > self.MAX_TOTAL:
             rec.violations.append(f"invalid_blocks: {total} characters in all > {self.MAX_TOTAL}")
+
+    def _block(self, rec: Received, block: Any, where: str) -> int:
+        """Check one block; the characters of text it holds."""
+        if not isinstance(block, Mapping):
+            rec.violations.append(f"invalid_blocks: {where} is not an object")
+            return 0
+        block_id = block.get("block_id")
+        if block_id is not None and (not isinstance(block_id, str) or len(block_id) > self.MAX_BLOCK_ID):
+            rec.violations.append(f"invalid_blocks: {where}.block_id longer than {self.MAX_BLOCK_ID}")
+        kind = block.get("type")
+        if kind == "header":
+            text = block.get("text")
+            return self._text_object(
+                rec, text, f"{where}.text", low=1, high=self.MAX_HEADER, kinds=("plain_text",)
+            )
+        if kind == "section":
+            return self._section(rec, block, where)
+        if kind == "context":
+            return self._context(rec, block, where)
+        if kind != "divider":
+            rec.violations.append(f"invalid_blocks: {where} has unsupported type {kind!r}")
+        return 0
+
+    def _section(self, rec: Received, block: Mapping[str, Any], where: str) -> int:
+        total = 0
+        if "text" not in block and "fields" not in block:
+            rec.violations.append(f"invalid_blocks: {where} has neither text nor fields")
+        if "text" in block:
+            total += self._text_object(
+                rec,
+                block["text"],
+                f"{where}.text",
+                low=1,
+                high=self.MAX_SECTION,
+                kinds=("mrkdwn", "plain_text"),
+            )
+        fields = block.get("fields", [])
+        if not isinstance(fields, list) or len(fields) > self.MAX_FIELDS:
+            rec.violations.append(f"invalid_blocks: {where}.fields: at most {self.MAX_FIELDS}")
+            fields = []
+        for j, item in enumerate(fields):
+            total += self._text_object(
+                rec,
+                item,
+                f"{where}.fields[{j}]",
+                low=1,
+                high=self.MAX_FIELD,
+                kinds=("mrkdwn", "plain_text"),
+            )
+        return total
+
+    def _context(self, rec: Received, block: Mapping[str, Any], where: str) -> int:
+        total = 0
+        elements = block.get("elements")
+        if not isinstance(elements, list) or not 1 <= len(elements) <= self.MAX_CONTEXT_ELEMENTS:
+            rec.violations.append(
+                f"invalid_blocks: {where}.elements: 1..{self.MAX_CONTEXT_ELEMENTS} elements"
+            )
+            elements = []
+        for j, element in enumerate(elements):
+            if isinstance(element, Mapping) and element.get("type") == "image":
+                continue
+            total += self._text_object(
+                rec,
+                element,
+                f"{where}.elements[{j}]",
+                low=1,
+                high=self.MAX_SECTION,
+                kinds=("mrkdwn", "plain_text"),
+            )
+        return total
 
     def answer(self, rec: Received) -> tuple[int, dict[str, str], str]:
         if rec.violations:
@@ -256,6 +266,13 @@ class PagerDutyReceiver(Receiver):
         if not isinstance(payload, Mapping):
             problems.append("trigger needs a payload object")
             return
+        self._payload(payload, problems)
+        for name in ("images", "links"):
+            if name in event and not isinstance(event[name], list):
+                problems.append(f"{name} must be a list")
+
+    def _payload(self, payload: Mapping[str, Any], problems: list[str]) -> None:
+        """A trigger's `payload` object."""
         summary = payload.get("summary")
         if not isinstance(summary, str) or not 1 <= len(summary) <= self.MAX_SUMMARY:
             size = len(summary) if isinstance(summary, str) else None
@@ -276,9 +293,6 @@ class PagerDutyReceiver(Receiver):
         for name in ("component", "group", "class"):
             if name in payload and not isinstance(payload[name], str):
                 problems.append(f"payload.{name} must be a string")
-        for name in ("images", "links"):
-            if name in event and not isinstance(event[name], list):
-                problems.append(f"{name} must be a list")
 
     def answer(self, rec: Received) -> tuple[int, dict[str, str], str]:
         if rec.violations:
