@@ -147,20 +147,7 @@ async def bench_steady(
             floors: dict[str, subprocess.Popen[str]] = {}
             try:
                 async with aiohttp.ClientSession() as http:
-
-                    async def ready() -> bool:
-                        if agent.poll() is not None:
-                            raise RuntimeError(
-                                f"the agent exited ({agent.returncode}): "
-                                + (root / "run.err").read_text()[-2000:]
-                            )
-                        try:
-                            async with http.get(f"{base}/readyz") as r:
-                                return r.status == 200
-                        except aiohttp.ClientError:
-                            return False
-
-                    await wait_until(ready, 60, interval=0.2, what="the agent's /readyz")
+                    await _until_ready(agent, http, base, root)
                     step_ms = str(round(1000 * (watch or {}).get("step", WatchSettings.step)))
                     floors |= {
                         "grpc": _floor(
@@ -172,34 +159,55 @@ async def bench_steady(
                         "watch": _floor(root, "watch", str(root / "kubelet"), step_ms),
                     }
                     await asyncio.sleep(settle_s)
-                    floor0 = {k: cpu_seconds(p.pid) for k, p in floors.items()}
-                    scrapes: list[str] = []
-                    threads0 = thread_cpu(agent.pid)
-                    cpu0, t0 = cpu_seconds(agent.pid), time.monotonic()
-                    k = 0
-                    while (at := t0 + k * scrape_every) < t0 + seconds:
-                        await asyncio.sleep(max(0.0, at - time.monotonic()))
-                        async with http.get(f"{base}/metrics") as r:
-                            assert r.status == 200, r.status
-                            scrapes.append(await r.text())
-                        k += 1
-                    await asyncio.sleep(max(0.0, t0 + seconds - time.monotonic()))
-                    cpu1, t1 = cpu_seconds(agent.pid), time.monotonic()
-                    floor1 = {k: cpu_seconds(p.pid) for k, p in floors.items()}
-                    threads1 = thread_cpu(agent.pid)
-                    async with http.get(f"{base}/metrics") as r:
-                        last = await r.text()
+                    steady = await _window(agent.pid, http, base, floors, seconds, scrape_every)
             finally:
-                for proc in floors.values():
-                    proc.kill()
-                    proc.communicate()  # reaps it and closes its pipe
-                if agent.poll() is None:
-                    agent.send_signal(signal.SIGTERM)
-                try:
-                    agent.wait(20)
-                except subprocess.TimeoutExpired:
-                    agent.kill()
-                    agent.wait()
+                _stop(agent, floors)
+    return steady
+
+
+async def _until_ready(
+    agent: subprocess.Popen[bytes], http: aiohttp.ClientSession, base: str, root: Path
+) -> None:
+    async def ready() -> bool:
+        if agent.poll() is not None:
+            raise RuntimeError(
+                f"the agent exited ({agent.returncode}): " + (root / "run.err").read_text()[-2000:]
+            )
+        try:
+            async with http.get(f"{base}/readyz") as r:
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await wait_until(ready, 60, interval=0.2, what="the agent's /readyz")
+
+
+async def _window(
+    pid: int,
+    http: aiohttp.ClientSession,
+    base: str,
+    floors: Mapping[str, subprocess.Popen[str]],
+    seconds: float,
+    scrape_every: float,
+) -> Steady:
+    """The agent's CPU (and the floors') over `seconds`, scraping /metrics every `scrape_every`."""
+    floor0 = {k: cpu_seconds(p.pid) for k, p in floors.items()}
+    scrapes: list[str] = []
+    threads0 = thread_cpu(pid)
+    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    k = 0
+    while (at := t0 + k * scrape_every) < t0 + seconds:
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        async with http.get(f"{base}/metrics") as r:
+            assert r.status == 200, r.status
+            scrapes.append(await r.text())
+        k += 1
+    await asyncio.sleep(max(0.0, t0 + seconds - time.monotonic()))
+    cpu1, t1 = cpu_seconds(pid), time.monotonic()
+    floor1 = {k: cpu_seconds(p.pid) for k, p in floors.items()}
+    threads1 = thread_cpu(pid)
+    async with http.get(f"{base}/metrics") as r:
+        last = await r.text()
     requeries = "pod_resources_watcher_requeries_total"
     cpu, wall = cpu1 - cpu0, t1 - t0
     return Steady(
@@ -215,3 +223,16 @@ async def bench_steady(
             for name, cpu in sorted(threads1.items(), key=lambda kv: -(kv[1] - threads0.get(kv[0], 0.0)))
         },
     )
+
+
+def _stop(agent: subprocess.Popen[bytes], floors: Mapping[str, subprocess.Popen[str]]) -> None:
+    for proc in floors.values():
+        proc.kill()
+        proc.communicate()  # reaps it and closes its pipe
+    if agent.poll() is None:
+        agent.send_signal(signal.SIGTERM)
+    try:
+        agent.wait(20)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait()
