@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -34,6 +33,7 @@ from testkit.http_sinks import (
     removed,
     sink_config,
 )
+from testkit.ports import free_port
 from testkit.receiver import Receiver
 from testkit.receivers import PagerDutyReceiver, PathEchoReceiver, SlackReceiver, WebhookReceiver
 from watcher.cli import main
@@ -311,12 +311,6 @@ def no_piece_of(secret: str, text: str, size: int = 8) -> bool:
     return not any(secret[i : i + size] in text for i in range(len(secret) - size + 1))
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_secrets_never_reach_repr_errors_or_logs(
     serve: Callable[[Receiver], Awaitable[Receiver]],
     store: Store,
@@ -339,7 +333,7 @@ async def test_secrets_never_reach_repr_errors_or_logs(
     # Both echo what they were sent back in their error answers.
     slack_rx.force(500, body=f"rollup_error for /services/{slack_token}", times=1000)
     pd_rx.force(500, body=f"internal error for routing_key {pd_key}", times=1000)
-    dead = closed_port()
+    dead = free_port()  # nobody listens there
     settings = parse_settings(
         {
             "sinks": {
