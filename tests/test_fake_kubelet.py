@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.fake_kubelets import StartKubelet
 from watcher import errors
 from watcher.kubelet.client import PodResourcesClient
 from watcher.model.build import build
@@ -64,12 +65,12 @@ async def test_answers_are_shuffled_but_mean_the_same(kubelet: FakeKubelet) -> N
     assert len(inventories) == 1
 
 
-async def test_one_entry_per_device_per_numa_node(short_tmp: Path) -> None:
+async def test_one_entry_per_device_per_numa_node(short_tmp: Path, start_kubelet: StartKubelet) -> None:
     node = FakeNode()
     node.add_device(FakeDevice("example.com/xpu", "xpu0", (0, 1)))
     node.add_device(FakeDevice("example.com/xpu", "xpu1"))
-    async with FakeKubelet(short_tmp, node) as fake:
-        resp = fake.allocatable_response()
+    fake = await start_kubelet(node, root=short_tmp)
+    resp = fake.allocatable_response()
     entries = sorted(
         (d.resource_name, list(d.device_ids), [n.ID for n in d.topology.nodes], d.HasField("topology"))
         for d in resp.devices
@@ -165,33 +166,35 @@ def test_default_node_looks_real() -> None:
     assert isinstance(node.pods[("ml", "trainer-0")], FakePod)
 
 
-async def test_a_restart_warms_up_like_a_real_kubelet(short_tmp: Path) -> None:
+async def test_a_restart_warms_up_like_a_real_kubelet(short_tmp: Path, start_kubelet: StartKubelet) -> None:
     """Allocations come back at once, devices only as each plugin re-registers, pods as List syncs."""
     warmup = Warmup(plugin_delay=(0.05, 0.3), pods_delay=(0.0, 0.2))
-    async with FakeKubelet(short_tmp / "kubelet", seed=3, warmup=warmup) as fake:
-        await fake.plugins.wait_settled()
-        full = build(fake.allocatable_response(), fake.list_response())
-        await fake.restart()
-        early = build(fake.allocatable_response(), fake.list_response())
-        assert early.devices == ()  # every resource's healthy set starts empty
-        assert len(early.pods) < len(full.pods)
-        assert not any(p.name.endswith(".sock") for p in fake.checkpoint_path.parent.iterdir())
-        await fake.plugins.wait_settled()
-        assert build(fake.allocatable_response(), fake.list_response()) == full
-        sockets = {p.name for p in fake.checkpoint_path.parent.iterdir() if p.name.endswith(".sock")}
-        assert sockets == {plugin_socket_name(r) for r, _ in fake.node.devices}
+    fake = await start_kubelet(seed=3, warmup=warmup)
+    await fake.plugins.wait_settled()
+    full = build(fake.allocatable_response(), fake.list_response())
+    await fake.restart()
+    early = build(fake.allocatable_response(), fake.list_response())
+    assert early.devices == ()  # every resource's healthy set starts empty
+    assert len(early.pods) < len(full.pods)
+    assert not any(p.name.endswith(".sock") for p in fake.checkpoint_path.parent.iterdir())
+    await fake.plugins.wait_settled()
+    assert build(fake.allocatable_response(), fake.list_response()) == full
+    sockets = {p.name for p in fake.checkpoint_path.parent.iterdir() if p.name.endswith(".sock")}
+    assert sockets == {plugin_socket_name(r) for r, _ in fake.node.devices}
 
 
-async def test_a_warm_up_whose_plugins_all_return_on_the_same_loop_turn_settles(short_tmp: Path) -> None:
+async def test_a_warm_up_whose_plugins_all_return_on_the_same_loop_turn_settles(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
     """Equal delays end on one loop turn: the last plugin to register must still see the warm-up
     over (a finished task whose done callback had not run yet once kept it open for ever)."""
     warmup = Warmup(plugin_delay=(0.05, 0.05), pods_delay=(0.05, 0.05))
-    async with FakeKubelet(short_tmp / "kubelet", seed=3, warmup=warmup) as fake:
-        assert len({r for r, _ in fake.node.devices}) >= 2
-        await fake.restart()
-        async with asyncio.timeout(5):
-            await fake.plugins.wait_settled()
-        assert not fake.plugins.down
+    fake = await start_kubelet(seed=3, warmup=warmup)
+    assert len({r for r, _ in fake.node.devices}) >= 2
+    await fake.restart()
+    async with asyncio.timeout(5):
+        await fake.plugins.wait_settled()
+    assert not fake.plugins.down
 
 
 async def test_a_plugin_restart_takes_its_devices_away_and_back(kubelet: FakeKubelet) -> None:

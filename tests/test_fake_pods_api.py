@@ -12,6 +12,7 @@ import grpc
 import pytest
 from grpc import aio
 
+from testkit.fake_kubelets import StartKubelet
 from watcher.kubelet.client import PodResourcesClient
 from watcher.kubeletapi.k8s import core_v1_pb2
 from watcher.kubeletapi.v1alpha1 import pods_pb2
@@ -263,9 +264,13 @@ async def test_list_and_get_share_one_100_per_second_burst_10_bucket_and_watch_i
         assert (await client.list()).pod_resources
 
 
-async def test_every_call_is_failed_precondition_while_the_warm_up_hides_pods(short_tmp: Path) -> None:
-    fake = FakeKubelet(short_tmp, seed=3, warmup=Warmup(plugin_delay=(0.0, 0.1), pods_delay=(0.4, 0.6)))
-    async with fake, aio.insecure_channel(f"unix:{_api(fake)}") as channel:
+async def test_every_call_is_failed_precondition_while_the_warm_up_hides_pods(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(
+        root=short_tmp, seed=3, warmup=Warmup(plugin_delay=(0.0, 0.1), pods_delay=(0.4, 0.6))
+    )
+    async with aio.insecure_channel(f"unix:{_api(fake)}") as channel:
         with pytest.raises(aio.AioRpcError) as listed:
             await _unary(channel, "ListPods")
         with pytest.raises(aio.AioRpcError) as got:
@@ -301,10 +306,12 @@ async def test_the_socket_is_replaced_on_restart_and_a_stopped_kubelet_leaves_it
     assert len(await _list(kubelet)) == len(kubelet.node.pods)
 
 
-async def test_a_kubelet_without_the_pods_api_has_no_socket(short_tmp: Path) -> None:
-    async with FakeKubelet(short_tmp, pods_api=False) as fake:
-        assert fake.pods_api is None
-        assert not (short_tmp / "pods-api").exists()
+async def test_a_kubelet_without_the_pods_api_has_no_socket(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet(root=short_tmp, pods_api=False)
+    assert fake.pods_api is None
+    assert not (short_tmp / "pods-api").exists()
 
 
 async def test_a_dra_devices_health_and_its_drivers_words_show_in_the_holders_status(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from testkit.agent import make_settings, running_agent
-from watcher.sim.fake_kubelet import FakeKubelet
+from testkit.fake_kubelets import StartKubelet
 from watcher.sim.fake_script import MAX_BYTES, ScriptError, load_script, parse_script, play
 
 GPU = "nvidia.com/gpu"
@@ -82,32 +82,36 @@ def test_a_huge_file_is_refused_after_reading_a_bounded_prefix(tmp_path: Path) -
     assert [s.action for s in load_script(script)] == ["end"]
 
 
-async def test_the_agent_sees_exactly_the_scripted_story(short_tmp: Path) -> None:
-    async with FakeKubelet(short_tmp / "kubelet") as fake:
-        gpu = fake.node.pods[("ml", "trainer-0")].container("trainer").devices[GPU][0]
-        steps = parse_script(
-            f"""
-            0    fail     {GPU} {gpu}
-            1    heal     {GPU} {gpu}
-            2    restart  downtime=0.2 warmup
-            """
-        )
-        async with running_agent(make_settings(short_tmp), fake) as run:
-            await run.recorder.until(lambda: "watcher.started" in run.recorder.kinds())
-            mark = len(run.recorder.events)
-            said: list[str] = []
-            await play(fake, steps, say=said.append)
-            await run.settled()
-            kinds = [k for k in run.recorder.kinds(mark) if k != "capacity.changed"]
-        assert said[0] == f"0s fail {GPU} {gpu}"
-        # The failure and its healing, then the restart: its warm-up reported as nothing but itself.
-        assert kinds == ["device.removed", "device.added", "kubelet.restarted"]
-
-
-async def test_a_step_for_a_device_the_node_lacks_is_said_and_skipped(short_tmp: Path) -> None:
-    async with FakeKubelet(short_tmp / "kubelet") as fake:
+async def test_the_agent_sees_exactly_the_scripted_story(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet()
+    gpu = fake.node.pods[("ml", "trainer-0")].container("trainer").devices[GPU][0]
+    steps = parse_script(
+        f"""
+        0    fail     {GPU} {gpu}
+        1    heal     {GPU} {gpu}
+        2    restart  downtime=0.2 warmup
+        """
+    )
+    async with running_agent(make_settings(short_tmp), fake) as run:
+        await run.recorder.until(lambda: "watcher.started" in run.recorder.kinds())
+        mark = len(run.recorder.events)
         said: list[str] = []
-        await play(fake, parse_script(f"0 fail {GPU} GPU-nope\n0 free ml/nope"), say=said.append)
+        await play(fake, steps, say=said.append)
+        await run.settled()
+        kinds = [k for k in run.recorder.kinds(mark) if k != "capacity.changed"]
+    assert said[0] == f"0s fail {GPU} {gpu}"
+    # The failure and its healing, then the restart: its warm-up reported as nothing but itself.
+    assert kinds == ["device.removed", "device.added", "kubelet.restarted"]
+
+
+async def test_a_step_for_a_device_the_node_lacks_is_said_and_skipped(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    fake = await start_kubelet()
+    said: list[str] = []
+    await play(fake, parse_script(f"0 fail {GPU} GPU-nope\n0 free ml/nope"), say=said.append)
     assert said[1] == f"  line 1: no such device {GPU} GPU-nope on this node; step skipped"
     assert said[3] == "  line 2: no such pod ml/nope on this node; step skipped"
 
