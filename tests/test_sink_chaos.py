@@ -29,10 +29,10 @@ import pytest
 from aiohttp import web
 
 from testkit.agent import write_agent_config
+from testkit.fake_kubelets import StartKubelet
 from testkit.http_server import HttpServer
 from testkit.ports import free_port
 from testkit.waiting import wait_until
-from watcher.sim.fake_kubelet import FakeKubelet
 
 # Long runs: `make chaos` runs them at full size (CI runs it); `make test` leaves them out.
 pytestmark = pytest.mark.chaos
@@ -142,8 +142,9 @@ def _start_agent(config: Path, log: Path) -> subprocess.Popen[bytes]:
 @pytest.mark.timeout(900)
 async def test_a_flapping_receiver_loses_nothing_blocks_nobody_and_memory_stays_bounded(
     short_tmp: Path,
+    start_kubelet: StartKubelet,
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=3)
+    fake = await start_kubelet(seed=3)
     flappy, steady = Receiver(free_port()), Receiver(free_port())
     audit = short_tmp / "state" / "audit.jsonl"
     config = write_agent_config(
@@ -172,46 +173,45 @@ rate = 100
     log = short_tmp / "agent.log"
     await flappy.listen()
     await steady.listen()
-    async with fake:
-        agent = _start_agent(config, log)
-        try:
-            await wait_until(lambda: len(steady.first) >= 1 and len(flappy.first) >= 1, 30)
-            rss_start = _rss_mib(agent.pid)
-            batch = 0
-            steady_lag: list[float] = []
-            peak_backlog = 0
-            rss_peak = rss_start
-            for phase in range(PHASES):
-                mode = MODES[phase % len(MODES)]
-                await flappy.switch(mode)
-                # A phase lasts PHASE_S, and until the agent has met this mode at least once
-                # (after a 429 it waits out Retry-After: 1 s), within a bound.
-                ends, latest = time.monotonic() + PHASE_S, time.monotonic() + 10
-                while time.monotonic() < ends or (
-                    mode != "refuse" and flappy.requests[mode] == 0 and time.monotonic() < latest
-                ):
-                    batch += 1
-                    if batch % 2:
-                        for i in range(25):
-                            fake.add_device(GPU, f"GPU-f{batch}-{i}", (i % 2,))
-                    else:
-                        for i in range(25):
-                            fake.remove_device(GPU, f"GPU-f{batch - 1}-{i}")
-                    await asyncio.sleep(0.1)
-                # Whatever the flapping receiver does, the steady one keeps up.
-                t0 = time.monotonic()
-                await wait_until(lambda: set(_audit_ids(audit)) <= set(steady.first), 15)
-                steady_lag.append(time.monotonic() - t0)
-                peak_backlog = max(peak_backlog, len(_audit_ids(audit)) - len(flappy.first))
-                rss_peak = max(rss_peak, _rss_mib(agent.pid))
-            await flappy.switch("up")
-            await wait_until(lambda: set(_audit_ids(audit)) <= set(flappy.first), 120)
-            rss_end = _rss_mib(agent.pid)
-        finally:
-            agent.send_signal(signal.SIGTERM)
-            agent.wait(timeout=20)
-            await flappy.close()
-            await steady.close()
+    agent = _start_agent(config, log)
+    try:
+        await wait_until(lambda: len(steady.first) >= 1 and len(flappy.first) >= 1, 30)
+        rss_start = _rss_mib(agent.pid)
+        batch = 0
+        steady_lag: list[float] = []
+        peak_backlog = 0
+        rss_peak = rss_start
+        for phase in range(PHASES):
+            mode = MODES[phase % len(MODES)]
+            await flappy.switch(mode)
+            # A phase lasts PHASE_S, and until the agent has met this mode at least once
+            # (after a 429 it waits out Retry-After: 1 s), within a bound.
+            ends, latest = time.monotonic() + PHASE_S, time.monotonic() + 10
+            while time.monotonic() < ends or (
+                mode != "refuse" and flappy.requests[mode] == 0 and time.monotonic() < latest
+            ):
+                batch += 1
+                if batch % 2:
+                    for i in range(25):
+                        fake.add_device(GPU, f"GPU-f{batch}-{i}", (i % 2,))
+                else:
+                    for i in range(25):
+                        fake.remove_device(GPU, f"GPU-f{batch - 1}-{i}")
+                await asyncio.sleep(0.1)
+            # Whatever the flapping receiver does, the steady one keeps up.
+            t0 = time.monotonic()
+            await wait_until(lambda: set(_audit_ids(audit)) <= set(steady.first), 15)
+            steady_lag.append(time.monotonic() - t0)
+            peak_backlog = max(peak_backlog, len(_audit_ids(audit)) - len(flappy.first))
+            rss_peak = max(rss_peak, _rss_mib(agent.pid))
+        await flappy.switch("up")
+        await wait_until(lambda: set(_audit_ids(audit)) <= set(flappy.first), 120)
+        rss_end = _rss_mib(agent.pid)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=20)
+        await flappy.close()
+        await steady.close()
 
     ids = _audit_ids(audit)
     assert set(flappy.first) == set(ids)
