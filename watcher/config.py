@@ -86,19 +86,7 @@ def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], bas
             raise ConfigError(f"{path}: got {describe(value)}; expected a list of non-empty strings")
         return tuple(items)
     if origin in (Mapping, dict):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: got {describe(value)}; expected a table of strings")
-        for k, v in value.items():
-            if not isinstance(v, str):
-                raise ConfigError(f"{path}.{k}: got {describe(v)}; expected a string")
-        try:
-            for v in value.values():
-                expand_env(v)  # an unset variable is a config error now, not a failed send later
-        except SecretError as err:
-            raise ConfigError(f"{path}: {err}") from err
-        # Kept as written: ${ENV} values are expanded on each send, never stored or printed.
-        # Credential headers' values written in the file are secrets from now on too.
-        return {str(k): remember_header(str(k), v) for k, v in value.items()}
+        return _string_table(path, value)
     if origin is Literal:
         allowed = typing.get_args(annotation)
         if value not in allowed:
@@ -117,12 +105,35 @@ def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], bas
             raise ConfigError(f"{path}: got {describe(value)}; expected a non-empty string")
         return value
     if annotation is Path:
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{path}: got {describe(value)}; expected a path")
-        if base is None or Path(value).is_absolute() or meta.get("in_state_dir"):
-            return Path(value)
-        return base / value
+        return _path(path, value, meta, base)
     raise AssertionError(f"unsupported settings type {annotation!r} at {path}")
+
+
+def _string_table(path: str, value: Any) -> dict[str, str]:
+    """A table of strings (HTTP headers), its ${ENV} references checked."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path}: got {describe(value)}; expected a table of strings")
+    for k, v in value.items():
+        if not isinstance(v, str):
+            raise ConfigError(f"{path}.{k}: got {describe(v)}; expected a string")
+    try:
+        for v in value.values():
+            expand_env(v)  # an unset variable is a config error now, not a failed send later
+    except SecretError as err:
+        raise ConfigError(f"{path}: {err}") from err
+    # Kept as written: ${ENV} values are expanded on each send, never stored or printed.
+    # Credential headers' values written in the file are secrets from now on too.
+    return {str(k): remember_header(str(k), v) for k, v in value.items()}
+
+
+def _path(path: str, value: Any, meta: Mapping[str, Any], base: Path | None) -> Path:
+    """A path, relative to `base` (the config file's directory) unless it is absolute or kept
+    relative to the state directory."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{path}: got {describe(value)}; expected a path")
+    if base is None or Path(value).is_absolute() or meta.get("in_state_dir"):
+        return Path(value)
+    return base / value
 
 
 def _bounds(low: float | None, high: float | None) -> str:
