@@ -20,11 +20,11 @@ import pytest
 from grpc import aio
 
 from testkit.agent import AgentRun, agent_against, make_settings
+from testkit.fake_kubelets import StartKubelet
 from testkit.kubelet_lite import AdmissionError
 from testkit.real_node import RealNode
 from testkit.waiting import wait_until
 from watcher.kubeletapi.v1 import api_pb2
-from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_plugins import Warmup
 
 # A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
@@ -250,7 +250,7 @@ async def test_the_agent_at_its_highest_rate_cap_stays_under_the_real_rate_limit
 
 
 async def test_the_fake_and_the_real_limiter_reject_with_the_same_status_and_text(
-    real_node: RealNode, short_tmp: Path
+    real_node: RealNode, short_tmp: Path, start_kubelet: StartKubelet
 ) -> None:
     async def burst(socket: Path) -> set[tuple[grpc.StatusCode, str]]:
         async with aio.insecure_channel(f"unix:{socket}") as channel:
@@ -259,25 +259,25 @@ async def test_the_fake_and_the_real_limiter_reject_with_the_same_status_and_tex
         return {(r.code(), r.details() or "") for r in results if isinstance(r, aio.AioRpcError)}
 
     real = await burst(real_node.socket_path)
-    async with FakeKubelet(short_tmp / "fake") as fake:
-        faked = await burst(fake.socket_path)
+    fake = await start_kubelet(root=short_tmp / "fake")
+    faked = await burst(fake.socket_path)
     assert real == {(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")}
     assert faked == real
 
 
 async def test_the_fake_and_the_real_answer_get_of_an_unknown_pod_alike(
-    real_node: RealNode, short_tmp: Path
+    real_node: RealNode, short_tmp: Path, start_kubelet: StartKubelet
 ) -> None:
     request = api_pb2.GetPodResourcesRequest(pod_namespace="nowhere", pod_name="ghost").SerializeToString()
     real = await _error(real_node.socket_path, "Get", request)
-    async with FakeKubelet(short_tmp / "fake") as fake:
-        faked = await _error(fake.socket_path, "Get", request)
+    fake = await start_kubelet(root=short_tmp / "fake")
+    faked = await _error(fake.socket_path, "Get", request)
     assert real == (grpc.StatusCode.UNKNOWN, "pod ghost in namespace nowhere not found")
     assert faked == real
 
 
 async def test_the_fake_and_the_real_socket_have_one_mode_and_are_replaced_on_restart(
-    real_node: RealNode, short_tmp: Path
+    real_node: RealNode, short_tmp: Path, start_kubelet: StartKubelet
 ) -> None:
     def identity(path: Path) -> tuple[int, int, int]:
         st = os.stat(path)
@@ -286,11 +286,10 @@ async def test_the_fake_and_the_real_socket_have_one_mode_and_are_replaced_on_re
     real_before = identity(real_node.socket_path)
     await real_node.restart()
     real_after = identity(real_node.socket_path)
-    fake = FakeKubelet(short_tmp / "fake")
-    async with fake:
-        fake_before = identity(fake.socket_path)
-        await fake.restart()
-        fake_after = identity(fake.socket_path)
+    fake = await start_kubelet(root=short_tmp / "fake")
+    fake_before = identity(fake.socket_path)
+    await fake.restart()
+    fake_after = identity(fake.socket_path)
     assert stat.S_ISSOCK(os.stat(real_node.socket_path).st_mode)
     assert real_before[:2] != real_after[:2]  # a new file (its inode may be reused; its time is not)
     assert fake_before[:2] != fake_after[:2]
@@ -298,7 +297,7 @@ async def test_the_fake_and_the_real_socket_have_one_mode_and_are_replaced_on_re
 
 
 async def test_the_warm_up_shows_allocations_at_once_and_allocatable_empty_until_the_plugin_registers(
-    real_node: RealNode, short_tmp: Path
+    real_node: RealNode, short_tmp: Path, start_kubelet: StartKubelet
 ) -> None:
     plugin = await real_node.add_plugin(GPU, GPUS)
     held = await real_node.admit("ml", "trainer-warmup", {"main": {GPU: 2}})
@@ -325,29 +324,25 @@ async def test_the_warm_up_shows_allocations_at_once_and_allocatable_empty_until
     await wait_until(all_back, what="the plugin's devices back in allocatable")
 
     # The fake's warm-up has the same shape.
-    fake = FakeKubelet(short_tmp / "fake", warmup=Warmup(never=frozenset({"nvidia.com/gpu"})))
-    async with fake:
-        held_fake = {
+    fake = await start_kubelet(root=short_tmp / "fake", warmup=Warmup(never=frozenset({"nvidia.com/gpu"})))
+    held_fake = {
+        i for p in fake.node.pods.values() for c in p.containers for i in c.devices.get("nvidia.com/gpu", [])
+    }
+    listed = await _list(fake.socket_path)
+    assert (
+        held_fake
+        and {
             i
-            for p in fake.node.pods.values()
-            for c in p.containers
-            for i in c.devices.get("nvidia.com/gpu", [])
+            for pod in listed.pod_resources
+            for c in pod.containers
+            for d in c.devices
+            if d.resource_name == "nvidia.com/gpu"
+            for i in d.device_ids
         }
-        listed = await _list(fake.socket_path)
-        assert (
-            held_fake
-            and {
-                i
-                for pod in listed.pod_resources
-                for c in pod.containers
-                for d in c.devices
-                if d.resource_name == "nvidia.com/gpu"
-                for i in d.device_ids
-            }
-            == held_fake
-        )
-        faked = await _allocatable(fake.socket_path)
-        assert [d for d in faked.devices if d.resource_name == "nvidia.com/gpu"] == []
+        == held_fake
+    )
+    faked = await _allocatable(fake.socket_path)
+    assert [d for d in faked.devices if d.resource_name == "nvidia.com/gpu"] == []
 
 
 async def test_a_restart_whose_first_look_is_rate_limited_still_holds_the_warm_up(

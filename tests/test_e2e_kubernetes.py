@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from testkit.agent import Running, make_settings, running_agent
+from testkit.fake_kubelets import StartKubelet
 from testkit.kube_reporting import (
     AGENT_NAMESPACE,
     AGENT_SERVICE_ACCOUNT,
@@ -35,7 +36,6 @@ from testkit.kube_reporting import (
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.waiting import wait_until
 from watcher.settings import ResourceSlicesSettings
-from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeClaim, FakeClaimDevice, FakeContainer, FakeDevice, FakeNode, FakePod
 from watcher.sinks.kubernetes import KubernetesSinkSettings
 from watcher.sinks.kubernetes.condition_plan import OWNER_MARK
@@ -142,14 +142,12 @@ def _refused_by_policy(answer: Answer, node: str, says: str) -> None:
 
 
 async def test_events_and_condition_through_a_failure_and_back(
-    cluster: KubeTestCluster, placed: Placement, short_tmp: Path
+    cluster: KubeTestCluster, placed: Placement, short_tmp: Path, start_kubelet: StartKubelet
 ) -> None:
     cluster.apply(pod_manifest(placed.namespace, WORKLOAD, placed.node))
     uid = cluster.get("pod", "-n", placed.namespace, WORKLOAD)["metadata"]["uid"]
-    async with (
-        FakeKubelet(short_tmp / "kubelet", _workload_node(placed, uid)) as fake,
-        running_agent(_agent_settings(placed, short_tmp), fake) as run,
-    ):
+    fake = await start_kubelet(_workload_node(placed, uid))
+    async with running_agent(_agent_settings(placed, short_tmp), fake) as run:
         healthy = await _until_condition(run, cluster, placed.node, "False")
         assert healthy["reason"] == "DevicesAvailable" and healthy["message"].startswith(OWNER_MARK)
         fake.make_unhealthy(GPU, HELD)
@@ -183,7 +181,7 @@ async def test_events_and_condition_through_a_failure_and_back(
 
 
 async def test_cleanup_removes_what_the_agent_owns_and_nothing_else(
-    cluster: KubeTestCluster, placed: Placement, short_tmp: Path
+    cluster: KubeTestCluster, placed: Placement, short_tmp: Path, start_kubelet: StartKubelet
 ) -> None:
     other = {
         "type": "VendorNicDevicesUnavailable",
@@ -195,10 +193,8 @@ async def test_cleanup_removes_what_the_agent_owns_and_nothing_else(
         "patch", "node", placed.node, "--subresource=status", "--type=strategic", "-p",
         json.dumps({"status": {"conditions": [other]}}),
     )  # fmt: skip
-    async with (
-        FakeKubelet(short_tmp / "kubelet", _workload_node(placed)) as fake,
-        running_agent(_agent_settings(placed, short_tmp), fake) as run,
-    ):
+    fake = await start_kubelet(_workload_node(placed))
+    async with running_agent(_agent_settings(placed, short_tmp), fake) as run:
         await _until_condition(run, cluster, placed.node, "False")
     done = await asyncio.to_thread(
         subprocess.run,
@@ -234,7 +230,7 @@ def _resource_slice(node: str, taints: list[dict[str, str]]) -> dict[str, Any]:
 
 
 async def test_a_resource_slice_taint_and_the_pod_status_are_one_device_story(
-    cluster: KubeTestCluster, placed: Placement, short_tmp: Path
+    cluster: KubeTestCluster, placed: Placement, short_tmp: Path, start_kubelet: StartKubelet
 ) -> None:
     """A NoExecute taint the driver puts on a device a DRA pod holds: one device.unhealthy from the
     slices alone; the Pod status agreeing adds nothing but its name to the sources; both gone is
@@ -248,10 +244,8 @@ async def test_a_resource_slice_taint_and_the_pod_status_are_one_device_story(
     settings = dataclasses.replace(
         _agent_settings(placed, short_tmp), resource_slices=ResourceSlicesSettings(interval=1.0)
     )
-    async with (
-        FakeKubelet(short_tmp / "kubelet", node) as fake,
-        running_agent(settings, fake) as run,
-    ):
+    fake = await start_kubelet(node)
+    async with running_agent(settings, fake) as run:
         reader, watch = run.agent.slice_taints, run.agent.pods_watch
         assert reader is not None and watch is not None
         await run.recorder.until(lambda: watch.state == "watching" and reader.taints == (), 20)
