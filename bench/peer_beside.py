@@ -157,6 +157,41 @@ async def _api_pod(client: Any, n: int) -> None:
             raise
 
 
+async def _start(kubelet: Any, ours: Ours, nfd: Nfd) -> None:
+    """The kubelet, then our agent until its first event, then nfd until it watches."""
+    await kubelet.start()  # inside: a kubelet that half started is stopped too
+    await ours.process.start()
+    await ours.process.until(
+        lambda: any(e["kind"] == "watcher.started" for _, e in ours.events(0)), START_S, "watcher.started"
+    )
+    await nfd.process.start()
+    # Its fsnotify watch is in place before it logs this; what it sees meanwhile waits for it.
+    await nfd.process.until(
+        lambda: any("watching all namespaces" in line for _, line in nfd.process.lines),
+        START_S,
+        "nfd's start",
+    )
+
+
+async def _idle(
+    kubelet: Any, ours: Ours, nfd: Nfd, figures: dict[str, dict[str, Any]], seconds: float
+) -> None:
+    """Each tool still running over an idle window: its CPU, RSS and calls to the kubelet."""
+    procs = {"ours": ours.process} | ({} if nfd.process.exited() else {"nfd": nfd.process})
+    cpu0 = {t: cpu_seconds(p.pid) for t, p in procs.items()}
+    calls0, w0 = await kubelet.calls(), time.monotonic()
+    await asyncio.sleep(seconds)
+    calls1, w1 = await kubelet.calls(), time.monotonic()
+    for tool, p in procs.items():
+        figures[tool]["idle_cpu_pct"] = 100 * (cpu_seconds(p.pid) - cpu0[tool]) / (w1 - w0)
+        figures[tool]["rss_mib"] = rss_mib(p.pid)
+        if calls0 is not None and calls1 is not None:
+            figures[tool]["rpcs_per_min"] = {
+                m: 60 * (n - calls0[tool].get(m, 0)) / (w1 - w0) for m, n in calls1[tool].items()
+            }
+            figures[tool]["calls"] = calls1[tool]  # the whole round's, start-up included
+
+
 async def _round(
     kubelet: Any, root: Path, client: Any, kubeconfig: Path, plan: argparse.Namespace
 ) -> dict[str, Any]:
@@ -168,18 +203,7 @@ async def _round(
     }
     nfd_wait = plan.sleep_interval + 15.0  # a scan that missed the change: the timer's next one
     try:
-        await kubelet.start()  # inside: a kubelet that half started is stopped too
-        await ours.process.start()
-        await ours.process.until(
-            lambda: any(e["kind"] == "watcher.started" for _, e in ours.events(0)), START_S, "watcher.started"
-        )
-        await nfd.process.start()
-        # Its fsnotify watch is in place before it logs this; what it sees meanwhile waits for it.
-        await nfd.process.until(
-            lambda: any("watching all namespaces" in line for _, line in nfd.process.lines),
-            START_S,
-            "nfd's start",
-        )
+        await _start(kubelet, ours, nfd)
 
         async def step(change: Callable[[], Any], kinds: set[str], about: str, key: str) -> None:
             await asyncio.sleep(SPACING_S)
@@ -219,19 +243,7 @@ async def _round(
             await ours.seen(t0, {"device.added", "device.healthy"}, device)
             await step(partial(kubelet.remove, i), {"allocation.removed"}, f"gpu-{i}", "removed_s")
         await asyncio.sleep(2.0)  # what the last change started settles
-        procs = {"ours": ours.process} | ({} if nfd.process.exited() else {"nfd": nfd.process})
-        cpu0 = {t: cpu_seconds(p.pid) for t, p in procs.items()}
-        calls0, w0 = await kubelet.calls(), time.monotonic()
-        await asyncio.sleep(plan.idle)
-        calls1, w1 = await kubelet.calls(), time.monotonic()
-        for tool, p in procs.items():
-            figures[tool]["idle_cpu_pct"] = 100 * (cpu_seconds(p.pid) - cpu0[tool]) / (w1 - w0)
-            figures[tool]["rss_mib"] = rss_mib(p.pid)
-            if calls0 is not None and calls1 is not None:
-                figures[tool]["rpcs_per_min"] = {
-                    m: 60 * (n - calls0[tool].get(m, 0)) / (w1 - w0) for m, n in calls1[tool].items()
-                }
-                figures[tool]["calls"] = calls1[tool]  # the whole round's, start-up included
+        await _idle(kubelet, ours, nfd, figures, plan.idle)
         if nfd.process.exited() and nfd.error is None:
             nfd.fail(RuntimeError("nfd-topology-updater exited"))
     finally:
