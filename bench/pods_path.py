@@ -24,19 +24,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 NAMESPACE = "bench"
+
+if TYPE_CHECKING:
+    from watcher.model.events import Event
 
 
 def _rss_mib() -> float:
@@ -123,10 +128,46 @@ class Child:
 # --- the agent's side ---
 
 
+class _Arrivals:
+    """The agent's events as they are stored, each with the time it arrived."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, Event]] = []
+        self.waiter = asyncio.Event()
+
+    def __call__(self, event: Event) -> None:
+        self.events.append((time.monotonic(), event))
+        self.waiter.set()
+
+    async def until(self, predicate: Any, timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                self.waiter.clear()
+                await self.waiter.wait()
+
+
+@contextlib.contextmanager
+def _gc_pauses() -> Iterator[list[float]]:
+    """The garbage collector's pauses over 10 ms while the block runs."""
+    pauses: list[float] = []
+    began: list[float] = []
+
+    def on_gc(phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            began.append(time.perf_counter())
+        elif began and (held := time.perf_counter() - began.pop()) > 0.010:
+            pauses.append(held)
+
+    gc.callbacks.append(on_gc)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(on_gc)
+
+
 async def _measure(root: Path, child: Child, changes: int, *, pods_api: bool, first: int) -> dict[str, Any]:
     from testkit.agent import make_settings
     from watcher.app import Agent
-    from watcher.model.events import Event
 
     settings = make_settings(
         root / ("pods-api" if pods_api else "list"),
@@ -138,23 +179,10 @@ async def _measure(root: Path, child: Child, changes: int, *, pods_api: bool, fi
         max_rpc_rate=50.0,
     )
     agent = Agent(settings, sinks=[])
-    arrived: list[tuple[float, Event]] = []
-    waiter = asyncio.Event()
-
-    def on_event(event: Event) -> None:
-        arrived.append((time.monotonic(), event))
-        waiter.set()
-
-    agent.subscribe(on_event)
+    arrived = _Arrivals()
+    agent.subscribe(arrived)
     task = asyncio.create_task(agent.run())
-
-    async def until(predicate: Any, timeout: float) -> None:
-        async with asyncio.timeout(timeout):
-            while not predicate():
-                waiter.clear()
-                await waiter.wait()
-
-    await until(lambda: any(e.kind == "watcher.started" for _, e in arrived), 120)
+    await arrived.until(lambda: any(e.kind == "watcher.started" for _, e in arrived.events), 120)
     if pods_api:
         watch = agent.pods_watch
         assert watch is not None
@@ -166,29 +194,8 @@ async def _measure(root: Path, child: Child, changes: int, *, pods_api: bool, fi
     rss = _rss_mib()
     before = child.calls()
     commits = _slow_commits(agent)
-    pauses: list[float] = []
-    began: list[float] = []
-
-    def on_gc(phase: str, _info: dict[str, Any]) -> None:
-        if phase == "start":
-            began.append(time.perf_counter())
-        elif began and (held := time.perf_counter() - began.pop()) > 0.010:
-            pauses.append(held)
-
-    gc.callbacks.append(on_gc)
-    latency: list[float] = []
-    for i in range(changes):
-        n = first + i // 2
-        verb = "add" if i % 2 == 0 else "remove"
-        kind = "allocation.added" if verb == "add" else "allocation.removed"
-        mark = len(arrived)
-        _, renamed, sent = (await asyncio.to_thread(child.ask, f"{verb} {n}")).split()
-        signal = float(sent) if pods_api else float(renamed)
-        await until(lambda: any(e.kind == kind for _, e in arrived[mark:]), 30)
-        at = next(t for t, e in arrived[mark:] if e.kind == kind)
-        latency.append(at - signal)
-        await asyncio.sleep(0.25)  # spaced: our own RPC cap is not what is measured
-    gc.callbacks.remove(on_gc)
+    with _gc_pauses() as pauses:
+        latency = await _changes(child, arrived, changes, pods_api=pods_api, first=first)
     slow, total = (a - b for a, b in zip(_slow_commits(agent), commits, strict=True))
     tail = {"gc_pauses_s": pauses, "slow_commits": slow, "commits": total}
     after = child.calls()
@@ -198,6 +205,25 @@ async def _measure(root: Path, child: Child, changes: int, *, pods_api: bool, fi
         m: (after.get(m, 0) - before.get(m, 0)) / changes for m in ("List", "GetAllocatableResources", "Get")
     }
     return {"latency_s": latency, "rpcs": rpcs, "rss_mib": rss, "tail": tail}
+
+
+async def _changes(
+    child: Child, arrived: _Arrivals, changes: int, *, pods_api: bool, first: int
+) -> list[float]:
+    """Each change's time from the kubelet's signal to its stored event."""
+    latency: list[float] = []
+    for i in range(changes):
+        n = first + i // 2
+        verb = "add" if i % 2 == 0 else "remove"
+        kind = "allocation.added" if verb == "add" else "allocation.removed"
+        mark = len(arrived.events)
+        _, renamed, sent = (await asyncio.to_thread(child.ask, f"{verb} {n}")).split()
+        signal = float(sent) if pods_api else float(renamed)
+        await arrived.until(lambda: any(e.kind == kind for _, e in arrived.events[mark:]), 30)
+        at = next(t for t, e in arrived.events[mark:] if e.kind == kind)
+        latency.append(at - signal)
+        await asyncio.sleep(0.25)  # spaced: our own RPC cap is not what is measured
+    return latency
 
 
 def _slow_commits(agent: Any) -> tuple[float, float]:
