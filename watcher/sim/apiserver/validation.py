@@ -80,6 +80,32 @@ def _qualified_name_errors(field: str, value: str) -> list[FieldError]:
 def _validate_event(event: Json, old: Json | None) -> list[FieldError]:
     """pkg/apis/core/validation/events.go for a request to events.k8s.io/v1 (field paths are the
     internal type's, as the real server reports them: involvedObject, message, source)."""
+    errors = _event_regarding(event) + _event_reporter(event)
+    series = event.get("series")
+    if series is not None and (old is None or series != old.get("series")):  # checked when it changes
+        if series.get("count", 0) < 2:
+            errors.append(
+                FieldError("FieldValueInvalid", "series.count", 'Invalid value: "": should be at least 2')
+            )
+        if not series.get("lastObservedTime"):
+            errors.append(required("series.lastObservedTime"))
+    if old is None:
+        return errors + _new_event(event)
+    immutable = (
+        ("regarding", "involvedObject"), ("reason", "reason"), ("note", "message"),
+        ("deprecatedSource", "source"), ("deprecatedFirstTimestamp", "firstTimestamp"),
+        ("deprecatedLastTimestamp", "lastTimestamp"), ("deprecatedCount", "count"), ("type", "type"),
+        ("eventTime", "eventTime"), ("action", "action"), ("related", "related"),
+        ("reportingController", "reportingController"), ("reportingInstance", "reportingInstance"),
+    )  # fmt: skip
+    for field, path in immutable:
+        if event.get(field) != old.get(field):
+            errors.append(invalid(path, event.get(field), "field is immutable"))
+    return errors
+
+
+def _event_regarding(event: Json) -> list[FieldError]:
+    """The object an Event is about, and its namespace against the Event's."""
     errors: list[FieldError] = []
     namespace = dig(event, ("metadata", "namespace")) or ""
     regarding = event.get("regarding")
@@ -95,6 +121,12 @@ def _validate_event(event: Json, old: Json | None) -> list[FieldError]:
         legacy and regarding_ns and regarding_ns != namespace
     ):
         errors.append(invalid("involvedObject.namespace", regarding_ns, "does not match event.namespace"))
+    return errors
+
+
+def _event_reporter(event: Json) -> list[FieldError]:
+    """Who reports the Event, what it did and why, and the note's length."""
+    errors: list[FieldError] = []
     controller = event.get("reportingController", "")
     if not controller:
         errors.append(required("reportingController"))
@@ -119,42 +151,28 @@ def _validate_event(event: Json, old: Json | None) -> list[FieldError]:
         errors.append(
             FieldError("FieldValueInvalid", "message", 'Invalid value: "": can have at most 1024 characters')
         )
-    series = event.get("series")
-    if series is not None and (old is None or series != old.get("series")):  # checked when it changes
-        if series.get("count", 0) < 2:
-            errors.append(
-                FieldError("FieldValueInvalid", "series.count", 'Invalid value: "": should be at least 2')
+    return errors
+
+
+def _new_event(event: Json) -> list[FieldError]:
+    """What a created Event must hold: a known type, and none of the deprecated core/v1 fields."""
+    errors: list[FieldError] = []
+    if event.get("type") not in ("Normal", "Warning"):
+        errors.append(
+            FieldError(
+                "FieldValueInvalid",
+                "type",
+                f'Invalid value: "": has invalid value: {event.get("type", "")}',
             )
-        if not series.get("lastObservedTime"):
-            errors.append(required("series.lastObservedTime"))
-    if old is None:
-        if event.get("type") not in ("Normal", "Warning"):
-            errors.append(
-                FieldError(
-                    "FieldValueInvalid",
-                    "type",
-                    f'Invalid value: "": has invalid value: {event.get("type", "")}',
-                )
-            )
-        for field, path in (
-            ("deprecatedFirstTimestamp", "firstTimestamp"),
-            ("deprecatedLastTimestamp", "lastTimestamp"),
-            ("deprecatedCount", "count"),
-            ("deprecatedSource", "source"),
-        ):
-            if event.get(field):
-                errors.append(FieldError("FieldValueInvalid", path, 'Invalid value: "": needs to be unset'))
-        return errors
-    immutable = (
-        ("regarding", "involvedObject"), ("reason", "reason"), ("note", "message"),
-        ("deprecatedSource", "source"), ("deprecatedFirstTimestamp", "firstTimestamp"),
-        ("deprecatedLastTimestamp", "lastTimestamp"), ("deprecatedCount", "count"), ("type", "type"),
-        ("eventTime", "eventTime"), ("action", "action"), ("related", "related"),
-        ("reportingController", "reportingController"), ("reportingInstance", "reportingInstance"),
-    )  # fmt: skip
-    for field, path in immutable:
-        if event.get(field) != old.get(field):
-            errors.append(invalid(path, event.get(field), "field is immutable"))
+        )
+    for field, path in (
+        ("deprecatedFirstTimestamp", "firstTimestamp"),
+        ("deprecatedLastTimestamp", "lastTimestamp"),
+        ("deprecatedCount", "count"),
+        ("deprecatedSource", "source"),
+    ):
+        if event.get(field):
+            errors.append(FieldError("FieldValueInvalid", path, 'Invalid value: "": needs to be unset'))
     return errors
 
 
