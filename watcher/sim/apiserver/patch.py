@@ -81,25 +81,31 @@ def _merge_map(
                 raise PatchError(f"invalid {key}: both sides must be lists")
             result[name] = [v for v in result.get(name, []) if v not in value]
             continue
-        if value is None:
-            result.pop(key, None)
-            continue
-        sub = (*path, key)
-        current = result.get(key)
-        if isinstance(value, dict):
-            merged = _merge_map(current if isinstance(current, dict) else {}, value, keys, sub)
-            if merged is None:
-                result.pop(key, None)
-            else:
-                result[key] = merged
-        elif isinstance(value, list) and sub in keys:
-            result[key] = _merge_list(current if isinstance(current, list) else [], value, keys, sub)
-        else:
-            result[key] = _strip(copy.deepcopy(value))
+        _merge_value(result, key, value, keys, (*path, key))
     for name, order in orders.items():
         if name in result:
             result[name] = _reorder(result[name], order, keys.get((*path, name), ""), name)
     return result
+
+
+def _merge_value(
+    result: dict[str, Any], key: str, value: Any, keys: MergeKeys, path: tuple[str, ...]
+) -> None:
+    """One key of a patch into `result`: null deletes, a map merges, a list with a merge key merges,
+    anything else replaces."""
+    current = result.get(key)
+    if value is None:
+        result.pop(key, None)
+    elif isinstance(value, dict):
+        merged = _merge_map(current if isinstance(current, dict) else {}, value, keys, path)
+        if merged is None:
+            result.pop(key, None)
+        else:
+            result[key] = merged
+    elif isinstance(value, list) and path in keys:
+        result[key] = _merge_list(current if isinstance(current, list) else [], value, keys, path)
+    else:
+        result[key] = _strip(copy.deepcopy(value))
 
 
 def _merge_list(original: list[Any], patch: list[Any], keys: MergeKeys, path: tuple[str, ...]) -> list[Any]:
