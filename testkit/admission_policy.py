@@ -302,19 +302,27 @@ class Policy:
                 continue
             if result is True:
                 continue
-            text = ""
-            if msg_expr is not None:
-                try:
-                    value = msg_expr.run(bindings, variables, failed)
-                except _EvalError:
-                    value = None
-                if isinstance(value, str):
-                    text = value.strip()
-                    if len(text.encode()) > MAX_MESSAGE_BYTES or "\n" in text:
-                        text = ""
+            text = _evaluated_message(msg_expr, bindings, variables, failed)
             text = text or message.strip() or f"failed expression: {expr.source.strip()}"
             denials.append(Denial(self.name, self.binding, text, reason))
         return denials[0] if denials and self.deny else None
+
+
+def _evaluated_message(
+    msg_expr: _Expression | None, bindings: dict[str, Any], variables: dict[str, Any], failed: dict[str, str]
+) -> str:
+    """A validation's messageExpression's value; empty when it has none, it fails, or its value is
+    no string, over the size limit or on several lines (the static message is used then)."""
+    if msg_expr is None:
+        return ""
+    try:
+        value = msg_expr.run(bindings, variables, failed)
+    except _EvalError:
+        return ""
+    if not isinstance(value, str):
+        return ""
+    text = value.strip()
+    return "" if len(text.encode()) > MAX_MESSAGE_BYTES or "\n" in text else text
 
 
 def load(path: Path = POLICY_FILE) -> list[Policy]:
