@@ -16,6 +16,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from typing import Any, TypeVar
 
 import nats
@@ -45,23 +46,37 @@ def open_db(path: str) -> sqlite3.Connection:
     return db
 
 
+def _set_device(
+    db: sqlite3.Connection,
+    node: str,
+    seq: int,
+    resource: str,
+    dev: str,
+    state: str,
+    holders: Iterable[str] = (),
+) -> None:
+    """A device's state as event `seq` of `node` says it, and the containers holding it then."""
+    db.execute(SET_DEVICE, (node, resource, dev, state, seq))
+    for holder in holders:
+        db.execute(SET_HOLDER, (node, resource, dev, holder, 1, seq))
+
+
+def _set_holder(
+    db: sqlite3.Connection, node: str, seq: int, devices: dict[str, list[str]], holder: str, held: int
+) -> None:
+    """Whether `holder` holds each of `devices` (held 1, or 0 once it let them go)."""
+    for resource, ids in devices.items():
+        for dev in ids:
+            db.execute(SET_HOLDER, (node, resource, dev, holder, held, seq))
+
+
 def apply(db: sqlite3.Connection, e: dict[str, Any]) -> bool:
     """Apply one event; False if it was applied before (a duplicate or a re-delivery)."""
     node, seq, kind, d = e["node"], int(e["seq"]), e["kind"], e["details"]
     row = (e["id"], node, seq, kind, e["time"])
     if db.execute("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?)", row).rowcount == 0:
         return False
-
-    def device(resource: str, dev: str, state: str, holders: Iterable[str] = ()) -> None:
-        db.execute(SET_DEVICE, (node, resource, dev, state, seq))
-        for holder in holders:
-            db.execute(SET_HOLDER, (node, resource, dev, holder, 1, seq))
-
-    def hold(devices: dict[str, list[str]], holder: str, held: int) -> None:
-        for resource, ids in devices.items():
-            for dev in ids:
-                db.execute(SET_HOLDER, (node, resource, dev, holder, held, seq))
-
+    device, hold = partial(_set_device, db, node, seq), partial(_set_holder, db, node, seq)
     res, pods = d.get("resource", ""), d.get("allocated_to") or []
     if kind in ("device.removed", "device.added", "device.flapping"):
         # A flapping device counts as failed until its flapping ends with it present.
