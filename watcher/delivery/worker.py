@@ -86,7 +86,7 @@ class SinkWorker:
         # to it (an end of condition it never opened costs nothing and must not delay a page).
         self._paced_by_sink = isinstance(sink, HttpSink)
         if isinstance(sink, HttpSink):
-            sink.pace = self.limiter.acquire
+            sink.limiter = self.limiter
         self.backoff = Backoff(base=0.5, cap=s.retry_max_delay, rng=rng)
         # Outbox trouble is ours, not the receiver's: retry it briskly, whatever the sink's cap.
         self.outbox_backoff = Backoff(base=0.2, cap=OUTBOX_RETRY_CAP_S, rng=rng)

@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 
 from watcher import __version__
+from watcher.ratelimit import RateLimiter
 from watcher.retry_after import parse_retry_after
 from watcher.secrets import redact
 from watcher.sinks.base import HttpSinkSettings, Outcome
@@ -117,25 +118,30 @@ class HttpClient:
             self._session = None
 
 
-async def _unpaced() -> None:
-    return None
-
-
 class HttpSink:
     """What the HTTP sinks share: a client made from their settings, requests paced one by one,
     no background loop unless they add one, and closing the client.
 
     A sink of this kind may send fewer requests than it is given events (PagerDuty sends nothing
     for the end of a condition it never opened), so its delivery worker hands it the sink's rate
-    limit as `pace` and it spends a token per request it actually sends, not per event.
+    limiter and it spends a slot per request it actually sends, not per event.
     """
 
     http: HttpClient
-    pace: Callable[[], Awaitable[None]] = staticmethod(_unpaced)
+    limiter: RateLimiter | None = None
 
     async def send(self, url: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
-        await self.pace()
-        return await self.http.post(url, body, headers)
+        limiter = self.limiter
+        if limiter is None:
+            return await self.http.post(url, body, headers)
+        await limiter.acquire()
+        try:
+            return await self.http.post(url, body, headers)
+        finally:
+            # The slot counts from the answer: the receiver saw the request somewhere between the
+            # slot and now (later on a busy machine), and only the later time keeps every second
+            # at the receiver within the rate (Slack: one message a second to a channel).
+            limiter.answered(1)
 
     def background(self) -> Callable[[], Awaitable[None]] | None:
         return None
