@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 import structlog
 
+from testkit import tiers
 from testkit.certificates import make_pki
 from testkit.container_node import ContainerCluster, ContainerNode, start_container_cluster
 from testkit.deployed import IMAGE, agent_image
@@ -315,3 +316,34 @@ def pd_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def signing_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOK_SIGNING_SECRET", SIGNING_SECRET)
+
+
+# --- the fast tier (`make test-fast`): computed, never listed (testkit/tiers.py) ---
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `fast` every test that needs nothing outside its process (testkit/tiers.py)."""
+    for item in items:
+        if tiers.is_fast(item):
+            item.add_marker(pytest.mark.fast)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under `-m fast` alone, a module that can hold no fast test is not even imported: the
+    fast tier's run is mostly collecting, and most of that is rewriting asserts."""
+    if config.option.markexpr != "fast" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix == ".py" and not tiers.may_hold_fast_tests(collection_path):
+        return True
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _fast_stays_inside(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A fast test that starts a process or opens a socket fails: what reading the code missed."""
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+    with tiers.forbid_outside(request.node.nodeid):
+        yield

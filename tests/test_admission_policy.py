@@ -354,6 +354,7 @@ def test_an_expression_that_fails_denies() -> None:
     assert message is not None and message.startswith(DENIED) and "resulted in error" in message
 
 
+@pytest.mark.slow  # 60 runs of the policy's CEL: seconds
 @settings(max_examples=60, deadline=None)
 @given(
     own_before=st.sets(st.sampled_from(["Nvidia", "Amd", "Intel", "SriovNic", "Fpga"]), max_size=4),

@@ -357,6 +357,7 @@ def test_check_config_piped_into_head(tmp_path: Path) -> None:
         assert proc.returncode == 0
 
 
+@pytest.mark.slow  # the whole demo story, in this process (its fake kubelet and receiver too)
 def test_demo_plays_the_whole_story_and_ends_by_itself(capfd: pytest.CaptureFixture[str]) -> None:
     started = time.monotonic()
     assert main(["demo", "--seed", "3"]) == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -346,6 +347,7 @@ _entries = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.slow  # 200 nested JSON documents: seconds of generating alone
 @settings(max_examples=200, deadline=None)
 @given(data=_json | st.fixed_dictionaries({"format": st.just(1), "devices": st.lists(_entries | _json)}))
 def test_unreadable_saved_state_is_an_empty_state_never_an_error(data: Any) -> None:

@@ -83,6 +83,7 @@ async def test_the_sockets_directory_and_the_pods_api_directory_see_a_restart(
         assert run.agent.notifier.watches.installs == 1  # the same watch throughout
 
 
+@pytest.mark.slow  # waits out the watch's real steps: seconds
 async def test_after_a_hurry_an_idle_watch_steps_long_again(short_tmp: Path) -> None:
     # Nothing changes in the directory: the look begun on the short step must still end, or an
     # idle agent ticks at the short step (ten times the CPU) until some file happens to change.

@@ -3,6 +3,7 @@ repository, and nothing (docs, code comments, deploy files) points at a path out
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # Not the repository's text: virtualenvs (.bench/ holds the benchmarks' runtime-only one), caches,
 # .peers/ (the Go test peers `make peers` builds; extensionless binaries would read as text) and
-# .build/ (the images and the static pause binary, testkit/pause_image.py).
+# .build/ (the images and the static pause binary, testkit/pause_image.py), .tools/ (helm and
+# kubectl, which `make tools` fetches).
 SKIP = {
     ".git",
     ".venv",
@@ -24,6 +26,7 @@ SKIP = {
     ".peers",
     ".bench",
     ".build",
+    ".tools",
 }
 TEXT = {".md", ".py", ".toml", ".yaml", ".yml", ".json", ".txt", ".proto", ".service", ".env", ""}
 # A relative path that climbs: it must still land inside the repository, which is all a reader has.
@@ -33,14 +36,12 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def _files() -> list[Path]:
-    return [
-        path
-        for path in ROOT.rglob("*")
-        if path.is_file()
-        and not SKIP.intersection(path.relative_to(ROOT).parts)
-        and path.suffix in TEXT
-        and not path.name.endswith(".egg-info")
-    ]
+    # Pruned as it walks: rglob would go through all of .venv/ and .git/ first, to leave them out.
+    found = []
+    for directory, subdirectories, names in os.walk(ROOT):
+        subdirectories[:] = [d for d in subdirectories if d not in SKIP and not d.endswith(".egg-info")]
+        found += [Path(directory, name) for name in names if Path(name).suffix in TEXT]
+    return found
 
 
 def _relative_links(path: Path) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from structlog.testing import capture_logs
 
 from testkit.agent import Running, make_settings, running_agent
@@ -103,6 +104,7 @@ async def test_socket_directory_deleted_and_recreated(short_tmp: Path, start_kub
             assert "device.added" in await run.recorder.kinds_after(mark, 3)
 
 
+@pytest.mark.slow  # 100000 devices built: seconds
 def test_absurd_but_valid_responses_build_without_blowing_up() -> None:
     devices = [
         api_pb2.ContainerDevices(resource_name="r", device_ids=[f"d{i}", f"d{i}"])  # duplicate ids

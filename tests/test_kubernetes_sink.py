@@ -843,6 +843,7 @@ async def test_the_agent_cannot_write_another_nodes_status(tmp_path: Path, api: 
     assert rc == 0, err
 
 
+@pytest.mark.slow  # the demo in this process: its fake API server and kubelet
 async def test_the_kubernetes_demo_shows_the_pod_event_and_the_condition() -> None:
     out = io.StringIO()
     assert await run_kubernetes_demo(out=out, schema=strict_schemas()) == 0

@@ -149,6 +149,7 @@ def _reachable(meta: PodMeta) -> set[type]:
     return types
 
 
+@pytest.mark.slow  # 10000 pods decoded: seconds
 def test_a_10000_pod_snapshot_leaves_only_small_records_behind() -> None:
     gc.collect()
     tracemalloc.start()
