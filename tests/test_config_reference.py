@@ -8,6 +8,7 @@ import dataclasses
 import re
 import tomllib
 import typing
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,11 +133,14 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 
 def _shared_sink_fields() -> dict[str, dataclasses.Field[Any]]:
-    """The keys the settings classes of several sink types inherit, from the most shared base."""
+    """The keys the settings classes of several sink types inherit, from the most shared base (a
+    base only one sink type has, such as the kubernetes sink's connection keys, is its own)."""
+    kinds = list(sink_types())
+    uses = Counter(base for kind in kinds for base in kind.settings.__mro__[1:])
     found: dict[str, dataclasses.Field[Any]] = {}
-    for kind in sink_types():
+    for kind in kinds:
         for base in reversed(kind.settings.__mro__[1:]):
-            if dataclasses.is_dataclass(base):
+            if dataclasses.is_dataclass(base) and uses[base] > 1:
                 found.update({f.name: f for f in dataclasses.fields(base)})
     return found
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from watcher.backoff import Backoff
 from watcher.cycle.notifier import Notifier
-from watcher.kubeapi.settings import Connection
+from watcher.kubeapi.settings import ConnectionSettings
 from watcher.settings import Settings, pods_api_socket
 from watcher.sinks.base import BaseSinkSettings, KeyValue, Sink
 from watcher.sinks.registry import build_sinks
@@ -36,7 +36,7 @@ def kube_api_of(settings: Settings, running: KubeApi | None = None) -> KubeApi |
     kube = _kubernetes_sinks(settings.sinks)
     if k.api == "off" or (k.api == "auto" and not kube):
         return None
-    connection: Connection = kube[0] if kube and k.connection_is_default() else k
+    connection: ConnectionSettings = kube[0] if kube and k.connection_is_default() else k
     if running is not None and _connection_fields(running.connection) == _connection_fields(connection):
         return running
     from watcher.kubeapi.api import KubeApi
@@ -45,7 +45,7 @@ def kube_api_of(settings: Settings, running: KubeApi | None = None) -> KubeApi |
     return KubeApi(connection, field_manager=manager)
 
 
-def _connection_fields(c: Connection) -> tuple[object, ...]:
+def _connection_fields(c: ConnectionSettings) -> tuple[object, ...]:
     return (c.kubeconfig, c.context, c.server, c.service_account_dir, c.api_rate, c.timeout)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from watcher.kubeapi.client import call, connect
-from watcher.kubeapi.settings import Connection
+from watcher.kubeapi.settings import ConnectionSettings
 from watcher.ratelimit import RateLimiter
 
 if TYPE_CHECKING:  # imported for real only when the API is first used
@@ -18,7 +18,7 @@ __all__ = ["KubeApi"]
 
 
 class KubeApi:
-    def __init__(self, connection: Connection, *, field_manager: str) -> None:
+    def __init__(self, connection: ConnectionSettings, *, field_manager: str) -> None:
         self.connection = connection
         self.field_manager = field_manager
         self.limiter = RateLimiter(connection.api_rate)

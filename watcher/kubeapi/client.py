@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from watcher.kubeapi.kubeconfig import KubernetesError, client_config
-from watcher.kubeapi.settings import Connection
+from watcher.kubeapi.settings import ConnectionSettings
 from watcher.ratelimit import RateLimiter
 from watcher.retry_after import parse_retry_after
 from watcher.secrets import redact
@@ -22,7 +22,7 @@ __all__ = ["KubernetesError", "RefusedError", "call", "connect"]
 _RETRYABLE = (401, 408, 409, 429)
 
 
-def connect(settings: Connection, *, field_manager: str) -> AsyncClient:
+def connect(settings: ConnectionSettings, *, field_manager: str) -> AsyncClient:
     """A client for the settings: the kubeconfig, or in-cluster from the service-account files."""
     import httpx2
     from lightkube import AsyncClient

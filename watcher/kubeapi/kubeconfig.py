@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from watcher.config import ConfigError
-from watcher.kubeapi.settings import Connection
+from watcher.kubeapi.settings import ConnectionSettings
 
 if TYPE_CHECKING:  # imported for real only when the sink is used
     from lightkube.config.kubeconfig import SingleConfig
@@ -30,7 +30,7 @@ class KubernetesError(Exception):
     """The Kubernetes API could not be reached or configured; the message says what to do."""
 
 
-def client_config(settings: Connection) -> SingleConfig:
+def client_config(settings: ConnectionSettings) -> SingleConfig:
     """The one context the settings name: the kubeconfig's, or in-cluster from the service-account
     files; the files it refers to exist, and its credentials do not travel in clear text."""
     if settings.kubeconfig is not None:
@@ -44,7 +44,7 @@ def client_config(settings: Connection) -> SingleConfig:
     return single
 
 
-def check_client_config(path: str, settings: Connection) -> None:
+def check_client_config(path: str, settings: ConnectionSettings) -> None:
     """`check-config`'s part: the kubeconfig loaded as the sink will load it (in-cluster settings
     are checked for what can be checked outside the pod: the server's scheme)."""
     try:
@@ -71,7 +71,7 @@ def check_transport(server: str, credentials: bool, origin: str) -> None:
         )
 
 
-def clear_text_warning(settings: Connection) -> str | None:
+def clear_text_warning(settings: ConnectionSettings) -> str | None:
     """What `check_transport` lets through but must not go unsaid: a token (or password) sent to a
     plain http:// server on loopback. No network sees it, but whatever listens on that port does
     (a tunnel, or any program that took the port while the tunnel was down), and can then act as
@@ -145,7 +145,7 @@ def _said(err: Exception) -> str:
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
-def _in_cluster(settings: Connection) -> SingleConfig:
+def _in_cluster(settings: ConnectionSettings) -> SingleConfig:
     from lightkube import KubeConfig
     from lightkube.config.models import Cluster, User
 

@@ -5,42 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 from watcher.config import field_meta
 
-__all__ = ["SERVICE_ACCOUNT_DIR", "Connection", "KubernetesApiSettings"]
+__all__ = ["SERVICE_ACCOUNT_DIR", "ConnectionSettings", "KubernetesApiSettings"]
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-class Connection(Protocol):
-    """What a client is built from: the `[kubernetes]` section, or a kubernetes sink's own fields."""
-
-    @property
-    def kubeconfig(self) -> Path | None: ...
-    @property
-    def context(self) -> str | None: ...
-    @property
-    def server(self) -> str | None: ...
-    @property
-    def service_account_dir(self) -> Path: ...
-    @property
-    def api_rate(self) -> float: ...
-    @property
-    def timeout(self) -> float: ...
-
-
 @dataclass(frozen=True)
-class KubernetesApiSettings:
-    api: Literal["auto", "on", "off"] = field(
-        default="auto",
-        metadata=field_meta(
-            "Whether the agent talks to the API server. auto: where a `kubernetes` sink is configured; "
-            "on: always (the sources that read the API, such as [resource_slices], then work without "
-            "the sink, with the RBAC they need); off: never, and the sources that need it stay off."
-        ),
-    )
+class ConnectionSettings:
+    """How a client connects: `[kubernetes]`'s keys, and a kubernetes sink's own (older configs)."""
+
     kubeconfig: Path | None = field(
         default=None,
         metadata=field_meta(
@@ -73,6 +50,19 @@ class KubernetesApiSettings:
     )
     timeout: float = field(
         default=10.0, metadata=field_meta("API request timeout, seconds.", min=0.1, max=300)
+    )
+
+
+@dataclass(frozen=True)
+class KubernetesApiSettings(ConnectionSettings):
+    api: Literal["auto", "on", "off"] = field(
+        default="auto",
+        metadata=field_meta(
+            "Whether the agent's sources read the API server. auto: where a `kubernetes` sink is "
+            "configured; on: always (the sources that read the API, such as [resource_slices], then "
+            "work without the sink, with the RBAC they need); off: never (a kubernetes sink still "
+            "writes, with its own connection)."
+        ),
     )
 
     def connection_is_default(self) -> bool:

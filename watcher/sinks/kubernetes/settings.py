@@ -5,11 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from watcher.config import ConfigError, field_meta
-from watcher.kubeapi.settings import SERVICE_ACCOUNT_DIR
+from watcher.kubeapi.settings import ConnectionSettings
 from watcher.model.changes import Kind
 from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX, check_condition_type, shared_types
@@ -29,28 +28,10 @@ _NEEDED_KINDS = (
 
 
 @dataclass(frozen=True)
-class KubernetesSinkSettings(BaseSinkSettings):
-    kubeconfig: Path | None = field(
-        default=None,
-        metadata=field_meta(
-            "A kubeconfig file to connect with (the systemd deployment). Unset: in-cluster, with the "
-            "pod's service-account token (re-read as it rotates) and CA from service_account_dir."
-        ),
-    )
-    context: str | None = field(
-        default=None, metadata=field_meta("The kubeconfig context to use (unset: its current-context).")
-    )
-    server: str | None = field(
-        default=None,
-        metadata=field_meta(
-            "In-cluster only: the API server URL. Unset: https://$KUBERNETES_SERVICE_HOST:"
-            "$KUBERNETES_SERVICE_PORT, as Kubernetes sets them in every pod."
-        ),
-    )
-    service_account_dir: Path = field(
-        default=SERVICE_ACCOUNT_DIR,
-        metadata=field_meta("In-cluster only: where the service-account token, ca.crt and namespace are."),
-    )
+class KubernetesSinkSettings(BaseSinkSettings, ConnectionSettings):
+    """The sink's own settings, and (ConnectionSettings) how it connects when `[kubernetes]` says
+    nothing of that: configurations written before `[kubernetes]` existed keep working."""
+
     events: bool = field(
         default=True, metadata=field_meta("Create Events on the affected Pods and the Node.")
     )
@@ -72,10 +53,6 @@ class KubernetesSinkSettings(BaseSinkSettings):
         default="pod-resources-watcher",
         metadata=field_meta("The Events' reportingController; reportingInstance is the node name."),
     )
-    api_rate: float = field(
-        default=5.0,
-        metadata=field_meta("Most API requests per second, whatever the batch.", min=0.1, max=100),
-    )
     series_window: float = field(
         default=1800.0,
         metadata=field_meta(
@@ -84,9 +61,6 @@ class KubernetesSinkSettings(BaseSinkSettings):
             min=1,
             max=86400,
         ),
-    )
-    timeout: float = field(
-        default=10.0, metadata=field_meta("API request timeout, seconds.", min=0.1, max=300)
     )
     # One delivery per re-query, whole: a mass failure becomes one Event per pod, one condition write.
     group: Literal["none", "cycle", "window"] = field(
