@@ -667,13 +667,18 @@ BROKEN_KUBECONFIGS = {
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN_KUBECONFIGS))
-async def test_a_broken_kubeconfig_is_one_line_naming_the_file(tmp_path: Path, case: str) -> None:
+def test_a_broken_kubeconfig_is_one_line_naming_the_file(
+    tmp_path: Path, case: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     """`kubernetes cleanup` and `check-config` on a kubeconfig that cannot be used: one line that
-    names the file and what is wrong with it, never a traceback, and no request sent."""
+    names the file and what is wrong with it, never a traceback, and no request sent. In this
+    process (no server is asked): the real process's one line is test_a_missing_kubeconfig_is_named's."""
     text, problem = BROKEN_KUBECONFIGS[case]
     kubeconfig = tmp_path / "kube.yaml"
     kubeconfig.write_text(text)
-    rc, out = await _cli("kubernetes", "cleanup", "--kubeconfig", str(kubeconfig), "--node", NODE)
+    rc = main(["kubernetes", "cleanup", "--kubeconfig", str(kubeconfig), "--node", NODE])
+    captured = capfd.readouterr()
+    out = (captured.out + captured.err).strip()
     assert rc == 1 and len(out.splitlines()) == 1, out
     assert f"kubeconfig {kubeconfig}" in out and re.search(problem, out), out
     with pytest.raises(
