@@ -169,6 +169,7 @@ def test_ack_cost_is_measured_at_a_steady_depth() -> None:
             assert kind.wall > 0 and kind.cpu >= 0
 
 
+@pytest.mark.chaos  # a bench section at a tiny size: `make chaos` runs it (CI runs both)
 async def test_the_audit_burst_delivers_and_verifies() -> None:
     result = await bench_audit(150, 0.3)
     for run in (result.queued, result.burst):
@@ -191,6 +192,7 @@ async def test_the_drain_waits_out_the_outage_then_counts_every_event() -> None:
     assert result.per_s > 0 and result.wait_s >= 0
 
 
+@pytest.mark.chaos  # an agent process measured for a second: `make chaos` runs it (CI runs both)
 @pytest.mark.slow
 async def test_the_steady_state_share_is_a_real_agent_process() -> None:
     result = await bench_steady(1.0, scrape_every=0.4, settle_s=0.2)
@@ -455,6 +457,7 @@ def test_a_capacity_row_reports_its_median_run_with_every_runs_figure() -> None:
     assert (row.per_s, row.generator_cores, row.runs) == (2.0, 0.2, (3.0, 1.0, 2.0))
 
 
+@pytest.mark.chaos  # a bench section at a tiny size: `make chaos` runs it (CI runs both)
 async def test_the_pods_api_section_measures_both_paths_in_one_run() -> None:
     """Section 11 at a tiny size: the Pods API path reads a changed pod with Get alone (and a removed
     one with no call), the List path with List and GetAllocatableResources, each change seen."""

@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from watcher.cli import main
@@ -330,26 +330,35 @@ def _fuzz_config(edits: list[tuple[str, str, object]], sink_type: str, tmp_path:
     return path
 
 
-@pytest.mark.slow  # 1000 configs checked: seconds
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    edits=st.lists(
-        st.tuples(st.sampled_from(_SECTIONS), st.sampled_from(_KEYS), _VALUES), min_size=1, max_size=4
-    ),
-    sink_type=st.sampled_from([*SINK_TYPES, "carrier-pigeon"]),
-)
+# Configs generated per fuzzer: a sample in `make test`, the full run in `make chaos` (CI runs both).
+_ANY_CONFIGS = [200, pytest.param(1000, marks=pytest.mark.chaos)]
+_SECRET_CONFIGS = [150, pytest.param(500, marks=pytest.mark.chaos)]
+
+
+@pytest.mark.slow  # hundreds of configs checked: seconds
+@pytest.mark.parametrize("examples", _ANY_CONFIGS)
 def test_any_config_gives_ok_or_one_clear_error_line_and_exit_2(
-    edits: list[tuple[str, str, object]], sink_type: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    examples: int, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    path = _fuzz_config(edits, sink_type, tmp_path)
-    code = main(["check-config", str(path)])
-    err = capfd.readouterr().err
-    assert code in (0, 2)
-    if code == 2:
-        lines = err.splitlines()
-        assert len(lines) == 1, err
-        assert lines[0].startswith("pod-resources-watcher: error: ")
-        assert "Traceback" not in err
+    @settings(max_examples=examples, deadline=None)
+    @given(
+        edits=st.lists(
+            st.tuples(st.sampled_from(_SECTIONS), st.sampled_from(_KEYS), _VALUES), min_size=1, max_size=4
+        ),
+        sink_type=st.sampled_from([*SINK_TYPES, "carrier-pigeon"]),
+    )
+    def check(edits: list[tuple[str, str, object]], sink_type: str) -> None:
+        path = _fuzz_config(edits, sink_type, tmp_path)
+        code = main(["check-config", str(path)])
+        err = capfd.readouterr().err
+        assert code in (0, 2)
+        if code == 2:
+            lines = err.splitlines()
+            assert len(lines) == 1, err
+            assert lines[0].startswith("pod-resources-watcher: error: ")
+            assert "Traceback" not in err
+
+    check()
 
 
 _MARK = "Zq9Leak"  # in every string the next test writes; no message of ours contains it
@@ -366,27 +375,32 @@ _MARKED_VALUES = st.one_of(
 _NO_SECRET_FILES = [k for k in _KEYS if not k.endswith("_file")]
 
 
-@pytest.mark.slow  # 500 configs checked: seconds
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    edits=st.lists(
-        st.tuples(st.sampled_from(_SECTIONS), st.sampled_from(_NO_SECRET_FILES), _MARKED_VALUES),
-        min_size=1,
-        max_size=4,
-    ),
-    sink_type=st.sampled_from([*SINK_TYPES, "carrier-pigeon"]),
-)
+@pytest.mark.slow  # hundreds of configs checked: seconds
+@pytest.mark.parametrize("examples", _SECRET_CONFIGS)
 def test_a_config_error_never_shows_a_value_it_was_given(
-    edits: list[tuple[str, str, object]], sink_type: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    examples: int, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Whatever key a value lands in, wrongly typed or out of place, the error names the key and
     says what kind of value it got: a token pasted into the wrong key never reaches the terminal."""
-    path = _fuzz_config(edits, sink_type, tmp_path)
-    if main(["check-config", str(path)]) == 2:
-        out, err = capfd.readouterr()
-        assert out == "" and _MARK not in err, err
-    else:
-        capfd.readouterr()
+
+    @settings(max_examples=examples, deadline=None)
+    @given(
+        edits=st.lists(
+            st.tuples(st.sampled_from(_SECTIONS), st.sampled_from(_NO_SECRET_FILES), _MARKED_VALUES),
+            min_size=1,
+            max_size=4,
+        ),
+        sink_type=st.sampled_from([*SINK_TYPES, "carrier-pigeon"]),
+    )
+    def check(edits: list[tuple[str, str, object]], sink_type: str) -> None:
+        path = _fuzz_config(edits, sink_type, tmp_path)
+        if main(["check-config", str(path)]) == 2:
+            out, err = capfd.readouterr()
+            assert out == "" and _MARK not in err, err
+        else:
+            capfd.readouterr()
+
+    check()
 
 
 def _toml_value(value: object) -> str:
