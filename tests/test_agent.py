@@ -6,6 +6,7 @@ import asyncio
 import atexit
 import bisect
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from testkit.agent import Running, make_settings, running_agent
 from testkit.fake_kubelets import StartKubelet
 from testkit.processes import fake_kubelet_process
 from testkit.waiting import wait_until
+from watcher.kubelet import watching
 from watcher.kubelet.identity import FileIdentity, is_replacement, probe_socket, replaced_since
 from watcher.sim.fake_kubelet import FakeKubelet
 
@@ -389,9 +391,31 @@ def _no_new_inotify_instances() -> Iterator[None]:
         atexit.unregister(MAX_INSTANCES.write_text)
 
 
+@pytest.mark.chaos  # the host's limit, for every process: alone in `make chaos` (CI runs both)
 async def test_falls_back_to_polling_when_inotify_is_exhausted(fake: FakeKubelet, short_tmp: Path) -> None:
+    with _no_new_inotify_instances():
+        await _falls_back_to_polling(fake, short_tmp)
+
+
+async def test_falls_back_to_polling_when_this_process_gets_no_inotify(
+    fake: FakeKubelet, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test above in `make test`, where other tests run beside it: the kernel's refusal is made
+    in this process only (lowering the host's limit would refuse theirs too)."""
+    real = watching.RustNotify
+
+    def refused(paths: list[str], debug: bool, force_polling: bool, *rest: Any) -> Any:
+        if not force_polling:
+            raise OSError(errno.EMFILE, "Too many open files (os error 24)")
+        return real(paths, debug, force_polling, *rest)
+
+    monkeypatch.setattr(watching, "RustNotify", refused)
+    await _falls_back_to_polling(fake, short_tmp)
+
+
+async def _falls_back_to_polling(fake: FakeKubelet, short_tmp: Path) -> None:
     await fake.start()
-    with _no_new_inotify_instances(), capture_logs() as logs:
+    with capture_logs() as logs:
         # The Pods API off: its reconnect would find the restart first, by the socket's identity.
         settings = make_settings(short_tmp, poll_interval=0.05, pods_api=False)
         async with running_agent(settings, fake) as run:
