@@ -55,7 +55,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        "the Pods API (k8s and v1alpha1 generated code, kubelet/pods_*)",
+        "the Pods API (k8s and v1alpha1 generated code, sources/pods_api/)",
         (
             "watcher.kubeletapi.k8s.core_v1_pb2",
             "watcher.kubeletapi.v1alpha1.pods_pb2_grpc",

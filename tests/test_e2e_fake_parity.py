@@ -69,7 +69,7 @@ KEPT_DIFFERENCES = {
         "claim under the container's dynamic_resources",
         "serves extendedResourceClaimStatus for a DRA-backed extended resource (dra_backed_gpu_pod)",
         "the agent's Pods API decoder reads it (PodMeta.extended_claim) and tests of the fake "
-        "(test_fake_pods_api, test_pod_decoding) pin it; dropping it is their owners' change",
+        "(test_fake_pods_api, test_pods_api_decoding) pin it; dropping it is their owners' change",
         "test_kept_a_dra_backed_extended_resources_claim_is_named_by_the_api_server_not_the_pods_api",
     ),
     "pods after a restart": Kept(

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from testkit.agent import make_settings, running_agent
+from watcher.config import ConfigError
 from watcher.model.devicehealth.taints import DeviceTaint
 from watcher.model.inventory import Inventory
 from watcher.settings import PodsSettings
@@ -108,7 +109,6 @@ def test_evidence_merges_what_each_source_says() -> None:
 
 
 def test_the_api_connection_is_set_in_one_place() -> None:
-    from watcher.config import ConfigError
     from watcher.settings_file import parse_settings
 
     sink = {"type": "kubernetes", "server": "https://127.0.0.1:6443"}
@@ -118,3 +118,73 @@ def test_the_api_connection_is_set_in_one_place() -> None:
         parse_settings(both)
     with pytest.raises(ConfigError, match=r"^pods\.resource_slices: moved; set \[resource_slices\] enabled"):
         parse_settings({"pods": {"resource_slices": False}})
+
+
+def test_the_kubernetes_section_connects_every_kubernetes_sink_and_is_checked() -> None:
+    from watcher.settings_file import config_warnings, parse_settings
+
+    settings = parse_settings(
+        {"kubernetes": {"server": "http://127.0.0.1:8001"}, "sinks": {"k8s": {"type": "kubernetes"}}}
+    )
+    (sink,) = settings.sinks
+    assert getattr(sink, "server", None) == "http://127.0.0.1:8001"  # what send-test and cleanup use too
+    assert any(w.startswith("sinks.k8s.server: ") and "clear text" in w for w in config_warnings(settings))
+    alone = parse_settings({"kubernetes": {"api": "on", "server": "http://127.0.0.1:8001"}, "sinks": {}})
+    assert any(w.startswith("kubernetes.server: ") for w in config_warnings(alone))
+    with pytest.raises(ConfigError, match=r"^kubernetes\.server: .*not an https:// URL"):
+        parse_settings({"kubernetes": {"server": "ftp://127.0.0.1"}})
+
+
+def test_a_second_kubernetes_sink_with_its_own_connection_keeps_its_own_client(tmp_path: Path) -> None:
+    from watcher.kubeapi.api import KubeApi
+    from watcher.settings_file import parse_settings
+    from watcher.sinks.registry import build_sinks
+    from watcher.store.store import Store
+
+    here = {"type": "kubernetes", "server": "https://127.0.0.1:6443"}
+    there = {"type": "kubernetes", "server": "https://127.0.0.1:7443"}
+    settings = parse_settings({"sinks": {"here": here, "there": there}})
+    shared = KubeApi(settings.sinks[0], field_manager="test")  # type: ignore[arg-type]
+    store = Store(tmp_path / "outbox.db")
+    first, second = build_sinks(settings.sinks, node="n", state_dir=tmp_path, store=store, kube_api=shared)
+    assert getattr(first, "kube_api", None) is shared
+    assert getattr(second, "kube_api", None) is not shared  # another server: never the first's credentials
+
+
+def test_every_sources_taints_count() -> None:
+    a, b = DeviceTaint(DRIVER, POOL, DEVICE, "k"), DeviceTaint(DRIVER, POOL, "gpu-1", "rule")
+    assert merged([Evidence(taints=(a,)), Evidence(taints=(b, a))]).taints == (a, b)
+    assert merged([Evidence(), Evidence(taints=())]).taints == ()
+    assert merged([Evidence(), Evidence()]).taints is None
+
+
+async def test_a_reload_gives_the_kubernetes_sink_its_new_connection(short_tmp: Path) -> None:
+    """SIGHUP with a kubernetes sink's server changed: the reloaded sink uses the new connection
+    through the agent's client (nothing else reads through the old one, which is replaced)."""
+    from watcher.app import Agent
+    from watcher.settings import ResourceSlicesSettings
+    from watcher.settings_file import parse_settings
+
+    def settings(port: int) -> Any:
+        sinks = parse_settings(
+            {"sinks": {"k8s": {"type": "kubernetes", "server": f"https://127.0.0.1:{port}"}}}
+        )
+        return dataclasses.replace(
+            make_settings(short_tmp), sinks=sinks.sinks, resource_slices=ResourceSlicesSettings(enabled=False)
+        )
+
+    agent = Agent(settings(6443))
+    try:
+        assert await agent.open()
+        before = agent.kube_api
+        assert before is not None and before.connection.server == "https://127.0.0.1:6443"
+        agent.started.set()
+        await agent.reload(settings(7443))
+        after = agent.kube_api
+        assert (
+            after is not None and after is not before and after.connection.server == "https://127.0.0.1:7443"
+        )
+        sink = agent.dispatcher.workers["k8s"].sink
+        assert getattr(sink, "kube_api", None) is after
+    finally:
+        await agent.close()

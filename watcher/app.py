@@ -47,6 +47,7 @@ from watcher.tls import ServerTls
 
 if TYPE_CHECKING:
     # Imported where the API server is used, not before: the agent's RSS is budgeted.
+    from watcher.kubeapi.api import KubeApi
     from watcher.sources.resource_slices import ResourceSliceTaints
 
 __all__ = ["Agent", "http_options"]
@@ -240,6 +241,8 @@ class Agent:
                 "delivery": self._deliver_once_open,
             }
             for source in self.reactor.sources:
+                if source.name in tasks:  # one would silently replace the other
+                    raise ValueError(f"two supervised tasks are named {source.name!r}: name the source apart")
                 tasks[source.name] = source.run
             if not self.storage.ready.is_set() and not await self.open():
                 tasks["outbox-open"] = self._open_later
@@ -370,14 +373,11 @@ class Agent:
             # ready_stale_after is read on every /readyz and a token file is re-read when it
             # changes; the rest is the running server's shape.
             log.warning("[http] changes other than ready_stale_after apply on restart")
-        if kube_api_of(settings, self.kube_api) is not self.kube_api:
-            log.warning(
-                "[kubernetes] and the kubernetes sink's connection apply on restart; keeping the running one"
-            )
         if settings.resource_slices != old.resource_slices:
             log.warning("[resource_slices] changes apply on restart; keeping the running source")
             settings = dataclasses.replace(settings, resource_slices=old.resource_slices)
-        sinks = sinks_of(settings, self.outbox, self.kube_api)
+        shared, retired = self._reload_api(settings)
+        sinks = sinks_of(settings, self.outbox, shared)
         self.settings = settings
         self.committer.settings = settings
         try:
@@ -386,7 +386,25 @@ class Agent:
             # The kubelet side applies whatever happened to the sinks.
             if settings.kubelet != old.kubelet or settings.watch != old.watch:
                 await self.reactor.swap_client(settings)
+            if retired is not None:  # after the sinks that used it are replaced
+                await retired.close()
         log.info("configuration reloaded", sinks_changed=changed, socket=str(settings.kubelet.socket))
+
+    def _reload_api(self, settings: Settings) -> tuple[KubeApi | None, KubeApi | None]:
+        """The client the reloaded sinks share, and one to close once the old sinks are gone. A
+        changed connection reaches the sinks now; a source reading through the running client
+        keeps it until a restart, and the sinks then get clients of their own meanwhile."""
+        wanted = kube_api_of(settings, self.kube_api)
+        if wanted is self.kube_api:
+            return wanted, None
+        if self.slice_taints is not None:
+            log.warning(
+                "the API server connection changed: the kubernetes sinks use the new one now, the "
+                "ResourceSlices reader keeps the running one until a restart"
+            )
+            return None, None
+        retired, self.kube_api = self.kube_api, wanted
+        return wanted, retired
 
 
 def _warn_about_config(settings: Settings) -> None:

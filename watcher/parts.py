@@ -37,16 +37,12 @@ def kube_api_of(settings: Settings, running: KubeApi | None = None) -> KubeApi |
     if k.api == "off" or (k.api == "auto" and not kube):
         return None
     connection: ConnectionSettings = kube[0] if kube and k.connection_is_default() else k
-    if running is not None and _connection_fields(running.connection) == _connection_fields(connection):
+    if running is not None and running.connection.connection_fields() == connection.connection_fields():
         return running
     from watcher.kubeapi.api import KubeApi
 
     manager = kube[0].reporting_controller if kube else "pod-resources-watcher"
     return KubeApi(connection, field_manager=manager)
-
-
-def _connection_fields(c: ConnectionSettings) -> tuple[object, ...]:
-    return (c.kubeconfig, c.context, c.server, c.service_account_dir, c.api_rate, c.timeout)
 
 
 def sources_of(

@@ -19,6 +19,8 @@ from typing import Any
 
 from watcher.config import ConfigError, build, describe
 from watcher.files import is_system_directory
+from watcher.kubeapi.kubeconfig import check_client_config, clear_text_warning
+from watcher.kubeapi.settings import ConnectionSettings
 from watcher.secrets import ENV_REF, REDACTED, Secret, SecretError, file_exposure, redact
 from watcher.settings import HttpSettings, Settings
 from watcher.sinks.base import BaseSinkSettings
@@ -136,22 +138,34 @@ def parse_settings(data: Mapping[str, Any], *, base_dir: Path | None = None) -> 
         raise ConfigError("state_dir: a system directory, which the agent would make 0700: give it its own")
     if sinks is not None:
         settings = dataclasses.replace(settings, sinks=sinks)
-    _check_one_connection(settings)
-    return settings
+    return _one_connection(settings)
 
 
-def _check_one_connection(settings: Settings) -> None:
-    """The agent has one connection to the API server: set in [kubernetes], or (left unset there)
-    in a kubernetes sink; in both, one of them would be silently ignored."""
-    if settings.kubernetes.connection_is_default():
-        return
+def _one_connection(settings: Settings) -> Settings:
+    """The connection [kubernetes] sets, checked as a sink's is, and given to every kubernetes sink
+    (so the agent, `send-test` and `kubernetes cleanup` all reach the API server alike). A sink that
+    sets a connection key of its own as well is refused: one of the two would be ignored."""
+    k = settings.kubernetes
+    if k.connection_is_default():
+        return settings
+    keys = [f.name for f in dataclasses.fields(ConnectionSettings)]
+    default = ConnectionSettings()
     for sink in settings.sinks:
-        named = [k for k in ("kubeconfig", "context", "server") if getattr(sink, k, None) is not None]
-        if getattr(sink, "type", None) == "kubernetes" and named:
-            raise ConfigError(
-                f"sinks.{sink.name}.{named[0]}: the agent has one connection to the API server and "
-                "[kubernetes] sets it; set the connection there or in the sink, not in both"
-            )
+        if isinstance(sink, ConnectionSettings):
+            named = [key for key in keys if getattr(sink, key) != getattr(default, key)]
+            if named:
+                raise ConfigError(
+                    f"sinks.{sink.name}.{named[0]}: [kubernetes] sets the agent's connection to the "
+                    "API server; set the connection there or in the sink, not in both"
+                )
+    if k.kubeconfig is not None and k.server is not None:
+        raise ConfigError("kubernetes.server: only for in-cluster use; the kubeconfig names its server")
+    check_client_config("kubernetes", k)
+    given = {key: getattr(k, key) for key in keys}
+    sinks = tuple(
+        dataclasses.replace(s, **given) if isinstance(s, ConnectionSettings) else s for s in settings.sinks
+    )
+    return dataclasses.replace(settings, sinks=sinks)
 
 
 def load_settings(path: Path) -> Settings:
@@ -219,6 +233,10 @@ def config_warnings(settings: Settings) -> list[str]:
     for sink in settings.sinks:
         warnings += _secret_files(sink, f"sinks.{sink.name}.")
     warnings += sink_warnings(settings.sinks)
+    if not any(isinstance(s, ConnectionSettings) for s in settings.sinks):  # else a sink said it
+        said = clear_text_warning(settings.kubernetes)
+        key = "kubeconfig" if settings.kubernetes.kubeconfig is not None else "server"
+        warnings += [] if said is None else [f"kubernetes.{key}: {said}"]
     http = settings.http
     if http.inventory and http.inventory_token is not None and http.tls_cert_file is None:
         host = parse_listen(http.listen)[0]

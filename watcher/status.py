@@ -110,7 +110,7 @@ class AgentStatus:
             "last_success_age_s": None if age is None else round(age, 3),
             "seq": state.seq,
             # Which way pod changes are seen: the kubelet's Pods API, or pod-resources alone.
-            "pods_api": OFF,
+            "pods_api": dict(OFF),
         }
         # Each source says how it is doing; none is a reason to be unready on its own.
         for source in self.reactor.sources:

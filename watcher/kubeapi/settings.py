@@ -3,7 +3,7 @@ fields every user of the API (the kubernetes sink, the sources that read the API
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
@@ -52,6 +52,10 @@ class ConnectionSettings:
         default=10.0, metadata=field_meta("API request timeout, seconds.", min=0.1, max=300)
     )
 
+    def connection_fields(self) -> tuple[object, ...]:
+        """The connection as a value: two settings with equal ones reach the API server alike."""
+        return tuple(getattr(self, f.name) for f in fields(ConnectionSettings))
+
 
 @dataclass(frozen=True)
 class KubernetesApiSettings(ConnectionSettings):
@@ -67,4 +71,4 @@ class KubernetesApiSettings(ConnectionSettings):
 
     def connection_is_default(self) -> bool:
         """No connection field set: a kubernetes sink's own fields then say how to connect."""
-        return self == KubernetesApiSettings(api=self.api)
+        return self.connection_fields() == ConnectionSettings().connection_fields()

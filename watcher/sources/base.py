@@ -4,7 +4,7 @@ A source (as a monitor of node-problem-detector, or a provider of the kubelet) i
 that keeps what it last read, says how it is doing in `/readyz`, and hands each cycle its evidence as
 one frozen value. The reactor gets its sources when it is made; the agent supervises them, `/readyz`
 lists them, and `findings.conclude` takes their evidence merged. Adding one is a module here, its
-settings, and one line where the agent is composed (watcher/app.py `_sources`).
+settings, and one line where the agent is composed (watcher/parts.py `sources_of`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ class Evidence:
 
 
 def merged(parts: Sequence[Evidence]) -> Evidence:
-    """The sources' evidence as one value: what any of them set (each says its own part)."""
+    """The sources' evidence as one value: the pods as the one source of them says (the Pods API),
+    every source's taints together (None only when none has read any), every ended pod."""
     pods = next((e.pods for e in parts if e.pods is not None), None)
-    taints = next((e.taints for e in parts if e.taints is not None), None)
+    read = [e.taints for e in parts if e.taints is not None]
+    taints = tuple(dict.fromkeys(t for ts in read for t in ts)) if read else None
     gone: dict[PodKey, PodMeta] = {}
     for e in parts:
         gone.update(e.gone)

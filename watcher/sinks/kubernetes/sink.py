@@ -179,7 +179,15 @@ def _warnings(path: str, settings: KubernetesSinkSettings) -> list[str]:
 
 
 def _kubernetes_sink(settings: KubernetesSinkSettings, context: SinkContext) -> KubernetesSink:
-    api = context.kube_api if isinstance(context.kube_api, KubeApi) else None
+    # The agent's client only where it reaches the API server as this sink would: a second sink
+    # with a connection of its own (another cluster, other credentials) keeps its own client.
+    shared = context.kube_api
+    if (
+        not isinstance(shared, KubeApi)
+        or shared.connection.connection_fields() != settings.connection_fields()
+    ):
+        shared = None
+    api = shared
     return KubernetesSink(settings, node=context.node, store=context.store, api=api)
 
 
