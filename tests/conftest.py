@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import hypothesis
 import pytest
 import pytest_asyncio
 import structlog
@@ -42,6 +43,15 @@ from watcher.sinks.registry import build_sink
 from watcher.store.store import Store
 
 ReceiverT = TypeVar("ReceiverT", bound=Receiver)
+
+# Properties are about what a function returns, not how fast: under `make test`'s workers on two
+# cores an example can take longer than Hypothesis' 200 ms default deadline and fail as "flaky".
+hypothesis.settings.register_profile(
+    "pod-resources-watcher",
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow],
+)
+hypothesis.settings.load_profile("pod-resources-watcher")
 
 
 @pytest.fixture

@@ -621,4 +621,6 @@ async def test_a_restart_is_queried_at_once_even_after_failed_calls_at_the_stale
         started = fake.started_at
         assert started is not None
         await run.recorder.until(lambda: fake.first_call_at is not None)
-        assert fake.first_call_at - started < 0.15
+        # At once, not after the rate window the unanswered calls would have spent (up to ~1 s);
+        # 0.6 s leaves room for a loaded machine running the suite in several workers.
+        assert fake.first_call_at - started < 0.6
