@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
@@ -17,6 +18,18 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def _worker_share(start: int, end: int) -> tuple[int, int]:
+    """This pytest-xdist worker's own slice of [start, end) (the whole of it outside xdist): a port
+    one worker picked and released before its server bound it is never another worker's pick."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or not worker[2:].isdigit() or count < 2:
+        return start, end
+    size = (end - start) // count
+    index = int(worker[2:]) % count
+    return start + index * size, start + (index + 1) * size
+
+
 def free_port() -> int:
     """A loopback TCP port free right now, below the kernel's ephemeral range.
 
@@ -24,9 +37,9 @@ def free_port() -> int:
     dialling its ports, and a dial to a local port in the ephemeral range can connect to itself
     (TCP self-connect), so the port is taken when the server comes back.
     """
-    low, _ = _ephemeral_range()
+    start, end = _worker_share(10000, max(10001, _ephemeral_range()[0]))
     for _ in range(1000):
-        port = random.randrange(10000, max(10001, low))
+        port = random.randrange(start, end)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
