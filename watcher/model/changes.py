@@ -45,6 +45,21 @@ class Kind(enum.StrEnum):
     DEVICE_HEALTH_UNKNOWN = "device.health_unknown"
     # The end of a DRA device's story that no Pod status can confirm: no pod holds it any more.
     DEVICE_HEALTH_UNOBSERVED = "device.health_unobserved"
+    # Issue 40: what no pod-resources answer says. An admin's DeviceTaintRule that matches every
+    # device with NoExecute (it evicts every DRA pod of the cluster), and its end.
+    DEVICE_TAINT_RULE_EVICTS_ALL = "device.taint_rule_evicts_all"
+    DEVICE_TAINT_RULE_LIFTED = "device.taint_rule_lifted"
+    # A pod evicted because a device it held was tainted (DeviceTaintManagerEviction).
+    POD_EVICTED = "pod.evicted"
+    # A pod the kubelet failed at admission for a device reason, and many of them in a window.
+    POD_REJECTED = "pod.rejected"
+    NODE_REJECTING_PODS = "node.rejecting_pods"
+    NODE_REJECTING_PODS_ENDED = "node.rejecting_pods_ended"
+    # Fewer devices known to the kubelet than the operator expects, and the count back.
+    DEVICE_MISSING = "device.missing"
+    DEVICE_MISSING_RESOLVED = "device.missing_resolved"
+    # A failed device back only because its plugin or driver restarted: not a verified heal.
+    DEVICE_RESET = "device.reset"
 
 
 LIFECYCLE_KINDS = frozenset(
