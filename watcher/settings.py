@@ -266,6 +266,16 @@ class WatchSettings:
             "A flapping device stable this long gets device.flap_ended, seconds.", min=1, max=86400
         ),
     )
+    reset_hold_down: float = field(
+        default=600.0,
+        metadata=field_meta(
+            "A failed device back right after its device plugin or DRA driver registered again is "
+            "device.reset, not a heal: its page stays open until it has stayed up this long, "
+            "seconds; then the heal follows. 0: such a device heals at once, as any other.",
+            min=0,
+            max=86400,
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,7 @@ class Committer:
             device_health=saved.device_health,
             incidents=saved.incidents,
             flaps=saved.flaps,
+            resets=saved.resets,
         )
 
     def outbox_trouble(self, err: Exception) -> None:
@@ -158,6 +159,7 @@ class Committer:
             device_health=draft.device_health,
             incidents=draft.incidents,
             flaps=draft.flaps,
+            resets=draft.resets,
         )
         try:
             self.storage.require_ready()

@@ -15,8 +15,9 @@ import structlog
 
 from watcher.cycle.state import CycleState
 from watcher.kubelet.plugins import plugin_sockets
+from watcher.kubelet.registrations import driver_registrations
 from watcher.model import lifecycle
-from watcher.model.changes import Change
+from watcher.model.changes import Change, Kind
 from watcher.model.devicehealth.affected import annotate
 from watcher.model.devicehealth.plugin_devices import corroborate
 from watcher.model.diff import diff
@@ -107,6 +108,11 @@ def conclude(
             taints=evidence.taints,
         )
         diffs.extend(verdicts)
+    # A failed device back only because its plugin or driver re-registered is no heal (model/resets).
+    restarted = {str(c.details.get("resource", "")) for c in changes if c.kind is Kind.PLUGIN_REGISTERED}
+    drivers = driver_registrations(settings.kubelet.root_dir / "plugins_registry")
+    resets, diffs = draft.resets.observe(now, diffs, restarted, settings.watch.reset_hold_down, drivers)
+    draft = dataclasses.replace(draft, resets=resets)
     flaps, damped = draft.flaps.damp(now, diffs, flap_rule(settings))
     incidents, grouped = draft.incidents.group(cycle, damped, settings.watch.incident_threshold)
     changes.extend(annotate(grouped, pods, evidence.gone) if pods is not None else grouped)

@@ -143,6 +143,8 @@ class Reactor:
             deadlines.append(look)
         if (quiet := state.flaps.next_look(flap_rule(self.settings))) is not None:
             deadlines.append(quiet)
+        if (due := state.resets.next_look(self.settings.watch.reset_hold_down)) is not None:
+            deadlines.append(due)  # a heal held after a plugin's reset
         # An Unknown is timed only while the Pod status is read; an unheld story always.
         live = self.pods_api is not None and self.pods_api.live
         health, unheld = state.device_health, self.settings.pods.unheld_grace

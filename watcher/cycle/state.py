@@ -25,6 +25,7 @@ from watcher.model.flapping import Flaps
 from watcher.model.incidents import Incidents
 from watcher.model.inventory import Inventory
 from watcher.model.records import compact_json
+from watcher.model.resets import Resets
 from watcher.model.restore import from_canonical
 from watcher.model.settling import Settling
 from watcher.store.saved_state import StateRecord, StoredState
@@ -46,6 +47,7 @@ class SavedState:
     device_health: DeviceHealth = field(default_factory=DeviceHealth)
     incidents: Incidents = field(default_factory=Incidents)
     flaps: Flaps = field(default_factory=Flaps)
+    resets: Resets = field(default_factory=Resets)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class CycleState:
     flaps: Flaps = field(default_factory=Flaps)  # devices changing health often
     incidents: Incidents = field(default_factory=Incidents)  # mass failures not yet back
     device_health: DeviceHealth = field(default_factory=DeviceHealth)  # DRA verdicts reported
+    resets: Resets = field(default_factory=Resets)  # failed devices; heals a plugin's restart explains
 
 
 def state_record(state: SavedState) -> StateRecord:
@@ -81,6 +84,8 @@ def state_record(state: SavedState) -> StateRecord:
         # Open incidents and flapping devices likewise: a restart must still send their ends.
         "incidents": state.incidents.to_json(),
         "flaps": state.flaps.to_json(),
+        # Failed devices and the heals held after a plugin's reset: told once across restarts.
+        "resets": state.resets.to_json(),
         "saved_at": time.time(),
     }
     return StateRecord(head=head, inventory=state.inventory)
@@ -131,6 +136,7 @@ def state_from_store(stored: StoredState, *, min_seq: int = 0, lost: bool = Fals
             device_health=DeviceHealth.from_json(doc.get("device_health"), now=time.monotonic()),
             incidents=Incidents.from_json(doc.get("incidents")),
             flaps=Flaps.from_json(doc.get("flaps"), now=time.monotonic()),
+            resets=Resets.from_json(doc.get("resets"), now=time.monotonic()),
         )
     except (ValueError, KeyError, TypeError) as err:
         seq = max(_fresh_seq(), min_seq)

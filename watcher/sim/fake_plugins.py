@@ -62,6 +62,9 @@ class Plugins:
         self.on_change = on_change
         self.down: set[str] = set()  # resources whose plugin is not registered
         self.hidden_pods: set[tuple[str, str]] = set()  # pods List does not show yet
+        # Resources whose restarting plugin forgot its devices' health: it registers again listing
+        # each Healthy, as NVIDIA's device plugin does (it keeps no health across a restart).
+        self.forgetting: set[str] = set()
         self.registrations = 0  # plugin registrations after a warm-up or a plugin restart
         self.on_register: Callable[[str], None] | None = None  # told of each, e.g. by the demo
         self.on_shown: Callable[[], None] | None = None  # told when List shows one more pod
@@ -99,15 +102,18 @@ class Plugins:
                 self._later(self.rng.uniform(low, high), functools.partial(self._reveal, key))
 
     def restart_plugin(
-        self, resource: str, downtime: float | None, *, stream_ends_after: float = 0.0
+        self, resource: str, downtime: float | None, *, stream_ends_after: float = 0.0, forgets: bool = False
     ) -> None:
         """The plugin of `resource` goes away (its devices leave allocatable) and registers again
         after `downtime` seconds; None: it never comes back.
 
         As with the kubelet's own device manager: the plugin's socket goes first; the devices leave
         allocatable when its ListAndWatch stream ends (`stream_ends_after` seconds later), and no
-        state file is rewritten for that."""
+        state file is rewritten for that. `forgets`: it comes back calling every device Healthy,
+        the unhealthy ones included (a reset, not a heal)."""
         self._settled.clear()
+        if forgets:
+            self.forgetting.add(resource)
         (self.directory / plugin_socket_name(resource)).unlink(missing_ok=True)
         if stream_ends_after > 0:
             self._later(stream_ends_after, functools.partial(self.down.add, resource))
@@ -143,6 +149,11 @@ class Plugins:
 
     def _devices_in(self, resource: str) -> None:
         self.down.discard(resource)
+        if resource in self.forgetting:
+            self.forgetting.discard(resource)
+            for (r, _), device in self.node.devices.items():
+                if r == resource:
+                    device.healthy = True
         self.registrations += 1
         self.on_change()  # the kubelet rewrites its checkpoint as the plugin's devices come in
         if self.on_register is not None:
