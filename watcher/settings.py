@@ -17,6 +17,7 @@ from typing import Literal
 from watcher.config import ConfigError, field_meta
 from watcher.kubeapi.settings import KubernetesApiSettings
 from watcher.kubelet.client import DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_SOCKET, DEFAULT_TIMEOUT
+from watcher.model.rejections import THRESHOLD_DOC, WINDOW_DOC
 from watcher.secrets import Secret
 from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.stdout import StdoutSinkSettings
@@ -159,6 +160,8 @@ class PodsSettings:
             max=86400,
         ),
     )
+    rejections_threshold: int = field(default=3, metadata=field_meta(THRESHOLD_DOC, min=0, max=100000))
+    rejections_window: float = field(default=300.0, metadata=field_meta(WINDOW_DOC, min=1, max=86400))
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,7 @@ class Committer:
             device_health=saved.device_health,
             incidents=saved.incidents,
             flaps=saved.flaps,
+            rejections=saved.rejections,
             resets=saved.resets,
         )
 
@@ -159,6 +160,7 @@ class Committer:
             device_health=draft.device_health,
             incidents=draft.incidents,
             flaps=draft.flaps,
+            rejections=draft.rejections,
             resets=draft.resets,
         )
         try:

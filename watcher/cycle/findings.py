@@ -116,8 +116,21 @@ def conclude(
     flaps, damped = draft.flaps.damp(now, diffs, flap_rule(settings))
     incidents, grouped = draft.incidents.group(cycle, damped, settings.watch.incident_threshold)
     changes.extend(annotate(grouped, pods, evidence.gone) if pods is not None else grouped)
+    rejections = draft.rejections
+    if pods is not None:
+        # Pods the kubelet failed at admission for a device reason (watcher.model.rejections).
+        p = settings.pods
+        rejections, told = rejections.observe(
+            now, pods, threshold=p.rejections_threshold, window=p.rejections_window
+        )
+        changes.extend(told)
     draft = dataclasses.replace(
-        draft, flaps=flaps, incidents=incidents, inventory=after, device_health=device_health
+        draft,
+        flaps=flaps,
+        incidents=incidents,
+        inventory=after,
+        device_health=device_health,
+        rejections=rejections,
     )
     every = settings.watch.snapshot_interval
     if every > 0 and now - draft.last_snapshot >= every:

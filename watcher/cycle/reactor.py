@@ -148,6 +148,9 @@ class Reactor:
         # An Unknown is timed only while the Pod status is read; an unheld story always.
         live = self.pods_api is not None and self.pods_api.live
         health, unheld = state.device_health, self.settings.pods.unheld_grace
+        ends = state.rejections.next_look(self.settings.pods.rejections_window)
+        if live and ends is not None:  # a rejecting node's incident ends when its window passes
+            deadlines.append(ends)
         if (look := health.next_look(self._unknown_grace, unheld, verdicts=live)) is not None:
             deadlines.append(look)
         if self.notifier.follow_ups and not state.health.failing:  # a down kubelet: its backoff

@@ -25,6 +25,7 @@ from watcher.model.flapping import Flaps
 from watcher.model.incidents import Incidents
 from watcher.model.inventory import Inventory
 from watcher.model.records import compact_json
+from watcher.model.rejections import Rejections
 from watcher.model.resets import Resets
 from watcher.model.restore import from_canonical
 from watcher.model.settling import Settling
@@ -47,6 +48,7 @@ class SavedState:
     device_health: DeviceHealth = field(default_factory=DeviceHealth)
     incidents: Incidents = field(default_factory=Incidents)
     flaps: Flaps = field(default_factory=Flaps)
+    rejections: Rejections = field(default_factory=Rejections)
     resets: Resets = field(default_factory=Resets)
 
 
@@ -67,6 +69,7 @@ class CycleState:
     flaps: Flaps = field(default_factory=Flaps)  # devices changing health often
     incidents: Incidents = field(default_factory=Incidents)  # mass failures not yet back
     device_health: DeviceHealth = field(default_factory=DeviceHealth)  # DRA verdicts reported
+    rejections: Rejections = field(default_factory=Rejections)  # admission rejections told
     resets: Resets = field(default_factory=Resets)  # failed devices; heals a plugin's restart explains
 
 
@@ -84,6 +87,8 @@ def state_record(state: SavedState) -> StateRecord:
         # Open incidents and flapping devices likewise: a restart must still send their ends.
         "incidents": state.incidents.to_json(),
         "flaps": state.flaps.to_json(),
+        # The rejected pods told (a restart must not tell them again) and an open incident.
+        "rejections": state.rejections.to_json(now=time.monotonic()),
         # Failed devices and the heals held after a plugin's reset: told once across restarts.
         "resets": state.resets.to_json(),
         "saved_at": time.time(),
@@ -136,6 +141,7 @@ def state_from_store(stored: StoredState, *, min_seq: int = 0, lost: bool = Fals
             device_health=DeviceHealth.from_json(doc.get("device_health"), now=time.monotonic()),
             incidents=Incidents.from_json(doc.get("incidents")),
             flaps=Flaps.from_json(doc.get("flaps"), now=time.monotonic()),
+            rejections=Rejections.from_json(doc.get("rejections"), now=time.monotonic()),
             resets=Resets.from_json(doc.get("resets"), now=time.monotonic()),
         )
     except (ValueError, KeyError, TypeError) as err:

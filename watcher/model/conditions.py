@@ -18,6 +18,7 @@ __all__ = ["Condition", "condition_of", "CONDITION_KINDS"]
 DEVICE_ALERT = "PodResourcesDeviceUnavailable"
 KUBELET_ALERT = "PodResourcesKubeletUnreachable"
 INCIDENT_ALERT = "PodResourcesDevicesUnavailable"
+REJECTING_ALERT = "PodResourcesNodeRejectingPods"
 
 # Kinds that can start or end a condition; routes of paging sinks let the
 # ending ones through whatever their minimum severity.
@@ -32,6 +33,8 @@ CONDITION_KINDS = frozenset(
         Kind.DEVICE_FLAP_ENDED,
         Kind.DEVICE_INCIDENT,
         Kind.DEVICE_INCIDENT_RESOLVED,
+        Kind.NODE_REJECTING_PODS,
+        Kind.NODE_REJECTING_PODS_ENDED,
         Kind.KUBELET_UNREACHABLE,
         Kind.KUBELET_REACHABLE,
         Kind.KUBELET_CONNECTED,
@@ -104,6 +107,13 @@ def condition_of(event: Event) -> Condition | None:
             summary=event.summary,
             details=d,
         )
+    if event.kind in (Kind.NODE_REJECTING_PODS, Kind.NODE_REJECTING_PODS_ENDED):
+        # One page per node and resource while it keeps rejecting pods (watcher.model.rejections).
+        resource = str(d.get("resource", ""))
+        labels = {"alertname": REJECTING_ALERT, "node": node, "resource": resource}
+        labels["severity"] = str(event.severity)
+        active = event.kind == Kind.NODE_REJECTING_PODS
+        return Condition(f"{node}/rejecting/{resource}", active, labels, event.summary, d)
     kubelet_labels = {"alertname": KUBELET_ALERT, "node": node, "severity": str(event.severity)}
     if event.kind == Kind.KUBELET_UNREACHABLE:
         return Condition(f"{node}/kubelet", True, kubelet_labels, event.summary, d)

@@ -104,6 +104,9 @@ class FakePod:
     labels: dict[str, str] = field(default_factory=dict)
     owners: list[FakeOwner] = field(default_factory=list)
     phase: str = "Running"
+    # A failed pod's status.reason and status.message (an admission rejection: fake_pod_objects.rejected).
+    reason: str = ""
+    message: str = ""
     created: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:

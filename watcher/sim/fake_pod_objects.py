@@ -26,7 +26,15 @@ from __future__ import annotations
 from watcher.kubeletapi.k8s import core_v1_pb2, meta_v1_pb2
 from watcher.sim.fake_node import FakeClaim, FakeContainer, FakeNode, FakePod
 
-__all__ = ["HEALTHY", "UNHEALTHY", "deleted_pod", "pod_object", "pod_objects"]
+__all__ = [
+    "HEALTHY",
+    "UNHEALTHY",
+    "admission_rejection",
+    "deleted_pod",
+    "pod_object",
+    "pod_objects",
+    "rejected",
+]
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 
@@ -119,6 +127,8 @@ def pod_object(node: FakeNode, pod: FakePod, node_name: str) -> core_v1_pb2.Pod:
     status = core_v1_pb2.PodStatus(
         phase=pod.phase, containerStatuses=[_status(node, c) for c in pod.containers]
     )
+    if pod.reason:  # a pod the kubelet failed (kubelet.go rejectPod): its reason and words
+        status.reason, status.message = pod.reason, pod.message
     for container, claim in claims:
         if claim.extended_resource is not None:
             extended = status.extendedResourceClaimStatus
@@ -127,6 +137,39 @@ def pod_object(node: FakeNode, pod: FakePod, node_name: str) -> core_v1_pb2.Pod:
                 containerName=container, resourceName=claim.extended_resource, requestName=claim.request
             )
     return core_v1_pb2.Pod(metadata=meta, spec=spec, status=status)
+
+
+def admission_rejection(node: FakeNode, resource: str, count: int) -> tuple[str, str]:
+    """The reason and message the real kubelet gives a pod asking for `count` of `resource` that
+    its device manager cannot allocate (the topology manager's admit handler calls Allocate first:
+    cm/admission/errors.go wraps the cause, kubelet.go rejectPod prefixes it), by what the node has:
+    no such device at all, none healthy, or too few free."""
+    devices = [d for (r, _), d in node.devices.items() if r == resource]
+    healthy = {d.id for d in devices if d.healthy}
+    held = {i for p in node.pods.values() for c in p.containers for i in c.devices.get(resource, ())}
+    if not devices:
+        cause = f"cannot allocate unregistered device {resource}"
+    elif not healthy:
+        cause = f"no healthy devices present; cannot allocate unhealthy devices {resource}"
+    else:
+        free = len(healthy - held)
+        cause = (
+            f"requested number of devices unavailable for {resource}. Requested: {count}, Available: {free}"
+        )
+    return (
+        "UnexpectedAdmissionError",
+        f"Pod was rejected: Allocate failed due to {cause}, which is unexpected",
+    )
+
+
+def rejected(node: FakeNode, pod: FakePod, resource: str, count: int = 1) -> FakePod:
+    """`pod` (asking for `count` of `resource`) as the kubelet leaves a pod it refuses at admission,
+    the real one's way when devices went between scheduling and admission: Failed at once, with
+    the device manager's reason and words, and no device (List leaves it out). Give it to
+    FakeKubelet.add_pod: `fake.add_pod(rejected(fake.node, pod, "nvidia.com/gpu"))`."""
+    pod.phase = "Failed"
+    pod.reason, pod.message = admission_rejection(node, resource, count)
+    return pod
 
 
 def pod_objects(node: FakeNode, hidden: set[tuple[str, str]], node_name: str) -> list[core_v1_pb2.Pod]:

@@ -100,6 +100,10 @@ class PodMeta:
     extended_claim: str | None = None  # the ResourceClaim serving its extended resources
     extended: tuple[ExtendedRequest, ...] = ()
     dropped_verdicts: int = 0  # verdicts past the per-pod cap, counted, not kept
+    # status.reason and status.message: why the kubelet failed it (an admission rejection:
+    # watcher.model.rejections); "" for a pod that did not fail so.
+    reason: str = ""
+    message: str = ""
 
     @property
     def key(self) -> str:

@@ -152,6 +152,10 @@ def _meta(pod: core_v1_pb2.Pod, labels: Collection[str]) -> PodMeta:
         extended_claim=extended_claim,
         extended=extended,
         dropped_verdicts=dropped,
+        # Only a failed pod's: a running pod's reason and message are no one's business here,
+        # and an unchanged pod must decode equal.
+        reason=_name(pod.status.reason) if pod.status.phase == "Failed" else "",
+        message=_text(pod.status.message, MESSAGE_MAX) if pod.status.phase == "Failed" else "",
     )
 
 
