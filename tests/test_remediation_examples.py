@@ -24,7 +24,7 @@ import yaml  # type: ignore[import-untyped]  # the test extra's pyyaml, untyped
 
 from testkit.agent import make_settings, running_agent
 from testkit.fake_kubelets import StartKubelet
-from testkit.kube_reporting import install_reporting, place_agent
+from testkit.kube_reporting import Placement, install_reporting, place_agent
 from testkit.kube_testcluster import KubeTestCluster, stop_process
 from testkit.waiting import wait_until
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod
@@ -280,9 +280,10 @@ def _controller_binary() -> Path:
 
 @pytest.fixture
 def readiness_controller(with_crds: KubeTestCluster, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    binary = _controller_binary()
     log = (tmp_path / "node-readiness-controller.log").open("w")
     args = [
-        str(_controller_binary()),
+        str(binary),
         f"--kubeconfig={with_crds.admin_kubeconfig}",
         "--health-probe-bind-address=0",
         "--metrics-bind-address=0",
@@ -296,11 +297,94 @@ def readiness_controller(with_crds: KubeTestCluster, tmp_path: Path) -> Iterator
 
 
 def _taints(cluster: KubeTestCluster, node: str) -> list[dict[str, Any]]:
-    return [
-        t
-        for t in cluster.get("node", node)["spec"].get("taints", [])
-        if t["key"].startswith("readiness.k8s.io/")
-    ]
+    taints: list[dict[str, Any]] = cluster.get("node", node)["spec"].get("taints", [])
+    return [t for t in taints if t["key"].startswith("readiness.k8s.io/")]
+
+
+HELD, SPARE = "GPU-held", "GPU-spare"
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuNode:
+    """A Node of the real API server labelled as a GPU node (the examples' selector), with the
+    agent's identity bound to it, and the agent's settings for it (kubernetes sink included)."""
+
+    cluster: KubeTestCluster
+    placed: Placement
+    settings: Any
+
+    @classmethod
+    async def make(cls, cluster: KubeTestCluster, short_tmp: Path) -> GpuNode:
+        await install_reporting(cluster)
+        placed = place_agent(cluster, "remediation")
+        cluster.kubectl("label", "node", placed.node, "nvidia.com/gpu.present=true")
+        settings = make_settings(short_tmp)
+        sink = KubernetesSinkSettings(name="k8s", kubeconfig=placed.kubeconfig, api_rate=50.0)
+        return cls(
+            cluster, placed, dataclasses.replace(settings, node=placed.node, sinks=(*settings.sinks, sink))
+        )
+
+    def fake_node(self) -> FakeNode:
+        """Two GPUs, one held by a pod of the workload namespace."""
+        node = FakeNode()
+        node.cpu_ids = {0, 1}
+        node.add_device(FakeDevice(GPU, HELD, (0,)))
+        node.add_device(FakeDevice(GPU, SPARE, (0,)))
+        node.add_pod(
+            FakePod(self.placed.namespace, "trainer", [FakeContainer("main", devices={GPU: [HELD]})])
+        )
+        return node
+
+    async def node(self) -> dict[str, Any]:
+        found: dict[str, Any] = await asyncio.to_thread(self.cluster.get, "node", self.placed.node)
+        return found
+
+    async def condition(self) -> dict[str, Any] | None:
+        """The agent's DevicesUnavailable condition for the GPUs, as the server has it."""
+        found = [
+            c for c in (await self.node())["status"].get("conditions", []) if c["type"] == condition_type(GPU)
+        ]
+        return found[0] if found else None
+
+    async def until_status(self, status: str) -> dict[str, Any]:
+        async def has() -> bool:
+            return ((await self.condition()) or {}).get("status") == status
+
+        await wait_until(has, timeout=20, interval=0.2, what=f"{condition_type(GPU)} {status}")
+        found = await self.condition()
+        assert found is not None
+        return found
+
+    async def taints(self) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(_taints, self.cluster, self.placed.node)
+
+
+async def _restarted_quietly(gpu_node: GpuNode, fake: Any) -> None:
+    """An agent run on the same state that reconciles at its start (its first delivery to the
+    sink) and one more re-query, then stops."""
+    async with running_agent(gpu_node.settings, fake) as run:
+        await run.recorder.until(
+            lambda: run.agent.metrics.value("deliveries_total", sink="k8s", result="delivered") > 0, 20
+        )
+        await run.quiet_cycle()
+
+
+@pytest.mark.e2e
+async def test_an_agent_restart_leaves_a_true_condition_as_it_is_on_the_real_server(
+    kube_cluster: KubeTestCluster, short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    # What both examples count on: a restart is no heal. The Node is written by no one but the
+    # agent here (no kubelet), so an unchanged resourceVersion means the restart wrote nothing.
+    gpu_node = await GpuNode.make(kube_cluster, short_tmp)
+    fake = await start_kubelet(gpu_node.fake_node())
+    async with running_agent(gpu_node.settings, fake):
+        await gpu_node.until_status("False")
+        fake.make_unhealthy(GPU, HELD)
+        failed = await gpu_node.until_status("True")
+    before = (await gpu_node.node())["metadata"]["resourceVersion"]
+    await _restarted_quietly(gpu_node, fake)
+    assert await gpu_node.condition() == failed
+    assert (await gpu_node.node())["metadata"]["resourceVersion"] == before
 
 
 @pytest.mark.e2e
@@ -312,79 +396,62 @@ async def test_the_agents_condition_becomes_the_controllers_taint_and_its_end_li
     tmp_path: Path,
 ) -> None:
     """The agent (fake kubelet, kubernetes sink with the shipped RBAC and admission policy) on a
-    GPU node of the real API server; the shipped rule, in dry run and then for real."""
-    cluster = with_crds
-    await install_reporting(cluster)
-    placed = place_agent(cluster, "readiness")
-    cluster.kubectl("label", "node", placed.node, "nvidia.com/gpu.present=true")
+    GPU node of the real API server, the controller beside it, the shipped rule in dry run and
+    then for real; an agent restart in between."""
+    gpu_node = await GpuNode.make(with_crds, short_tmp)
     rule = _load(RULE_FILE)
     taint = rule["spec"]["taint"]
-    name = f"{rule['metadata']['name']}-{placed.node}"
-    node = FakeNode()
-    node.cpu_ids = {0, 1}
-    node.add_device(FakeDevice(GPU, "GPU-held", (0,)))
-    node.add_device(FakeDevice(GPU, "GPU-spare", (0,)))
-    node.add_pod(FakePod(placed.namespace, "trainer", [FakeContainer("main", devices={GPU: ["GPU-held"]})]))
-    fake = await start_kubelet(node)
-    settings = make_settings(short_tmp)
-    sink = KubernetesSinkSettings(name="k8s", kubeconfig=placed.kubeconfig, api_rate=50.0)
-    settings = dataclasses.replace(settings, node=placed.node, sinks=(*settings.sinks, sink))
+    name = f"{rule['metadata']['name']}-{gpu_node.placed.node}"
+    # The shipped selector, narrowed to this test's node: other tests leave GPU nodes behind.
+    selector = {"matchLabels": {**rule["spec"]["nodeSelector"]["matchLabels"], "test-node": name}}
+    with_crds.kubectl("label", "node", gpu_node.placed.node, f"test-node={name}")
+    fake = await start_kubelet(gpu_node.fake_node())
 
-    async def status_of(ctype: str) -> str | None:
-        seen = await asyncio.to_thread(cluster.get, "node", placed.node)
-        found = [c["status"] for c in seen["status"].get("conditions", []) if c["type"] == ctype]
-        return found[0] if found else None
+    async def rule_status() -> dict[str, Any]:
+        found: dict[str, Any] = (await asyncio.to_thread(with_crds.get, "nodereadinessrule", name)).get(
+            "status", {}
+        )
+        return found
 
-    async def tainted() -> list[dict[str, Any]]:
-        return await asyncio.to_thread(_taints, cluster, placed.node)
+    async def would_add_one() -> bool:
+        return bool((await rule_status()).get("dryRunResults", {}).get("taintsToAdd") == 1)
+
+    async def tainted_once() -> bool:
+        return len(await gpu_node.taints()) == 1
 
     try:
-        async with running_agent(settings, fake):
-
-            async def written() -> bool:
-                return await status_of(condition_type(GPU)) is not None
-
-            await wait_until(written, timeout=20, interval=0.2, what=f"{condition_type(GPU)} written")
-            assert await status_of(condition_type(GPU)) == "False"
-            assert await tainted() == []  # the other two types not written: their default, False
-            fake.make_unhealthy(GPU, "GPU-held")
-
-            async def failed() -> bool:
-                return await status_of(condition_type(GPU)) == "True"
-
-            await wait_until(failed, timeout=20, interval=0.2, what=f"{condition_type(GPU)} True")
+        async with running_agent(gpu_node.settings, fake):
+            await gpu_node.until_status("False")
+            fake.make_unhealthy(GPU, HELD)
+            await gpu_node.until_status("True")
             # Dry run: the controller says it would taint this node (the only one with the label)
             # and taints nothing.
-            path = _variant(tmp_path, RULE_FILE, name, {})
-            await asyncio.to_thread(_server_side_apply, cluster, path)
-
-            async def dry_run_says() -> bool:
-                results = (await asyncio.to_thread(cluster.get, "nodereadinessrule", name)).get("status", {})
-                return bool(results.get("dryRunResults", {}).get("taintsToAdd") == 1)
-
-            await wait_until(dry_run_says, timeout=30, interval=0.3, what="the dry run's would-add")
-            assert await tainted() == []
-            # For real: the condition becomes the rule's taint...
             await asyncio.to_thread(
-                _server_side_apply, cluster, _variant(tmp_path, RULE_FILE, name, {"dryRun": False})
+                _server_side_apply, with_crds, _variant(tmp_path, RULE_FILE, name, {"nodeSelector": selector})
             )
-
-            async def has_taint() -> bool:
-                return len(await tainted()) == 1
-
-            await wait_until(has_taint, timeout=30, interval=0.3, what="the rule's taint")
-            (seen,) = await tainted()
+            await wait_until(would_add_one, timeout=30, interval=0.3, what="the dry run's would-add")
+            assert await gpu_node.taints() == []
+            # For real: the condition becomes the rule's taint.
+            real = _variant(tmp_path, RULE_FILE, name, {"nodeSelector": selector, "dryRun": False})
+            await asyncio.to_thread(_server_side_apply, with_crds, real)
+            await wait_until(tainted_once, timeout=30, interval=0.3, what="the rule's taint")
+            (seen,) = await gpu_node.taints()
             assert (seen["key"], seen.get("value"), seen["effect"]) == (
                 taint["key"],
                 taint["value"],
                 taint["effect"],
             )
-            # ...and the device back (condition False) lifts it.
-            fake.heal(GPU, "GPU-held")
+        # The agent restarted while the GPU is still failed: the taint stays.
+        await _restarted_quietly(gpu_node, fake)
+        assert [t["key"] for t in await gpu_node.taints()] == [taint["key"]]
+        async with running_agent(gpu_node.settings, fake):
+            # The GPU back (the condition False) lifts it.
+            fake.heal(GPU, HELD)
+            await gpu_node.until_status("False")
 
             async def lifted() -> bool:
-                return await status_of(condition_type(GPU)) == "False" and await tainted() == []
+                return await gpu_node.taints() == []
 
             await wait_until(lifted, timeout=30, interval=0.3, what="the taint lifted")
     finally:
-        cluster.kubectl("delete", "nodereadinessrule", name, "--ignore-not-found")
+        with_crds.kubectl("delete", "nodereadinessrule", name, "--ignore-not-found")
