@@ -18,6 +18,7 @@ from testkit.fake_kubelets import StartKubelet
 from testkit.inventories import dra_job_pod
 from testkit.receivers import PagerDutyReceiver
 from watcher.model.changes import Change, Kind, Severity
+from watcher.model.incidents import Incidents
 from watcher.model.resets import RESET_WINDOW_S, Resets
 from watcher.settings import Settings
 from watcher.settings_file import parse_settings
@@ -128,6 +129,30 @@ def test_the_held_heal_and_the_failed_devices_outlive_an_agent_restart_and_are_t
     assert Resets.from_json(restored.to_json(), now=0.0).next_look(HOLD) is None
     assert Resets.from_json({"held": [{"resource": 1}], "failed": [[1, 2]]}, now=0.0) == Resets()
     assert Resets.from_json("garbage", now=0.0) == Resets()
+
+
+def test_a_mass_failure_its_plugin_resets_stays_one_incident_when_its_devices_fail_again() -> None:
+    """Eight GPUs fail at once (one incident), the plugin restarts calling them Healthy (eight
+    resets, the incident still open), they fail again: the same incident, no new one, nothing
+    paged per device; their held heals are cancelled."""
+    gpus = [f"gpu-{i}" for i in range(8)]
+    resets, incidents = Resets(), Incidents()
+    resets, out = resets.observe(0.0, [_change(Kind.DEVICE_REMOVED, g) for g in gpus], (), HOLD)
+    incidents, out = incidents.group("c1", out, 8)
+    assert _kinds(out) == ["device.removed"] * 8 + ["device.incident"]
+    key = out[-1].details["incident"]
+    resets, out = resets.observe(10.0, [_change(Kind.DEVICE_ADDED, g) for g in gpus], {GPU}, HOLD)
+    incidents, out = incidents.group("c2", out, 8)
+    assert _kinds(out) == ["device.reset"] * 8  # no device.incident_resolved
+    resets, out = resets.observe(20.0, [_change(Kind.DEVICE_REMOVED, g) for g in gpus], (), HOLD)
+    incidents, out = incidents.group("c3", out, 8)
+    assert _kinds(out) == ["device.removed"] * 8
+    assert all(c.details["incident"] == key and c.details["failed_again"] for c in out)
+    assert resets.next_look(HOLD) is None
+    # A genuine heal of all eight later resolves the one incident.
+    resets, out = resets.observe(900.0, [_change(Kind.DEVICE_ADDED, g) for g in gpus], (), HOLD)
+    _, out = incidents.group("c4", out, 8)
+    assert _kinds(out) == ["device.added"] * 8 + ["device.incident_resolved"]
 
 
 # --- the agent against the fake kubelet ---

@@ -49,14 +49,18 @@ class Incidents:
         `threshold` 0 no incident opens, but one still open (saved before it was turned off) ends."""
         if threshold <= 0 and not self.open:
             return self, list(changes)
+        # A failure marked `failed_again` (watcher.model.resets) is a device whose heal was held
+        # after its plugin's reset: its page, or its incident, is still open. It opens nothing new
+        # and stays with the incident that counts it missing (that record is not stale).
+        fresh = [c for c in changes if c.kind in _DOWN and not c.details.get("failed_again")]
         removed: dict[str, list[Change]] = defaultdict(list)
-        for c in changes:
-            if c.kind in _DOWN and not c.details.get("flapping"):
+        for c in fresh:
+            if not c.details.get("flapping"):
                 removed[str(c.details.get("resource", ""))].append(c)
         opening = {r: cs for r, cs in removed.items() if len(cs) >= threshold > 0}
         # Failing again while an older incident counts it missing: that record is stale (its end
         # went unseen), and the new failure is paged on its own or in a new incident.
-        again = {(str(c.details.get("resource", "")), _device(c)) for c in changes if c.kind in _DOWN}
+        again = {(str(c.details.get("resource", "")), _device(c)) for c in fresh}
         still = [
             dataclasses.replace(
                 inc,
