@@ -64,7 +64,7 @@ def _type_name(annotation: Any) -> str:
     if origin is tuple:
         return "list of strings"
     if origin in (Mapping, dict):
-        return "table of strings"
+        return "table of whole numbers" if typing.get_args(annotation)[1:] == (int,) else "table of strings"
     names = {bool: "boolean", int: "integer", float: "number", str: "string", Path: "path", Secret: "secret"}
     return names[annotation]
 

@@ -86,6 +86,8 @@ def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], bas
             raise ConfigError(f"{path}: got {describe(value)}; expected a list of non-empty strings")
         return tuple(items)
     if origin in (Mapping, dict):
+        if typing.get_args(annotation)[1:] == (int,):
+            return _count_table(path, value, meta)
         return _string_table(path, value)
     if origin is Literal:
         allowed = typing.get_args(annotation)
@@ -107,6 +109,21 @@ def convert(path: str, value: Any, annotation: Any, meta: Mapping[str, Any], bas
     if annotation is Path:
         return _path(path, value, meta, base)
     raise AssertionError(f"unsupported settings type {annotation!r} at {path}")
+
+
+def _count_table(path: str, value: Any, meta: Mapping[str, Any]) -> dict[str, int]:
+    """A table of whole numbers (a count per resource), each within the field's bounds."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path}: got {describe(value)}; expected a table of whole numbers")
+    out: dict[str, int] = {}
+    for k, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{path}.{k}: got {describe(v)}; expected a whole number")
+        low, high = meta.get("min"), meta.get("max")
+        if (low is not None and v < low) or (high is not None and v > high):
+            raise ConfigError(f"{path}.{k}: out of range; expected {low:g} to {high:g}")
+        out[str(k)] = v
+    return out
 
 
 def _string_table(path: str, value: Any) -> dict[str, str]:

@@ -70,6 +70,14 @@ def sources_of(
                 stop=stop,
             )
         )
+    if settings.expected.configured and kube_api is not None:  # nothing read without an expectation
+        from watcher.sources.node_expected import NodeExpectations  # imported where used: RSS
+
+        sources.append(
+            NodeExpectations(
+                kube_api, node=settings.node, settings=settings.expected, trigger=notifier.trigger, stop=stop
+            )
+        )
     return sources
 
 

@@ -21,6 +21,7 @@ from watcher.model.rejections import THRESHOLD_DOC, WINDOW_DOC
 from watcher.secrets import Secret
 from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.stdout import StdoutSinkSettings
+from watcher.sources.expected_settings import ExpectedSettings
 from watcher.sources.pods_api.watch import DEFAULT_RESYNC_INTERVAL, DEFAULT_SNAPSHOT_TIMEOUT
 
 __all__ = [
@@ -420,6 +421,7 @@ class Settings:
     watch: WatchSettings = field(default_factory=WatchSettings)
     pods: PodsSettings = field(default_factory=PodsSettings)
     resource_slices: ResourceSlicesSettings = field(default_factory=ResourceSlicesSettings)
+    expected: ExpectedSettings = field(default_factory=ExpectedSettings)
     kubernetes: KubernetesApiSettings = field(default_factory=KubernetesApiSettings)
     log: LogSettings = field(default_factory=LogSettings)
     http: HttpSettings = field(default_factory=HttpSettings)

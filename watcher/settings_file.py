@@ -25,6 +25,7 @@ from watcher.secrets import ENV_REF, REDACTED, Secret, SecretError, file_exposur
 from watcher.settings import HttpSettings, Settings
 from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.registry import check_audit_heads, parse_sink, sink_warnings
+from watcher.sources.expected_settings import check_expected
 from watcher.tls import ServerTls, TlsError
 
 __all__ = [
@@ -138,6 +139,10 @@ def parse_settings(data: Mapping[str, Any], *, base_dir: Path | None = None) -> 
         raise ConfigError("state_dir: a system directory, which the agent would make 0700: give it its own")
     if sinks is not None:
         settings = dataclasses.replace(settings, sinks=sinks)
+    api = settings.kubernetes.api == "on" or (
+        settings.kubernetes.api == "auto" and any(isinstance(s, ConnectionSettings) for s in settings.sinks)
+    )
+    check_expected(settings.expected, api=api)
     return _one_connection(settings)
 
 

@@ -111,6 +111,7 @@ class Committer:
             device_health=saved.device_health,
             incidents=saved.incidents,
             flaps=saved.flaps,
+            expected=saved.expected,
             rejections=saved.rejections,
             resets=saved.resets,
         )
@@ -160,6 +161,7 @@ class Committer:
             device_health=draft.device_health,
             incidents=draft.incidents,
             flaps=draft.flaps,
+            expected=draft.expected,
             rejections=draft.rejections,
             resets=draft.resets,
         )

@@ -21,6 +21,7 @@ from watcher.model.changes import Change, Kind
 from watcher.model.devicehealth.affected import annotate
 from watcher.model.devicehealth.plugin_devices import corroborate
 from watcher.model.diff import diff
+from watcher.model.expected import waiting_for
 from watcher.model.flapping import FlapRule
 from watcher.model.inventory import Inventory
 from watcher.model.settling import Settling
@@ -63,6 +64,13 @@ def settle(
         held_for = None if began is None else round(now - began, 3)
         log.info("node settled: reporting the net change", held_s=held_for)
     return after, changes, after.present(before, answer)
+
+
+def _ids_by_resource(inv: Inventory) -> dict[str, frozenset[str]]:
+    ids: dict[str, set[str]] = {}
+    for d in inv.devices:
+        ids.setdefault(d.resource, set()).add(d.id)
+    return {r: frozenset(s) for r, s in ids.items()}
 
 
 def flap_rule(settings: Settings) -> FlapRule:
@@ -116,6 +124,17 @@ def conclude(
     flaps, damped = draft.flaps.damp(now, diffs, flap_rule(settings))
     incidents, grouped = draft.incidents.group(cycle, damped, settings.watch.incident_threshold)
     changes.extend(annotate(grouped, pods, evidence.gone) if pods is not None else grouped)
+    # Fewer devices known to the kubelet than the operator expects (watcher.model.expected): judged
+    # on the presented inventory, so the warm-up's hold covers a restart here too.
+    expected, missing = draft.expected.observe(
+        evidence.expected,
+        _ids_by_resource(after),
+        evidence.capacity,
+        waiting=waiting_for(pods, evidence.expected) if pods is not None else {},
+        holding=draft.settling.holding,
+    )
+    changes.extend(missing)
+    draft = dataclasses.replace(draft, expected=expected)
     rejections = draft.rejections
     if pods is not None:
         # Pods the kubelet failed at admission for a device reason (watcher.model.rejections).

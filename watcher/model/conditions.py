@@ -18,6 +18,7 @@ __all__ = ["Condition", "condition_of", "CONDITION_KINDS"]
 DEVICE_ALERT = "PodResourcesDeviceUnavailable"
 KUBELET_ALERT = "PodResourcesKubeletUnreachable"
 INCIDENT_ALERT = "PodResourcesDevicesUnavailable"
+MISSING_ALERT = "PodResourcesDevicesMissing"
 REJECTING_ALERT = "PodResourcesNodeRejectingPods"
 
 # Kinds that can start or end a condition; routes of paging sinks let the
@@ -39,6 +40,8 @@ CONDITION_KINDS = frozenset(
         Kind.KUBELET_REACHABLE,
         Kind.KUBELET_CONNECTED,
         Kind.WATCHER_STARTED,
+        Kind.DEVICE_MISSING,
+        Kind.DEVICE_MISSING_RESOLVED,
     }
 )
 # A device's condition: gone from allocatable (device plugins) or unhealthy in its holder's Pod status
@@ -114,6 +117,23 @@ def condition_of(event: Event) -> Condition | None:
         labels["severity"] = str(event.severity)
         active = event.kind == Kind.NODE_REJECTING_PODS
         return Condition(f"{node}/rejecting/{resource}", active, labels, event.summary, d)
+    if event.kind in (Kind.DEVICE_MISSING, Kind.DEVICE_MISSING_RESOLVED):
+        # Fewer devices than expected (watcher.model.expected): one condition per node and
+        # resource, whichever devices went, so a second one going does not page again.
+        resource = str(d.get("resource", ""))
+        labels = {
+            "alertname": MISSING_ALERT,
+            "node": node,
+            "resource": resource,
+            "severity": str(event.severity),
+        }
+        return Condition(
+            key=f"{node}/missing/{resource}",
+            active=event.kind == Kind.DEVICE_MISSING,
+            labels=labels,
+            summary=event.summary,
+            details=d,
+        )
     kubelet_labels = {"alertname": KUBELET_ALERT, "node": node, "severity": str(event.severity)}
     if event.kind == Kind.KUBELET_UNREACHABLE:
         return Condition(f"{node}/kubelet", True, kubelet_labels, event.summary, d)

@@ -35,6 +35,10 @@ class Evidence:
     pods: PodIndex | None = None
     taints: tuple[DeviceTaint, ...] | None = None
     gone: Mapping[PodKey, PodMeta] = field(default_factory=dict)
+    # The devices the operator expects per resource and the Node's status.capacity counts, as the
+    # Node was last read (watcher.sources.node_expected); None: not read, nothing judged.
+    expected: Mapping[str, int] | None = None
+    capacity: Mapping[str, int] | None = None
 
 
 def merged(parts: Sequence[Evidence]) -> Evidence:
@@ -43,10 +47,12 @@ def merged(parts: Sequence[Evidence]) -> Evidence:
     pods = next((e.pods for e in parts if e.pods is not None), None)
     read = [e.taints for e in parts if e.taints is not None]
     taints = tuple(dict.fromkeys(t for ts in read for t in ts)) if read else None
+    expected = next((e.expected for e in parts if e.expected is not None), None)
+    capacity = next((e.capacity for e in parts if e.capacity is not None), None)
     gone: dict[PodKey, PodMeta] = {}
     for e in parts:
         gone.update(e.gone)
-    return Evidence(pods=pods, taints=taints, gone=gone)
+    return Evidence(pods=pods, taints=taints, gone=gone, expected=expected, capacity=capacity)
 
 
 class Source(Protocol):

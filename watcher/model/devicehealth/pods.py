@@ -100,6 +100,9 @@ class PodMeta:
     extended_claim: str | None = None  # the ResourceClaim serving its extended resources
     extended: tuple[ExtendedRequest, ...] = ()
     dropped_verdicts: int = 0  # verdicts past the per-pod cap, counted, not kept
+    # A Pending pod's extended resources (nvidia.com/gpu) in its containers' limits: what it waits
+    # for (watcher.model.expected); () for a pod past Pending, so an unchanged pod decodes equal.
+    wants: tuple[str, ...] = ()
     # status.reason and status.message: why the kubelet failed it (an admission rejection:
     # watcher.model.rejections); "" for a pod that did not fail so.
     reason: str = ""

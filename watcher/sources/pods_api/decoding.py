@@ -152,11 +152,23 @@ def _meta(pod: core_v1_pb2.Pod, labels: Collection[str]) -> PodMeta:
         extended_claim=extended_claim,
         extended=extended,
         dropped_verdicts=dropped,
+        wants=_wants(pod) if pod.status.phase == "Pending" else (),
         # Only a failed pod's: a running pod's reason and message are no one's business here,
         # and an unchanged pod must decode equal.
         reason=_name(pod.status.reason) if pod.status.phase == "Failed" else "",
         message=_text(pod.status.message, MESSAGE_MAX) if pod.status.phase == "Failed" else "",
     )
+
+
+def _wants(pod: core_v1_pb2.Pod) -> tuple[str, ...]:
+    # Extended resources only (a domain-prefixed name, not kubernetes.io's cpu or memory), bounded.
+    names = {
+        _name(r)
+        for c in (*pod.spec.initContainers, *pod.spec.containers)
+        for r in c.resources.limits
+        if "/" in r and not r.startswith(("kubernetes.io/", "requests.", "hugepages-"))
+    }
+    return tuple(sorted(names)[:CLAIMS_MAX])
 
 
 def pod_meta(raw: bytes, *, labels: Collection[str]) -> PodMeta:
