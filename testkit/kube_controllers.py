@@ -54,19 +54,26 @@ NODE_CONTROLLERS = (
 
 @contextmanager
 def start_kube_controllers(
-    cluster: KubeTestCluster, directory: Path, controllers: Sequence[str] | None = None
+    cluster: KubeTestCluster,
+    directory: Path,
+    controllers: Sequence[str] | None = None,
+    *,
+    scheduler: bool = True,
 ) -> Iterator[KubeControllers]:
     """Run kube-controllers against `cluster` as its admin, logging to directory/kube-controllers.log;
     yields once every informer has synced, stops it (SIGTERM) when the block ends. `controllers`:
     which to run beside the scheduler (the peer's --controllers; None: its default, resourceclaim
-    and job; NODE_CONTROLLERS for DaemonSets). The peer not built: a skip, or a failure under CI
-    (testkit.peers)."""
+    and job; NODE_CONTROLLERS for DaemonSets). `scheduler=False`: no kube-scheduler, for a second
+    kube-controllers beside the session's (two schedulers would race for the same pods). The peer
+    not built: a skip, or a failure under CI (testkit.peers)."""
     binary = peer("kube-controllers")
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / "kube-controllers.log"
     args = [str(binary), "--kubeconfig", str(cluster.admin_kubeconfig), "--log-file", str(log)]
     if controllers is not None:
         args += ["--controllers", ",".join(controllers)]
+    if not scheduler:
+        args.append("--scheduler=false")
     # stderr to the log as well: what the peer writes there before it redirects itself (a bad
     # flag) or after (its own error line) lands next to klog's lines.
     with log.open("ab") as stderr:

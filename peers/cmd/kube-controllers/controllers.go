@@ -14,6 +14,7 @@ import (
 	restclient "k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/controller/devicetainteviction"
 	"k8s.io/kubernetes/pkg/controller/job"
 	"k8s.io/kubernetes/pkg/controller/resourceclaim"
 	"k8s.io/kubernetes/pkg/features"
@@ -24,6 +25,8 @@ import (
 const (
 	resourceClaimWorkers = 50
 	jobWorkers           = 5
+	// DeviceTaintEvictionControllerConfiguration's ConcurrentSyncs default.
+	deviceTaintEvictionWorkers = 8
 )
 
 // Controller names, as kube-controller-manager's --controllers accepts them (its aliases).
@@ -34,12 +37,13 @@ const (
 	garbageCollectorName    = "garbagecollector"
 	rootCACertPublisherName = "root-ca-cert-publisher"
 	namespaceName           = "namespace"
+	deviceTaintEvictionName = "device-taint-eviction-controller"
 )
 
 // knownControllers in the order they are built; defaultControllers is what the peer ran before
 // --controllers existed (and what the tests sharing one kube-controllers rely on).
 var (
-	knownControllers   = []string{resourceClaimName, jobName, daemonSetName, garbageCollectorName, rootCACertPublisherName, namespaceName}
+	knownControllers   = []string{resourceClaimName, jobName, daemonSetName, garbageCollectorName, rootCACertPublisherName, namespaceName, deviceTaintEvictionName}
 	defaultControllers = []string{resourceClaimName, jobName}
 )
 
@@ -114,6 +118,8 @@ func newControllers(ctx context.Context, kubeconfig string, names []string) (*ku
 			run, err = newRootCACertPublisher(config, factory)
 		case namespaceName:
 			run, err = newNamespace(ctx, config, factory)
+		case deviceTaintEvictionName:
+			run, err = newDeviceTaintEviction(config, factory)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s controller: %w", name, err)
@@ -162,6 +168,33 @@ func newJob(ctx context.Context, config *restclient.Config, factory informers.Sh
 		return nil, err
 	}
 	return func(ctx context.Context) { jobController.Run(ctx, jobWorkers) }, nil
+}
+
+// newDeviceTaintEviction: resource.go, newDeviceTaintEvictionController. It evicts the pods whose
+// allocated devices carry a NoExecute taint (a ResourceSlice's or a DeviceTaintRule's): it writes
+// the pod's DisruptionTarget condition, a DeviceTaintManagerEviction Event, then deletes the pod.
+// Opt-in (--controllers), so the tests sharing one kube-controllers see no eviction they did not ask for.
+func newDeviceTaintEviction(config *restclient.Config, factory informers.SharedInformerFactory) (func(context.Context), error) {
+	client, err := clientFor(config, deviceTaintEvictionName)
+	if err != nil {
+		return nil, err
+	}
+	controller := devicetainteviction.New(
+		client,
+		factory.Core().V1().Pods(),
+		factory.Resource().V1().ResourceClaims(),
+		factory.Resource().V1().ResourceSlices(),
+		factory.Resource().V1().DeviceTaintRules(),
+		factory.Resource().V1().DeviceClasses(),
+		deviceTaintEvictionName,
+	)
+	return func(ctx context.Context) {
+		// As the controller-manager: a start-up failure is logged, and the loop waits for the end.
+		if err := controller.Run(ctx, deviceTaintEvictionWorkers); err != nil {
+			klog.FromContext(ctx).Error(err, "Device taint processing leading to Pod eviction failed and is now paused")
+		}
+		<-ctx.Done()
+	}, nil
 }
 
 // startInformers starts every informer the controllers asked the factories for.

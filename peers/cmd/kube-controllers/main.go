@@ -28,6 +28,7 @@ type flags struct {
 	timeout     time.Duration
 	verbosity   int
 	controllers []string
+	scheduler   bool
 }
 
 func parseFlags(args []string) (flags, error) {
@@ -38,6 +39,9 @@ func parseFlags(args []string) (flags, error) {
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "how long the informers may take to sync before the start fails")
 	fs.IntVar(&o.verbosity, "v", 0, "klog verbosity, as the upstream components' --v")
 	controllers := fs.String("controllers", strings.Join(defaultControllers, ","), "the controllers to run beside the scheduler, comma-separated, from: "+strings.Join(knownControllers, ", "))
+	// A second kube-controllers beside the session's (one controller only) must not run a
+	// second scheduler: two would race to bind the same pods.
+	fs.BoolVar(&o.scheduler, "scheduler", true, "run kube-scheduler too; false: only --controllers")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: kube-controllers --kubeconfig FILE [--controllers NAMES] [--log-file FILE] [--timeout D] [--v N]
 
@@ -53,7 +57,10 @@ node's DaemonSets need them:
   - garbagecollector (pkg/controller/garbagecollector): what a deleted object owns is deleted
     (a DaemonSet's pods after helm uninstall or kubectl delete);
   - root-ca-cert-publisher (pkg/controller/certificates/rootcacertpublisher): the
-    kube-root-ca.crt ConfigMap in every namespace, which projected token volumes include.
+    kube-root-ca.crt ConfigMap in every namespace, which projected token volumes include;
+  - device-taint-eviction-controller (pkg/controller/devicetainteviction): evicts the pods whose
+    allocated devices carry a NoExecute taint (ResourceSlice or DeviceTaintRule), as
+    kube-controller-manager does; best run alone in a process of its own with --scheduler=false.
 
 Once all their informers have synced it prints one JSON line on stdout:
   {"ready": true, "pid": N}
@@ -139,9 +146,12 @@ func run(o flags) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	scheduler, err := newScheduler(ctx, o.kubeconfig, strconv.Itoa(o.verbosity))
-	if err != nil {
-		return fmt.Errorf("kube-scheduler: %w", err)
+	var scheduler *kubeScheduler
+	if o.scheduler {
+		var err error
+		if scheduler, err = newScheduler(ctx, o.kubeconfig, strconv.Itoa(o.verbosity)); err != nil {
+			return fmt.Errorf("kube-scheduler: %w", err)
+		}
 	}
 	controllers, err := newControllers(ctx, o.kubeconfig, o.controllers)
 	if err != nil {
@@ -149,7 +159,9 @@ func run(o flags) error {
 	}
 
 	schedulerDone := make(chan error, 1)
-	go func() { schedulerDone <- scheduler.run(ctx) }()
+	if scheduler != nil {
+		go func() { schedulerDone <- scheduler.run(ctx) }()
+	}
 	controllers.startInformers(ctx)
 
 	syncCtx, cancel := context.WithTimeout(ctx, o.timeout)
@@ -158,6 +170,10 @@ func run(o flags) error {
 	go func() {
 		if err := controllers.waitForSync(syncCtx); err != nil {
 			synced <- err
+			return
+		}
+		if scheduler == nil {
+			synced <- nil
 			return
 		}
 		synced <- scheduler.waitForSync(syncCtx)
@@ -181,6 +197,11 @@ func run(o flags) error {
 	}
 	fmt.Println(string(line))
 
+	if scheduler == nil {
+		<-ctx.Done()
+		<-controllersDone
+		return nil
+	}
 	// Without leader election the scheduler's Run always returns an error ("finished without
 	// leader elect"), also on a clean stop: only one before the signal is a failure.
 	err = <-schedulerDone
