@@ -78,6 +78,11 @@ def flap_rule(settings: Settings) -> FlapRule:
     return FlapRule(limit=w.flap_limit, window=w.flap_window, quiet=w.flap_quiet)
 
 
+def eviction_wait(settings: Settings) -> float:
+    """How long an eviction waits for its device's taint to be read: two lists of the slices."""
+    return 2 * settings.resource_slices.interval
+
+
 def conclude(
     settings: Settings,
     draft: CycleState,
@@ -124,6 +129,13 @@ def conclude(
     flaps, damped = draft.flaps.damp(now, diffs, flap_rule(settings))
     incidents, grouped = draft.incidents.group(cycle, damped, settings.watch.incident_threshold)
     changes.extend(annotate(grouped, pods, evidence.gone) if pods is not None else grouped)
+    if pods is not None:
+        # Pods evicted for a device taint, each named once (watcher.model.devicehealth.evictions).
+        seen = [*pods, *evidence.gone.values()]
+        wait = eviction_wait(settings)
+        evictions, evicted = draft.evictions.observe(now, seen, (after, before), evidence.taints, wait=wait)
+        changes.extend(evicted)
+        draft = dataclasses.replace(draft, evictions=evictions)
     # Fewer devices known to the kubelet than the operator expects (watcher.model.expected): judged
     # on the presented inventory, so the warm-up's hold covers a restart here too.
     expected, missing = draft.expected.observe(

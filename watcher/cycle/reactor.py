@@ -23,7 +23,7 @@ from watcher.backoff import Backoff
 from watcher.cycle.answers import gc_paused, inventory_from_answers
 from watcher.cycle.asking import Replaced, query_answers, unless_replaced
 from watcher.cycle.committer import Committer
-from watcher.cycle.findings import conclude, flap_rule, restarted, settle
+from watcher.cycle.findings import conclude, eviction_wait, flap_rule, restarted, settle
 from watcher.cycle.notifier import Notifier
 from watcher.cycle.state import CycleState
 from watcher.kubelet.client import PodResourcesClient
@@ -143,6 +143,8 @@ class Reactor:
             deadlines.append(look)
         if (quiet := state.flaps.next_look(flap_rule(self.settings))) is not None:
             deadlines.append(quiet)
+        if (due := state.evictions.next_look(eviction_wait(self.settings))) is not None:
+            deadlines.append(due)  # an eviction told, its taint read or not
         if (due := state.resets.next_look(self.settings.watch.reset_hold_down)) is not None:
             deadlines.append(due)  # a heal held after a plugin's reset
         # An Unknown is timed only while the Pod status is read; an unheld story always.

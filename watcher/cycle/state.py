@@ -20,6 +20,7 @@ import structlog
 
 from watcher.kubelet.health import KubeletHealth
 from watcher.kubelet.identity import FileIdentity
+from watcher.model.devicehealth.evictions import Evictions
 from watcher.model.devicehealth.verdicts import DeviceHealth
 from watcher.model.expected import Expected
 from watcher.model.flapping import Flaps
@@ -49,6 +50,7 @@ class SavedState:
     device_health: DeviceHealth = field(default_factory=DeviceHealth)
     incidents: Incidents = field(default_factory=Incidents)
     flaps: Flaps = field(default_factory=Flaps)
+    evictions: Evictions = field(default_factory=Evictions)
     expected: Expected = field(default_factory=Expected)
     rejections: Rejections = field(default_factory=Rejections)
     resets: Resets = field(default_factory=Resets)
@@ -71,6 +73,7 @@ class CycleState:
     flaps: Flaps = field(default_factory=Flaps)  # devices changing health often
     incidents: Incidents = field(default_factory=Incidents)  # mass failures not yet back
     device_health: DeviceHealth = field(default_factory=DeviceHealth)  # DRA verdicts reported
+    evictions: Evictions = field(default_factory=Evictions)  # device-taint evictions told
     expected: Expected = field(default_factory=Expected)  # resources short of their expected count
     rejections: Rejections = field(default_factory=Rejections)  # admission rejections told
     resets: Resets = field(default_factory=Resets)  # failed devices; heals a plugin's restart explains
@@ -90,6 +93,8 @@ def state_record(state: SavedState) -> StateRecord:
         # Open incidents and flapping devices likewise: a restart must still send their ends.
         "incidents": state.incidents.to_json(),
         "flaps": state.flaps.to_json(),
+        # The evictions told: a restart must not tell them again.
+        "evictions": state.evictions.to_json(now=time.monotonic()),
         # Resources short of their expected devices: a restart must neither page nor lose the resolve.
         "expected": state.expected.to_json(),
         # The rejected pods told (a restart must not tell them again) and an open incident.
@@ -146,6 +151,7 @@ def state_from_store(stored: StoredState, *, min_seq: int = 0, lost: bool = Fals
             device_health=DeviceHealth.from_json(doc.get("device_health"), now=time.monotonic()),
             incidents=Incidents.from_json(doc.get("incidents")),
             flaps=Flaps.from_json(doc.get("flaps"), now=time.monotonic()),
+            evictions=Evictions.from_json(doc.get("evictions"), now=time.monotonic()),
             expected=Expected.from_json(doc.get("expected")),
             rejections=Rejections.from_json(doc.get("rejections"), now=time.monotonic()),
             resets=Resets.from_json(doc.get("resets"), now=time.monotonic()),

@@ -104,6 +104,9 @@ class FakePod:
     labels: dict[str, str] = field(default_factory=dict)
     owners: list[FakeOwner] = field(default_factory=list)
     phase: str = "Running"
+    # The DisruptionTarget condition's reason, once a controller marked the pod for deletion
+    # (DeletionByDeviceTaintManager: watcher.sim.fake_evictions); "" otherwise.
+    disruption: str = ""
     # A failed pod's status.reason and status.message (an admission rejection: fake_pod_objects.rejected).
     reason: str = ""
     message: str = ""

@@ -27,6 +27,7 @@ from watcher.kubeletapi.k8s import core_v1_pb2, meta_v1_pb2
 from watcher.sim.fake_node import FakeClaim, FakeContainer, FakeNode, FakePod
 
 __all__ = [
+    "DISRUPTION_WORDS",
     "HEALTHY",
     "UNHEALTHY",
     "admission_rejection",
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+# What upstream's device taint eviction controller (1.37.2) writes into the condition, whatever the taint.
+DISRUPTION_WORDS = "Device Taint manager: deleting due to NoExecute taint"
 
 
 def _health(node: FakeNode, resource: str, device_id: str) -> str:
@@ -129,6 +132,10 @@ def pod_object(node: FakeNode, pod: FakePod, node_name: str) -> core_v1_pb2.Pod:
     )
     if pod.reason:  # a pod the kubelet failed (kubelet.go rejectPod): its reason and words
         status.reason, status.message = pod.reason, pod.message
+    if pod.disruption:  # as an evicting controller wrote it; the kubelet copies it (not its own)
+        status.conditions.add(
+            type="DisruptionTarget", status="True", reason=pod.disruption, message=DISRUPTION_WORDS
+        )
     for container, claim in claims:
         if claim.extended_resource is not None:
             extended = status.extendedResourceClaimStatus

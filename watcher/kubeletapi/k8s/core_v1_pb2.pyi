@@ -238,6 +238,7 @@ class PodStatus(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PHASE_FIELD_NUMBER: _builtins.int
+    CONDITIONS_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     INITCONTAINERSTATUSES_FIELD_NUMBER: _builtins.int
@@ -247,6 +248,8 @@ class PodStatus(_message.Message):
     phase: _builtins.str
     message: _builtins.str
     reason: _builtins.str
+    @_builtins.property
+    def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodCondition]: ...
     @_builtins.property
     def initContainerStatuses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerStatus]: ...
     @_builtins.property
@@ -259,6 +262,7 @@ class PodStatus(_message.Message):
         self,
         *,
         phase: _builtins.str | None = ...,
+        conditions: _abc.Iterable[Global___PodCondition] | None = ...,
         message: _builtins.str | None = ...,
         reason: _builtins.str | None = ...,
         initContainerStatuses: _abc.Iterable[Global___ContainerStatus] | None = ...,
@@ -268,11 +272,43 @@ class PodStatus(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["extendedResourceClaimStatus", b"extendedResourceClaimStatus", "message", b"message", "phase", b"phase", "reason", b"reason"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["containerStatuses", b"containerStatuses", "extendedResourceClaimStatus", b"extendedResourceClaimStatus", "initContainerStatuses", b"initContainerStatuses", "message", b"message", "phase", b"phase", "reason", b"reason", "resourceClaimStatuses", b"resourceClaimStatuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conditions", b"conditions", "containerStatuses", b"containerStatuses", "extendedResourceClaimStatus", b"extendedResourceClaimStatus", "initContainerStatuses", b"initContainerStatuses", "message", b"message", "phase", b"phase", "reason", b"reason", "resourceClaimStatuses", b"resourceClaimStatuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PodStatus: _TypeAlias = PodStatus  # noqa: Y015
+
+@_typing.final
+class PodCondition(_message.Message):
+    """Only what the agent reads of a condition: which one, and what it says (DisruptionTarget: why the
+    pod is being deleted, e.g. by the device taint eviction controller).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    type: _builtins.str
+    status: _builtins.str
+    reason: _builtins.str
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        type: _builtins.str | None = ...,
+        status: _builtins.str | None = ...,
+        reason: _builtins.str | None = ...,
+        message: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "status", b"status", "type", b"type"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "status", b"status", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PodCondition: _TypeAlias = PodCondition  # noqa: Y015
 
 @_typing.final
 class ContainerStatus(_message.Message):

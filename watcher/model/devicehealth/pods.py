@@ -107,6 +107,9 @@ class PodMeta:
     # watcher.model.rejections); "" for a pod that did not fail so.
     reason: str = ""
     message: str = ""
+    # The DisruptionTarget condition's reason while it is True: why the pod is being deleted
+    # (DeletionByDeviceTaintManager: a device taint evicts it, watcher.model.devicehealth.evictions).
+    disruption: str = ""
 
     @property
     def key(self) -> str:

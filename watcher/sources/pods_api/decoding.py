@@ -135,6 +135,15 @@ def _extended(pod: core_v1_pb2.Pod) -> tuple[str | None, tuple[ExtendedRequest, 
     return (_name(status.resourceClaimName) or None), tuple(mappings)
 
 
+def _disruption(pod: core_v1_pb2.Pod) -> str:
+    # The kubelet copies the condition an evicting controller wrote into the status it serves (it
+    # owns the others); only a True one says the pod is being deleted.
+    for c in pod.status.conditions:
+        if c.type == "DisruptionTarget" and c.status == "True":
+            return _name(c.reason)
+    return ""
+
+
 def _meta(pod: core_v1_pb2.Pod, labels: Collection[str]) -> PodMeta:
     verdicts, dropped = _verdicts(pod)
     extended_claim, extended = _extended(pod)
@@ -157,6 +166,7 @@ def _meta(pod: core_v1_pb2.Pod, labels: Collection[str]) -> PodMeta:
         # and an unchanged pod must decode equal.
         reason=_name(pod.status.reason) if pod.status.phase == "Failed" else "",
         message=_text(pod.status.message, MESSAGE_MAX) if pod.status.phase == "Failed" else "",
+        disruption=_disruption(pod),
     )
 
 

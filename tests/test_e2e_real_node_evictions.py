@@ -1,0 +1,187 @@
+"""A pod evicted for a device taint, through upstream code end to end: upstream's DRA test driver
+on upstream's kubelet, a Job's pod whose claim the real scheduler allocated, the driver tainting
+the device NoExecute in its ResourceSlice, and upstream's device taint eviction controller
+(kube-controller-manager's, in peers/cmd/kube-controllers) evicting the pod: its DisruptionTarget
+condition, its DeviceTaintManagerEviction Event, its deletion. The agent reads the condition from
+the kubelet's Pods API and says it once: `pod.evicted` naming the pod, its Job, the device and the
+taint; the only page is the device's own."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testkit.agent import AgentRun, agent_against, make_settings
+from testkit.kube_controllers import KubeControllers, start_kube_controllers
+from testkit.kube_reporting import agent_identity, install_reporting
+from testkit.kube_testcluster import KubeTestCluster
+from testkit.real_dra import REQUEST, DraSetup, add_dra_driver, allocated_device, claim_of, job_pod
+from testkit.real_node import RealNode
+from testkit.receivers import PagerDutyReceiver
+from testkit.waiting import wait_until
+from watcher.settings_file import parse_settings
+from watcher.sinks.kubernetes import KubernetesSinkSettings
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
+TAINT_KEY = "gpu.test.example.com/xid"
+# The pod tolerates the taint this long (its claim's request says so), so the agent reads the
+# slice's taint (every second here) while the pod still holds the device: the device's own page
+# comes first, deterministically, and the eviction after it.
+TOLERATION_S = 8
+
+
+@pytest.fixture(scope="module")
+def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
+    """The session's cluster with the shipped RBAC and admission policy in force."""
+    asyncio.run(install_reporting(kube_cluster))
+    return kube_cluster
+
+
+@pytest.fixture
+def eviction_controller(kube_cluster: KubeTestCluster, tmp_path: Path) -> Iterator[KubeControllers]:
+    """Upstream's device taint eviction controller alone (no second scheduler), for this test only:
+    the other tests taint devices NoExecute and count on their pods staying."""
+    with start_kube_controllers(
+        kube_cluster, tmp_path / "eviction", ["device-taint-eviction-controller"], scheduler=False
+    ) as running:
+        yield running
+
+
+async def _tolerating_job(node: RealNode, setup: DraSetup, namespace: str, name: str) -> None:
+    """testkit.real_dra.claim_job's Job, its claim's request tolerating TAINT_KEY's NoExecute for
+    TOLERATION_S seconds (the controller evicts at the taint's timeAdded plus that)."""
+    template = f"{name}-gpu"
+    toleration = {
+        "key": TAINT_KEY,
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": TOLERATION_S,
+    }
+    request = {
+        "name": REQUEST,
+        "exactly": {"deviceClassName": setup.device_class, "tolerations": [toleration]},
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "resourceClaims": [{"name": REQUEST, "resourceClaimTemplateName": template}],
+        "containers": [
+            {"name": "main", "image": "registry.test/trainer:1", "resources": {"claims": [{"name": REQUEST}]}}
+        ],
+    }
+    await node.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": template, "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [request]}}},
+        },
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {"metadata": {"labels": {"team": "research"}}, "spec": pod_spec},
+            },
+        },
+    )
+
+
+@asynccontextmanager
+async def _agent(short_tmp: Path, node: RealNode, pager: PagerDutyReceiver) -> AsyncIterator[AgentRun]:
+    kubeconfig = await asyncio.to_thread(
+        agent_identity, node.cluster, node.name, f"agent-{uuid.uuid4().hex[:6]}"
+    )
+    parsed = parse_settings(
+        {
+            "sinks": {
+                "pager": {
+                    "type": "pagerduty",
+                    "routing_key": PD_KEY,
+                    "endpoint": pager.url("/v2/enqueue"),
+                    "resolve_hold_down": 0,
+                }
+            },
+            "resource_slices": {"interval": 1.0},
+        }
+    )
+    # The kubernetes sink gives the agent the API server: the ResourceSlices' taints are read.
+    sink = KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig, api_rate=50.0)
+    base = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
+    settings = dataclasses.replace(
+        base, sinks=(*base.sinks, *parsed.sinks, sink), resource_slices=parsed.resource_slices
+    )
+    async with agent_against(settings) as run:
+        await run.pods_watching(timeout=30)
+        await run.released()
+        yield run
+
+
+async def test_an_evicted_jobs_pod_is_one_pod_evicted_naming_job_device_and_taint_and_no_extra_page(
+    reporting: KubeTestCluster,
+    scheduled_node: RealNode,
+    eviction_controller: KubeControllers,
+    short_tmp: Path,
+) -> None:
+    node = scheduled_node
+    dra = await add_dra_driver(node, f"t{uuid.uuid4().hex[:6]}")
+    namespace = await node.namespace(f"evict-{uuid.uuid4().hex[:6]}")
+    await _tolerating_job(node, dra, namespace, "evicted")
+    pod = await job_pod(node, namespace, "evicted")
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    claim = await claim_of(node, pod)
+    device = allocated_device(claim)
+    async with PagerDutyReceiver() as pager, _agent(short_tmp, node, pager) as run:
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+        await dra.driver.taint(device, TAINT_KEY, "79", "NoExecute")
+        await pager.wait_for(1, timeout=20)  # the device's own page, while the pod tolerates
+        assert run.recorder.kinds(mark) == ["device.unhealthy"]
+
+        await run.recorder.until(lambda: "pod.evicted" in run.recorder.kinds(mark), TOLERATION_S + 40)
+
+        async def deleted() -> bool:
+            pods = await node.get("pods", "-n", namespace)
+            return not any(p["metadata"]["uid"] == uid for p in pods["items"])
+
+        await wait_until(deleted, 30, interval=0.2, what=f"{namespace}/{name} deleted by the controller")
+        await run.recorder.until(lambda: "allocation.removed" in run.recorder.kinds(mark), 30)
+        await run.quiet_cycle()
+        assert sorted(run.recorder.kinds(mark)) == ["allocation.removed", "device.unhealthy", "pod.evicted"]
+
+        (event,) = [e for e in run.recorder.events[mark:] if e.kind == "pod.evicted"]
+        assert event.severity.value == "warning"
+        d = event.details
+        assert (d["namespace"], d["pod"], d["pod_uid"]) == (namespace, name, uid)
+        assert (d["owner"]["kind"], d["owner"]["name"]) == ("Job", "evicted")
+        assert (d["driver"], d["pool"], d["device_name"], d["claim"]) == (
+            dra.name, dra.pool, device, claim["metadata"]["name"],
+        )  # fmt: skip
+        assert [(t["key"], t["value"], t["effect"]) for t in d["taints"]] == [(TAINT_KEY, "79", "NoExecute")]
+        assert d["reason"] == "DeletionByDeviceTaintManager"
+        assert event.summary.startswith(
+            f"Job {namespace}/evicted (team research): pod {namespace}/{name} evicted"
+        )
+        assert f"{TAINT_KEY}=79 (NoExecute)" in event.summary and device in event.summary
+
+        # It was the real controller: its Pod Event, as kube-controller-manager's says it.
+        events = await node.get(
+            "events", "-n", namespace, "--field-selector", "reason=DeviceTaintManagerEviction"
+        )
+        assert [(e["involvedObject"]["uid"], e["message"]) for e in events["items"]] == [
+            (uid, "Marking for deletion")
+        ]
+        # No page beyond the device's own.
+        assert [p["event_action"] for p in pager.events] == ["trigger"]
+        assert pager.events[0]["payload"]["class"] == "device.unhealthy"
