@@ -18,6 +18,7 @@ from watcher.sinks.kubernetes.notes import fit, listed, pods_of
 __all__ = [
     "CONDITION_SUFFIX",
     "OWNER_MARK",
+    "REJECTING_SUFFIX",
     "MAX_MESSAGE_BYTES",
     "NodeCondition",
     "condition_type",
@@ -35,6 +36,9 @@ CONDITION_SUFFIX = "DevicesUnavailable"
 # without it is another writer's, never changed or removed, whatever its type. The admission policy
 # (deploy/kubernetes/reporting/admissionpolicy.yaml) holds the agent to the same rule.
 OWNER_MARK = "pod-resources-watcher: "
+# A node that keeps rejecting a resource's pods has a condition of its own (rejecting.py), owned
+# likewise: this suffix (NvidiaGpuPodsRejected) and our mark.
+REJECTING_SUFFIX = "PodsRejected"
 # A condition's message is not capped by the API, but `kubectl describe node` prints it on one line.
 MAX_MESSAGE_BYTES = 1024
 
@@ -82,7 +86,8 @@ def check_condition_type(value: str) -> str | None:
 
 def is_owned(ctype: str, message: str | None) -> bool:
     """Whether a condition on the node is one this agent wrote: our suffix and our mark."""
-    return check_condition_type(ctype) is None and (message or "").startswith(OWNER_MARK)
+    rejecting = ctype.endswith(REJECTING_SUFFIX) and ctype != REJECTING_SUFFIX and _TYPE.fullmatch(ctype)
+    return (check_condition_type(ctype) is None or bool(rejecting)) and (message or "").startswith(OWNER_MARK)
 
 
 def shared_types(

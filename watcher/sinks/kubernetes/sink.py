@@ -21,6 +21,7 @@ from watcher.sinks.kubernetes.conditions import condition_patch, taken_types, wr
 from watcher.sinks.kubernetes.events import EventWriter, fresh_records
 from watcher.sinks.kubernetes.planner import Missing, plan
 from watcher.sinks.kubernetes.refusals import refused_outcome
+from watcher.sinks.kubernetes.rejecting import rejecting_after, rejecting_conditions
 from watcher.sinks.kubernetes.settings import KubernetesSinkSettings, check_settings
 from watcher.sinks.registry import SinkType, register
 
@@ -84,6 +85,10 @@ class KubernetesSink:
             base: Missing = (progress.get("base") if resumed else state.get("missing")) or {}
             done: list[str] = list(progress.get("done", [])) if resumed else []
             report = plan(fresh, base)
+            # A node that keeps rejecting a resource's pods: its own condition, kept beside the
+            # missing devices so that every write (and a start's prune) carries it.
+            rejecting = rejecting_after(fresh, state.get("rejecting") or {})
+            rejecting_moved = rejecting != (state.get("rejecting") or {})
             records: dict[str, Any] = fresh_records(state.get("events") or {}, self.settings.series_window)
 
             async def save(**more: Any) -> None:
@@ -92,6 +97,7 @@ class KubernetesSink:
                     {
                         "applied": applied,
                         "missing": report.missing,
+                        "rejecting": rejecting,
                         "events": records,
                         "progress": {"batch": batch, "done": done, "base": base},
                         **more,
@@ -102,7 +108,7 @@ class KubernetesSink:
                 # The condition first: one write, and what remediation acts on; a mass failure's
                 # Events (one per pod hit, each a read and a write at api_rate) follow. Its state
                 # is saved at once, so the store never disagrees with what the node says.
-                if self.settings.conditions and (report.resources or report.started):
+                if self.settings.conditions and (report.resources or report.started or rejecting_moved):
                     overrides = self.settings.condition_types
                     shared = shared_types(report.resources | set(report.missing), overrides)
                     if shared:
@@ -115,6 +121,7 @@ class KubernetesSink:
                             shared=shared,
                         )
                     wanted = conditions_for(report.missing, report.resources, overrides)
+                    wanted += rejecting_conditions(rejecting)
                     await self._apply(wanted, prune=report.started)
                 await save()
                 if self.settings.events:
