@@ -127,6 +127,24 @@ async def test_a_plugin_restart_healing_a_gpu_is_a_reset_resolved_only_after_the
         ]
 
 
+async def test_a_plugin_restart_healing_its_only_gpu_is_a_reset_too(
+    real_node: RealNode, short_tmp: Path
+) -> None:
+    """The plugin's only GPU failed: its restart takes nothing out of allocatable (no
+    `plugin.unregistered`), and its socket re-created is what tells the agent of the restart."""
+    resource = "example.com/onegpu"
+    plugin = await real_node.add_plugin(resource, {"solo": (0,)})
+    async with PagerDutyReceiver() as pager, _agent(short_tmp, real_node, pager) as run:
+        mark = len(run.recorder.events)
+        await plugin.set_healthy("solo", False)
+        await pager.wait_for(1, timeout=15)
+        await plugin.restart()
+        await real_node.wait_allocatable(resource, {"solo"})
+        told = await _reset_then_resolved(run, pager, mark)
+        assert [e.kind for e in told] == ["device.removed", "device.reset", "device.added"]
+        assert "plugin.unregistered" not in run.recorder.kinds(mark)
+
+
 async def test_a_dra_driver_restart_healing_a_device_is_a_reset_resolved_only_after_the_hold_down(
     scheduled_node: RealNode, short_tmp: Path
 ) -> None:

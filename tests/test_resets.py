@@ -25,6 +25,7 @@ from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 
 GPU = "nvidia.com/gpu"
+FUSE = "smarter-devices/fuse"
 DRIVER, POOL, DEVICE = "gpu.nvidia.com", "node-a", "gpu-3"
 PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 HOLD = 600.0
@@ -153,6 +154,25 @@ def test_a_mass_failure_its_plugin_resets_stays_one_incident_when_its_devices_fa
     resets, out = resets.observe(900.0, [_change(Kind.DEVICE_ADDED, g) for g in gpus], (), HOLD)
     _, out = incidents.group("c4", out, 8)
     assert _kinds(out) == ["device.added"] * 8 + ["device.incident_resolved"]
+
+
+def test_a_device_plugin_socket_replaced_resets_a_resource_whose_devices_had_all_failed() -> None:
+    """No `plugin.registered` names a resource the kubelet had no device of to drop: a device
+    plugin's socket replaced stands for it (a DRA device's heal is not a device plugin's)."""
+    sockets = {"fuse.sock": "1:1"}
+    resets, _ = Resets().observe(0.0, [_change(Kind.DEVICE_REMOVED, "fuse0", FUSE)], (), HOLD, None, sockets)
+    same, out = resets.observe(1.0, [_change(Kind.DEVICE_ADDED, "fuse0", FUSE)], (), HOLD, None, sockets)
+    assert _kinds(out) == ["device.added"]  # the same socket: a heal
+    resets, _ = resets.observe(1.0, [_change(Kind.DEVICE_REMOVED, "fuse0", FUSE)], (), HOLD, None, sockets)
+    replaced = {"fuse.sock": "2:2"}
+    resets, out = resets.observe(2.0, [_change(Kind.DEVICE_ADDED, "fuse0", FUSE)], (), HOLD, None, replaced)
+    assert _kinds(out) == ["device.reset"]
+    dra = _change(Kind.DEVICE_UNHEALTHY, f"{POOL}/{DEVICE}", DRIVER)
+    healed = _change(Kind.DEVICE_HEALTHY, f"{POOL}/{DEVICE}", DRIVER)
+    resets, _ = Resets().observe(0.0, [dra], (), HOLD, None, sockets)
+    _, out = resets.observe(1.0, [healed], (), HOLD, None, replaced)
+    assert _kinds(out) == ["device.healthy"]
+    assert same.plugins == (("fuse.sock", "1:1"),)
 
 
 # --- the agent against the fake kubelet ---
@@ -306,3 +326,26 @@ def test_a_plugin_back_still_calling_the_device_failed_then_healing_it_is_a_heal
     resets, _ = resets.observe(5.0, [_change(Kind.DEVICE_REMOVED)], {GPU}, HOLD)  # failed again, seen with it
     _, out = resets.observe(20.0, [_change(Kind.DEVICE_ADDED)], (), HOLD)
     assert _kinds(out) == ["device.added"]
+
+
+async def test_a_plugin_restart_that_forgets_every_failed_device_of_its_resource_resets_them(
+    short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    """Every fuse device failed, so the plugin's restart takes nothing out of allocatable (no
+    `plugin.unregistered`): its socket replaced is what tells the restart."""
+    fake = await start_kubelet(seed=44)
+    fuses = sorted(i for r, i in fake.node.devices if r == FUSE)
+    async with PagerDutyReceiver() as pager, running_agent(_settings(short_tmp, pager, 600.0), fake) as run:
+        await run.recorder.kinds_after(0, 1)
+        await run.settled()
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+        for fuse in fuses:
+            fake.make_unhealthy(FUSE, fuse)
+        await pager.wait_for(len(fuses), timeout=10)
+        fake.plugins.restart_plugin(FUSE, downtime=0.3, forgets=True)
+        await run.recorder.until(lambda: run.recorder.kinds(mark).count("device.reset") == len(fuses), 10)
+        await run.quiet_cycle()
+        kinds = [k for k in run.recorder.kinds(mark) if k != "capacity.changed"]
+        assert kinds == ["device.removed"] * len(fuses) + ["device.reset"] * len(fuses), kinds
+        assert _actions(pager) == ["trigger"] * len(fuses)  # every page stays open

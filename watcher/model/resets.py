@@ -35,6 +35,10 @@ RESET_WINDOW_S = 120.0
 # re-partitioning, must not grow the saved state for ever). A forgotten one heals as before.
 MAX_FAILED = 4096
 
+# A device plugin's socket new or replaced: some plugin registered again (which resource it serves
+# is not visible). It stands for every device plugin's resource: with a resource whose devices had
+# all failed, the kubelet had none to drop, so no `plugin.registered` names it.
+_ANY_PLUGIN = "device-plugins/"
 _DOWN = (Kind.DEVICE_REMOVED, Kind.DEVICE_UNHEALTHY)
 _UP = (Kind.DEVICE_ADDED, Kind.DEVICE_HEALTHY)
 DeviceKey = tuple[str, str]  # (resource or driver, device or pool/device)
@@ -55,6 +59,7 @@ class Resets:
     restarts: tuple[tuple[str, float], ...] = ()
     # Each DRA driver's registration socket as last seen (name -> identity); None: not looked yet.
     drivers: tuple[tuple[str, str], ...] | None = None
+    plugins: tuple[tuple[str, str], ...] | None = None  # the device plugins' sockets, likewise
 
     def next_look(self, hold_down: float) -> float | None:
         """When a held heal falls due."""
@@ -70,16 +75,20 @@ class Resets:
         restarted: Collection[str],
         hold_down: float,
         drivers: Mapping[str, str] | None = None,
+        plugins: Mapping[str, str] | None = None,
     ) -> tuple[Resets, list[Change]]:
         """The cycle's changes with each heal a restart explains turned into `device.reset`, each
         failure of a device whose heal is held marked `failed_again`, and the held heals now due.
         `restarted`: the resources whose device plugin registered again in this cycle. `drivers`:
         the DRA drivers' registration sockets now (name -> identity; None: unreadable), one new or
-        replaced since the last look being its driver registering again.
+        replaced since the last look being its driver registering again. `plugins`: the device
+        plugins' sockets now, likewise (a new one: some device plugin registered again).
         `hold_down` 0: no reset is told (a heal is a heal); heals held before still follow."""
         restarts = {r: t for r, t in self.restarts if now - t <= RESET_WINDOW_S}
         restarts.update(dict.fromkeys(restarted, now))
-        restarts.update(dict.fromkeys(self._new_drivers(drivers), now))
+        restarts.update(dict.fromkeys(_new(self.drivers, drivers), now))
+        if _new(self.plugins, plugins):
+            restarts[_ANY_PLUGIN] = now
         failed = dict(self.failed)
         held = dict(self.held)
         out: list[Change] = []
@@ -91,12 +100,12 @@ class Resets:
                 out.append(_failed_again(change) if held.pop(key, None) is not None else change)
             elif change.kind in _UP and key in held:
                 held[key] = replace(held[key], heal=change)  # still up: the latest words are told
-            elif change.kind in _UP and hold_down > 0 and failed.get(key, now) < restarts.get(key[0], -1.0):
+            elif change.kind in _UP and hold_down > 0 and failed.get(key, now) < _restarted(change, restarts):
                 # Failed, and its plugin registered again since (a plugin back still calling it
                 # failed said so itself: a heal after that is the plugin's own word, a heal).
                 del failed[key]
                 held[key] = _Held(now, change)
-                out.append(_reset(change, now - restarts[key[0]], hold_down))
+                out.append(_reset(change, now - _restarted(change, restarts), hold_down))
             else:
                 if change.kind in _UP or change.kind is Kind.DEVICE_HEALTH_UNOBSERVED:
                     failed.pop(key, None)
@@ -106,16 +115,13 @@ class Resets:
                 del held[key]
                 out.append(_healed(h, now))
         kept = tuple(failed.items())[-MAX_FAILED:]
-        seen = self.drivers if drivers is None else tuple(sorted(drivers.items()))
-        return Resets(kept, tuple(sorted(held.items())), tuple(sorted(restarts.items())), seen), out
-
-    def _new_drivers(self, drivers: Mapping[str, str] | None) -> list[str]:
-        """The drivers whose registration socket is new or replaced since the last look (the first
-        look says nothing: the agent did not see them start)."""
-        if drivers is None or self.drivers is None:
-            return []
-        before = dict(self.drivers)
-        return [name for name, identity in drivers.items() if before.get(name) != identity]
+        return Resets(
+            kept,
+            tuple(sorted(held.items())),
+            tuple(sorted(restarts.items())),
+            self.drivers if drivers is None else tuple(sorted(drivers.items())),
+            self.plugins if plugins is None else tuple(sorted(plugins.items())),
+        ), out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -153,6 +159,24 @@ class Resets:
             if heal is not None and isinstance(e["resource"], str) and isinstance(e["device"], str):
                 held[(e["resource"], e["device"])] = _Held(now, heal)
         return cls(tuple(failed[-MAX_FAILED:]), tuple(sorted(held.items())))
+
+
+def _new(before: tuple[tuple[str, str], ...] | None, now: Mapping[str, str] | None) -> list[str]:
+    """The sockets new or replaced since the last look (the first look says nothing: the agent did
+    not see them start)."""
+    if now is None or before is None:
+        return []
+    seen = dict(before)
+    return [name for name, identity in now.items() if seen.get(name) != identity]
+
+
+def _restarted(change: Change, restarts: Mapping[str, float]) -> float:
+    """When the plugin or driver of `change`'s device last registered again (-1: not lately). A
+    device plugin's device (back in allocatable) counts any device plugin's socket replaced."""
+    times = [restarts.get(str(change.details.get("resource", "")), -1.0)]
+    if change.kind is Kind.DEVICE_ADDED:
+        times.append(restarts.get(_ANY_PLUGIN, -1.0))
+    return max(times)
 
 
 def _change_from_json(data: Any) -> Change | None:
