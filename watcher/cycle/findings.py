@@ -21,6 +21,7 @@ from watcher.model.changes import Change, Kind
 from watcher.model.devicehealth.affected import annotate
 from watcher.model.devicehealth.plugin_devices import corroborate
 from watcher.model.diff import diff
+from watcher.model.expected import waiting_for
 from watcher.model.flapping import FlapRule
 from watcher.model.inventory import Inventory
 from watcher.model.settling import Settling
@@ -65,9 +66,21 @@ def settle(
     return after, changes, after.present(before, answer)
 
 
+def _ids_by_resource(inv: Inventory) -> dict[str, frozenset[str]]:
+    ids: dict[str, set[str]] = {}
+    for d in inv.devices:
+        ids.setdefault(d.resource, set()).add(d.id)
+    return {r: frozenset(s) for r, s in ids.items()}
+
+
 def flap_rule(settings: Settings) -> FlapRule:
     w = settings.watch
     return FlapRule(limit=w.flap_limit, window=w.flap_window, quiet=w.flap_quiet)
+
+
+def eviction_wait(settings: Settings) -> float:
+    """How long an eviction waits for its device's taint to be read: two lists of the slices."""
+    return 2 * settings.resource_slices.interval
 
 
 def conclude(
@@ -118,6 +131,24 @@ def conclude(
     flaps, damped = draft.flaps.damp(now, diffs, flap_rule(settings))
     incidents, grouped = draft.incidents.group(cycle, damped, settings.watch.incident_threshold)
     changes.extend(annotate(grouped, pods, evidence.gone) if pods is not None else grouped)
+    if pods is not None:
+        # Pods evicted for a device taint, each named once (watcher.model.devicehealth.evictions).
+        seen = [*pods, *evidence.gone.values()]
+        wait = eviction_wait(settings)
+        evictions, evicted = draft.evictions.observe(now, seen, (after, before), evidence.taints, wait=wait)
+        changes.extend(evicted)
+        draft = dataclasses.replace(draft, evictions=evictions)
+    # Fewer devices known to the kubelet than the operator expects (watcher.model.expected): judged
+    # on the presented inventory, so the warm-up's hold covers a restart here too.
+    expected, missing = draft.expected.observe(
+        evidence.expected,
+        _ids_by_resource(after),
+        evidence.capacity,
+        waiting=waiting_for(pods, evidence.expected) if pods is not None else {},
+        holding=draft.settling.holding,
+    )
+    changes.extend(missing)
+    draft = dataclasses.replace(draft, expected=expected)
     rejections = draft.rejections
     if pods is not None:
         # Pods the kubelet failed at admission for a device reason (watcher.model.rejections).
