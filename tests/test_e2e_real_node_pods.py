@@ -1,11 +1,13 @@
 """Pods coming and going on a real node (upstream's kubelet, peers/cmd/kubelet), created and deleted
 in the API server as users and controllers do: what the agent says for a pod deleted, force-deleted,
 recreated under its name with a new uid, and refused at admission by the device manager itself
-(UnexpectedAdmissionError), each exactly once; and `snapshot` showing what the API server shows."""
+(UnexpectedAdmissionError: one pod.rejected; twelve, one page and the Node condition), each exactly
+once; and `snapshot` showing what the API server shows."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,12 +15,20 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from testkit.agent import AgentRun, agent_against, make_settings
+from testkit.kube_reporting import agent_identity, install_reporting
+from testkit.kube_testcluster import KubeTestCluster
 from testkit.real_node import RealNode
+from testkit.receivers import PagerDutyReceiver
 from testkit.waiting import wait_until
+from watcher.settings_file import parse_settings
+from watcher.sim.fake_node import FakeDevice, FakeNode
+from watcher.sim.fake_pod_objects import admission_rejection
+from watcher.sinks.kubernetes import KubernetesSinkSettings
 
 # A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -26,6 +36,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}
 ROOT = Path(__file__).resolve().parent.parent
+PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 
 
 @asynccontextmanager
@@ -96,33 +107,179 @@ async def test_a_pod_name_reused_with_a_new_uid_is_one_removal_and_one_addition(
         assert removed.details.get("pod_uid") in (None, old["metadata"]["uid"])
 
 
-async def test_a_pod_the_device_manager_refuses_at_admission_gets_no_allocation_event(
+@pytest.fixture(scope="module")
+def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
+    """The session's cluster with the shipped RBAC and admission policy in force."""
+    asyncio.run(install_reporting(kube_cluster))
+    return kube_cluster
+
+
+async def _no_healthy_gpu(node: RealNode) -> None:
+    """Both GPUs unhealthy at the plugin before the agent's first look (a device gone between
+    scheduling and admission): the agent's baseline has none, so no device event pages here."""
+    plugin = await node.add_plugin(GPU, GPUS)
+    for device in GPUS:
+        await plugin.set_healthy(device, False)
+    await node.wait_allocatable(GPU, set())
+
+
+@asynccontextmanager
+async def _rejecting_agent(
+    short_tmp: Path,
+    node: RealNode,
+    pager: PagerDutyReceiver,
+    *,
+    window: float = 300.0,
+    kubernetes: bool = False,
+) -> AsyncIterator[AgentRun]:
+    """The agent paging `pager`, rejections counted over `window` s, and (with `kubernetes`) its
+    Node conditions written as its own service account, bound to its Pod on this node."""
+    parsed = parse_settings(
+        {
+            "sinks": {
+                "pager": {
+                    "type": "pagerduty",
+                    "routing_key": PD_KEY,
+                    "endpoint": pager.url("/v2/enqueue"),
+                    "resolve_hold_down": 0,
+                }
+            },
+            "pods": {"rejections_window": window},
+        }
+    )
+    sinks = list(parsed.sinks)
+    if kubernetes:
+        pod = f"agent-{uuid.uuid4().hex[:6]}"
+        kubeconfig = await asyncio.to_thread(agent_identity, node.cluster, node.name, pod)
+        sinks.append(KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig, api_rate=50.0))
+    base = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
+    settings = dataclasses.replace(base, sinks=(*base.sinks, *sinks), pods=parsed.pods)
+    async with agent_against(settings) as run:
+        await run.pods_watching(timeout=30)
+        await run.released()
+        yield run
+
+
+async def _job(node: RealNode, namespace: str, name: str) -> dict[str, str]:
+    """A suspended Job (no pods of its own) as the controller of the pods the test makes."""
+    await node.apply(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "suspend": True,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": "registry.test/job:1"}],
+                    }
+                },
+            },
+        }
+    )
+    job = await node.get("job", "-n", namespace, name)
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"]}
+
+
+async def test_a_pod_the_device_manager_refuses_at_admission_is_one_pod_rejected_naming_pod_and_job(
     real_node: RealNode, short_tmp: Path
 ) -> None:
-    """Both GPUs turn unhealthy at the plugin (a device gone between scheduling and admission); a
-    pod asking for one is bound to the node. The kubelet's device-allocation admit handler runs
-    before its resource check, so the device manager itself refuses it: phase Failed, reason
-    UnexpectedAdmissionError. It never held a device: the agent says nothing of it (rejected
-    pods as events are a later feature), and nothing false about the devices beyond their going."""
-    plugin = await real_node.add_plugin(GPU, GPUS)
+    """A pod asking for a GPU is bound to a node whose GPUs are all unhealthy. The kubelet's
+    device-allocation admit handler runs before its resource check, so the device manager itself
+    refuses it: phase Failed, reason UnexpectedAdmissionError, its words, the very ones the fake
+    kubelet gives (watcher.sim.fake_pod_objects.admission_rejection). One pod.rejected naming the
+    pod and its Job, no page, no allocation event, and nothing again after a restart."""
+    await _no_healthy_gpu(real_node)
     namespace = await real_node.namespace(f"admit-{uuid.uuid4().hex[:6]}")
-    async with _agent(short_tmp, real_node) as run:
+    owner = await _job(real_node, namespace, "llm-pretrain")
+    async with PagerDutyReceiver() as pager:
+        async with _rejecting_agent(short_tmp, real_node, pager) as run:
+            mark = len(run.recorder.events)
+            await real_node.apply(real_node.pod(namespace, "late", {GPU: 1}, owner=owner))
+            pod = await real_node.wait_pod(namespace, "late", phase="Failed")
+            assert pod["status"]["reason"] == "UnexpectedAdmissionError", pod["status"]
+            fake = FakeNode()
+            for device in GPUS:
+                fake.add_device(FakeDevice(GPU, device, healthy=False))
+            assert (pod["status"]["reason"], pod["status"]["message"]) == admission_rejection(fake, GPU, 1)
+            await run.recorder.until(lambda: "pod.rejected" in run.recorder.kinds(mark), timeout=30)
+            await run.quiet_cycle()
+            assert run.recorder.kinds(mark) == ["pod.rejected"]
+            d = run.recorder.events[mark].details
+            assert (d["namespace"], d["pod"], d["pod_uid"]) == (namespace, "late", pod["metadata"]["uid"])
+            assert (d["owner"]["kind"], d["owner"]["name"], d["owner"]["uid"]) == (
+                "Job",
+                "llm-pretrain",
+                owner["uid"],
+            )
+            assert (d["resource"], d["reason"]) == (GPU, "UnexpectedAdmissionError")
+            assert d["message"] == pod["status"]["message"].removeprefix("Pod was rejected: ")
+        # The agent restarts on its saved state: the pod is no news again.
+        async with _rejecting_agent(short_tmp, real_node, pager) as run:
+            await run.quiet_cycle()
+            assert "pod.rejected" not in run.recorder.kinds()
+        assert pager.events == []  # one rejection pages nobody
+
+
+REJECTED = 12
+WINDOW = 15.0  # seconds: the condition's False is awaited, so short
+
+
+async def test_twelve_pods_refused_at_admission_are_one_page_and_a_node_condition_true_then_false(
+    real_node: RealNode, reporting: KubeTestCluster, short_tmp: Path
+) -> None:
+    """Twelve pods of one Job bound to the node at once, each refused by the device manager:
+    twelve pod.rejected, one node.rejecting_pods that pages once, ExampleGpuPodsRejected True on
+    the Node (through the shipped RBAC and admission policy), and after WINDOW s with no new
+    rejection one node.rejecting_pods_ended that resolves the page and sets the condition False."""
+    await _no_healthy_gpu(real_node)
+    namespace = await real_node.namespace(f"reject-{uuid.uuid4().hex[:6]}")
+    owner = await _job(real_node, namespace, "llm-pretrain")
+    async with (
+        PagerDutyReceiver() as pager,
+        _rejecting_agent(short_tmp, real_node, pager, window=WINDOW, kubernetes=True) as run,
+    ):
         mark = len(run.recorder.events)
-        for device in GPUS:
-            await plugin.set_healthy(device, False)
-        await real_node.wait_allocatable(GPU, set())
-        await real_node.apply(real_node.pod(namespace, "late", {GPU: 1}))
-        pod = await real_node.wait_pod(namespace, "late", phase="Failed")
-        assert pod["status"]["reason"] == "UnexpectedAdmissionError", pod["status"]
-        assert "Allocate failed" in pod["status"]["message"] or GPU in pod["status"]["message"]
+        pods = [real_node.pod(namespace, f"worker-{i}", {GPU: 1}, owner=owner) for i in range(REJECTED)]
+        await real_node.apply(*pods)
+        await run.recorder.until(
+            lambda: run.recorder.kinds(mark).count("pod.rejected") == REJECTED, timeout=60
+        )
+        await pager.wait_for(1, timeout=15)
+        trigger = pager.events[0]
+        assert trigger["event_action"] == "trigger"
+        assert trigger["payload"]["summary"].startswith("Job " + namespace + "/llm-pretrain")
+        assert f"node keeps rejecting {GPU} pods" in trigger["payload"]["summary"]
+        condition = await _until_rejecting(real_node, "True")
+        assert condition["reason"] == "PodsRejected" and condition["message"].startswith(
+            "pod-resources-watcher: "
+        )
+        await run.recorder.until(
+            lambda: "node.rejecting_pods_ended" in run.recorder.kinds(mark), timeout=WINDOW + 45
+        )
+        await _until_rejecting(real_node, "False")
+        await pager.wait_for(2, timeout=15)
         await run.quiet_cycle()
         kinds = run.recorder.kinds(mark)
-        # The two GPUs leaving (free ones: warnings, no page), in one look or two; nothing of the pod.
-        assert kinds.count("device.removed") == 2, kinds
-        assert set(kinds) == {"device.removed", "capacity.changed"}, kinds
-        assert all(
-            e.severity.value == "warning" for e in run.recorder.events[mark:] if e.kind == "device.removed"
-        )
+        assert kinds.count("pod.rejected") == REJECTED and kinds.count("node.rejecting_pods") == 1, kinds
+        assert kinds.count("node.rejecting_pods_ended") == 1, kinds
+        assert set(kinds) == {"pod.rejected", "node.rejecting_pods", "node.rejecting_pods_ended"}, kinds
+        assert [e["event_action"] for e in pager.events] == ["trigger", "resolve"]
+        assert pager.events[1]["dedup_key"] == trigger["dedup_key"]
+
+
+async def _until_rejecting(node: RealNode, status: str) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    async def has() -> bool:
+        got = await node.get("node", node.name)
+        found = [c for c in got["status"].get("conditions", []) if c["type"] == "ExampleGpuPodsRejected"]
+        seen["c"] = found[0] if found else None
+        return seen["c"] is not None and seen["c"]["status"] == status
+
+    await wait_until(has, timeout=30, interval=0.2, what=f"ExampleGpuPodsRejected {status} on {node.name}")
+    return seen["c"]  # type: ignore[no-any-return]
 
 
 def _snapshot(node: RealNode, output: str) -> str:
