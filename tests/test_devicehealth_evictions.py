@@ -14,11 +14,13 @@ from testkit.inventories import DRIVER, claim_inventory
 from watcher.kubeletapi.k8s import core_v1_pb2, meta_v1_pb2
 from watcher.model.changes import Kind, Severity
 from watcher.model.conditions import condition_of
+from watcher.model.devicehealth.affected import owner_text
 from watcher.model.devicehealth.evictions import DISRUPTION_REASON, Evictions
 from watcher.model.devicehealth.pods import Owner, PodMeta
 from watcher.model.devicehealth.taints import DeviceTaint
 from watcher.model.events import envelope
 from watcher.sim.fake_pod_objects import DISRUPTION_WORDS
+from watcher.sinks.kubernetes.planner import plan
 from watcher.sources.pods_api.decoding import pod_meta
 
 POOL, DEVICE = "node-1", "gpu-3"
@@ -58,7 +60,9 @@ def test_an_eviction_is_one_warning_naming_pod_owner_device_and_taint_and_no_pag
     state, changes = _started().observe(1.0, [EVICTED], (HELD,), (XID,), wait=WAIT)
     (change,) = changes
     assert change.kind is Kind.POD_EVICTED and change.severity is Severity.WARNING
-    assert change.summary.startswith("Job ml/llm-pretrain (team research): pod ml/llm-pretrain-0 evicted")
+    assert change.summary.startswith("pod ml/llm-pretrain-0 evicted: its device")
+    # The texts people read put the owner first (Slack, Kubernetes Events), from the details.
+    assert owner_text(change.details) == "Job ml/llm-pretrain (team research)"
     assert f"{DRIVER} {DEVICE} (pool {POOL})" in change.summary
     assert "gpu.example.com/xid=79 (NoExecute)" in change.summary
     d = change.details
@@ -148,3 +152,12 @@ def test_other_disruptions_are_no_device_taint_eviction() -> None:
     for reason in ("PreemptionByScheduler", "DeletionByTaintManager", "TerminationByKubelet", ""):
         pod = dataclasses.replace(RUNNING, disruption=reason)
         assert _started().observe(1.0, [pod], (HELD,), (XID,), wait=WAIT)[1] == []
+
+
+def test_the_kubernetes_sink_says_it_on_the_node_owner_first() -> None:
+    _, (change,) = _started().observe(1.0, [EVICTED], (HELD,), (XID,), wait=WAIT)
+    event = envelope(change, node="n", seq=1, cycle="c", before=None, after=None)
+    (kube,) = plan([event], {}).events
+    assert (kube.regarding.kind, kube.type, kube.reason) == ("Node", "Warning", "PodEvictedForDeviceTaint")
+    assert kube.note.startswith("Job ml/llm-pretrain (team research): pod ml/llm-pretrain-0 evicted")
+    assert "gpu.example.com/xid=79 (NoExecute)" in kube.note

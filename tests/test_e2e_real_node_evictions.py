@@ -26,6 +26,7 @@ from testkit.real_dra import REQUEST, DraSetup, add_dra_driver, allocated_device
 from testkit.real_node import RealNode
 from testkit.receivers import PagerDutyReceiver
 from testkit.waiting import wait_until
+from watcher.model.devicehealth.affected import owner_text
 from watcher.settings_file import parse_settings
 from watcher.sinks.kubernetes import KubernetesSinkSettings
 
@@ -170,9 +171,9 @@ async def test_an_evicted_jobs_pod_is_one_pod_evicted_naming_job_device_and_tain
         )  # fmt: skip
         assert [(t["key"], t["value"], t["effect"]) for t in d["taints"]] == [(TAINT_KEY, "79", "NoExecute")]
         assert d["reason"] == "DeletionByDeviceTaintManager"
-        assert event.summary.startswith(
-            f"Job {namespace}/evicted (team research): pod {namespace}/{name} evicted"
-        )
+        assert event.summary.startswith(f"pod {namespace}/{name} evicted: its device")
+        # What Slack and the Kubernetes Events put first.
+        assert owner_text(event.details) == f"Job {namespace}/evicted (team research)"
         assert f"{TAINT_KEY}=79 (NoExecute)" in event.summary and device in event.summary
 
         # It was the real controller: its Pod Event, as kube-controller-manager's says it.
@@ -182,6 +183,18 @@ async def test_an_evicted_jobs_pod_is_one_pod_evicted_naming_job_device_and_tain
         assert [(e["involvedObject"]["uid"], e["message"]) for e in events["items"]] == [
             (uid, "Marking for deletion")
         ]
+        # The kubernetes sink says it on the Node, the owner first, the device and the taint named.
+        found: list[Any] = []
+
+        async def node_event() -> bool:
+            got = await node.get("events", "-A", "--field-selector", "reason=PodEvictedForDeviceTaint")
+            found[:] = [e for e in got["items"] if e["involvedObject"]["name"] == node.name]
+            return bool(found)
+
+        await wait_until(node_event, 30, interval=0.5, what="the agent's PodEvictedForDeviceTaint Node Event")
+        (note,) = [e["message"] for e in found]
+        assert note.startswith(f"Job {namespace}/evicted (team research): pod {namespace}/{name} evicted")
+        assert f"{TAINT_KEY}=79 (NoExecute)" in note
         # No page beyond the device's own.
         assert [p["event_action"] for p in pager.events] == ["trigger"]
         assert pager.events[0]["payload"]["class"] == "device.unhealthy"

@@ -16,6 +16,7 @@ from typing import Any
 from testkit.agent import Running, make_settings, running_agent
 from testkit.inventories import DRIVER, dra_job_pod
 from testkit.receivers import PagerDutyReceiver
+from watcher.model.devicehealth.affected import owner_text
 from watcher.model.devicehealth.taints import DeviceTaint
 from watcher.model.inventory import Inventory
 from watcher.settings_file import parse_settings
@@ -95,7 +96,8 @@ async def test_a_pod_evicted_for_its_devices_taint_is_one_warning_naming_job_dev
         assert sorted(run.recorder.kinds(mark)) == ["allocation.removed", "pod.evicted"]
         (event,) = [e for e in run.recorder.events[mark:] if e.kind == "pod.evicted"]
         assert event.severity.value == "warning"
-        assert event.summary.startswith(f"Job ml/llm-pretrain (team research): pod ml/{POD} evicted")
+        assert event.summary.startswith(f"pod ml/{POD} evicted: its device")
+        assert owner_text(event.details) == "Job ml/llm-pretrain (team research)"  # what Slack puts first
         assert "gpu.example.com/xid=79 (NoExecute)" in event.summary
         d = event.details
         assert (d["pod"], d["owner"]["kind"], d["owner"]["name"]) == (POD, "Job", "llm-pretrain")

@@ -27,7 +27,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from watcher.model.changes import Change, Kind, Severity
-from watcher.model.devicehealth.affected import owner_text
 from watcher.model.devicehealth.pods import PodMeta
 from watcher.model.devicehealth.taints import DeviceTaint
 from watcher.model.inventory import Inventory
@@ -173,7 +172,6 @@ class Evictions:
 
 
 def _evicted(e: Evicted, taints: tuple[DeviceTaint, ...], *, known: bool) -> Change:
-    owner = owner_text({"pods": [e.who]})
     # The tainted devices first: those are what evicted it; the others it held follow.
     tainted = {t.device_key for t in taints}
     devices = sorted(e.devices, key=lambda d: (d[1] not in tainted, d))
@@ -208,5 +206,7 @@ def _evicted(e: Evicted, taints: tuple[DeviceTaint, ...], *, known: bool) -> Cha
         "taints": [{"driver": t.driver, "pool": t.pool, "device": t.device, **t.to_json()} for t in taints],
         "rules": rules,
     }
-    summary = printable(f"{owner}: {text}" if owner else text)
+    # The owner is not in the summary: the texts people read (Slack, the Kubernetes Events) put
+    # it first themselves, from `owner` (watcher.model.devicehealth.affected.owner_text).
+    summary = printable(text)
     return Change(Kind.POD_EVICTED, Severity.WARNING, summary, details)
