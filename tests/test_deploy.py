@@ -693,6 +693,7 @@ REPORTING_GRANTS = {
     ("", "nodes/status", "patch"),
     ("", "pods", "get"),
     ("resource.k8s.io", "resourceslices", "list"),
+    ("resource.k8s.io", "devicetaintrules", "list"),
 }
 
 

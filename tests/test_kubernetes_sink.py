@@ -48,6 +48,7 @@ from watcher.sim.send_test import MemoryStore
 from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
 from watcher.sinks.kubernetes.condition_plan import CONDITION_SUFFIX, OWNER_MARK
 from watcher.sinks.kubernetes.planner import plan
+from watcher.sources.device_taint_rules import DeviceTaintRules
 from watcher.sources.resource_slices import ResourceSliceTaints
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -775,7 +776,8 @@ def _role_verbs() -> list[tuple[int, str]]:
 
 async def _story(api: FakeApiServer, tmp: Path) -> list[bool]:
     """The agent's whole repertoire with the sink's credentials: a pod Event, a Node Event, a
-    condition, a repeat (series), and the list of the node's ResourceSlices (their device taints)."""
+    condition, a repeat (series), the list of the node's ResourceSlices (their device taints) and
+    the list of the DeviceTaintRules."""
     sink = await _sink(api, tmp)
     outcomes = []
     try:
@@ -785,8 +787,10 @@ async def _story(api: FakeApiServer, tmp: Path) -> list[bool]:
         await sink.close()
     kube_api = KubeApi(_sink_settings(api, tmp), field_manager="test")
     slices = ResourceSliceTaints(kube_api, node=NODE, interval=30.0, trigger=Trigger(), stop=asyncio.Event())
+    rules = DeviceTaintRules(kube_api, interval=30.0, trigger=Trigger(), stop=asyncio.Event())
     try:
         outcomes.append(await slices.read())
+        outcomes.append(await rules.read())
     finally:
         await kube_api.close()
     return outcomes
@@ -815,7 +819,7 @@ async def test_every_verb_of_the_cluster_role_is_needed(tmp_path: Path, drop: tu
 
 
 async def test_the_shipped_role_is_enough(tmp_path: Path, api: FakeApiServer) -> None:
-    assert await _story(api, tmp_path) == [True, True, True, True]
+    assert await _story(api, tmp_path) == [True, True, True, True, True]
     assert api.count(status=403) == 0
 
 

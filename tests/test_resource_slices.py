@@ -30,6 +30,7 @@ from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeClaim, FakeClaimDevice, FakeContainer, FakePod
 from watcher.sinks.kubernetes import KubernetesSinkSettings
 from watcher.sources.resource_slices import REASON, ResourceSliceTaints
+from watcher.sources.taint_rule_settings import DeviceTaintRulesSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
@@ -247,6 +248,7 @@ async def test_without_a_kubernetes_sink_a_role_that_only_lists_slices_is_enough
         pods=PodsSettings(),
         kubernetes=KubernetesApiSettings(api="on", kubeconfig=kubeconfig, api_rate=50.0),
         resource_slices=ResourceSlicesSettings(interval=1.0),
+        device_taint_rules=DeviceTaintRulesSettings(enabled=False),  # its own list: its own grant
     )
     assert not any(s.type == "kubernetes" for s in settings.sinks)
     try:

@@ -164,13 +164,17 @@ async def test_a_reload_gives_the_kubernetes_sink_its_new_connection(short_tmp: 
     from watcher.app import Agent
     from watcher.settings import ResourceSlicesSettings
     from watcher.settings_file import parse_settings
+    from watcher.sources.taint_rule_settings import DeviceTaintRulesSettings
 
     def settings(port: int) -> Any:
         sinks = parse_settings(
             {"sinks": {"k8s": {"type": "kubernetes", "server": f"https://127.0.0.1:{port}"}}}
         )
         return dataclasses.replace(
-            make_settings(short_tmp), sinks=sinks.sinks, resource_slices=ResourceSlicesSettings(enabled=False)
+            make_settings(short_tmp),
+            sinks=sinks.sinks,
+            resource_slices=ResourceSlicesSettings(enabled=False),
+            device_taint_rules=DeviceTaintRulesSettings(enabled=False),
         )
 
     agent = Agent(settings(6443))

@@ -55,6 +55,8 @@ __all__ = ["Agent", "http_options"]
 log = structlog.get_logger("watcher.app")
 
 SHUTDOWN_GRACE_S = 5.0
+# The sources that read through the agent's KubeApi (watcher.parts.sources_of): they keep it until a restart.
+_API_SOURCES = frozenset({"resource-slices", "device-taint-rules"})
 # A reload waits for this much quiet after the last request, so a burst of SIGHUPs (a config
 # tool that signals per file it writes) is one reload of the final file ...
 RELOAD_QUIET_S = 0.2
@@ -376,6 +378,9 @@ class Agent:
         if settings.resource_slices != old.resource_slices:
             log.warning("[resource_slices] changes apply on restart; keeping the running source")
             settings = dataclasses.replace(settings, resource_slices=old.resource_slices)
+        if settings.device_taint_rules != old.device_taint_rules:
+            log.warning("[device_taint_rules] changes apply on restart; keeping the running source")
+            settings = dataclasses.replace(settings, device_taint_rules=old.device_taint_rules)
         shared, retired = self._reload_api(settings)
         sinks = sinks_of(settings, self.outbox, shared)
         self.settings = settings
@@ -397,10 +402,10 @@ class Agent:
         wanted = kube_api_of(settings, self.kube_api)
         if wanted is self.kube_api:
             return wanted, None
-        if self.slice_taints is not None:
+        if any(s.name in _API_SOURCES for s in self.reactor.sources):
             log.warning(
                 "the API server connection changed: the kubernetes sinks use the new one now, the "
-                "ResourceSlices reader keeps the running one until a restart"
+                "sources that read the API keep the running one until a restart"
             )
             return None, None
         retired, self.kube_api = self.kube_api, wanted

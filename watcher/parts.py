@@ -70,6 +70,14 @@ def sources_of(
                 stop=stop,
             )
         )
+    if settings.device_taint_rules.enabled and kube_api is not None:
+        from watcher.sources.device_taint_rules import DeviceTaintRules  # imported where used: RSS
+
+        sources.append(
+            DeviceTaintRules(
+                kube_api, interval=settings.device_taint_rules.interval, trigger=notifier.trigger, stop=stop
+            )
+        )
     if settings.expected.configured and kube_api is not None:  # nothing read without an expectation
         from watcher.sources.node_expected import NodeExpectations  # imported where used: RSS
 

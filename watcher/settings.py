@@ -23,6 +23,7 @@ from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.stdout import StdoutSinkSettings
 from watcher.sources.expected_settings import ExpectedSettings
 from watcher.sources.pods_api.watch import DEFAULT_RESYNC_INTERVAL, DEFAULT_SNAPSHOT_TIMEOUT
+from watcher.sources.taint_rule_settings import DeviceTaintRulesSettings
 
 __all__ = [
     "KubeletSettings",
@@ -421,6 +422,7 @@ class Settings:
     watch: WatchSettings = field(default_factory=WatchSettings)
     pods: PodsSettings = field(default_factory=PodsSettings)
     resource_slices: ResourceSlicesSettings = field(default_factory=ResourceSlicesSettings)
+    device_taint_rules: DeviceTaintRulesSettings = field(default_factory=DeviceTaintRulesSettings)
     expected: ExpectedSettings = field(default_factory=ExpectedSettings)
     kubernetes: KubernetesApiSettings = field(default_factory=KubernetesApiSettings)
     log: LogSettings = field(default_factory=LogSettings)

@@ -121,6 +121,8 @@ def conclude(
             taints=evidence.taints,
         )
         diffs.extend(verdicts)
+        device_health, told = device_health.observe_rules(evidence.rules, after)
+        diffs.extend(told)
     # A failed device back only because its plugin or driver re-registered is no heal (model/resets).
     restarted = {str(c.details.get("resource", "")) for c in changes if c.kind is Kind.PLUGIN_REGISTERED}
     drivers = driver_registrations(settings.kubelet.root_dir / "plugins_registry")

@@ -18,6 +18,7 @@ __all__ = ["Condition", "condition_of", "CONDITION_KINDS"]
 DEVICE_ALERT = "PodResourcesDeviceUnavailable"
 KUBELET_ALERT = "PodResourcesKubeletUnreachable"
 INCIDENT_ALERT = "PodResourcesDevicesUnavailable"
+RULE_ALERT = "PodResourcesDeviceTaintRuleEvictsAll"
 MISSING_ALERT = "PodResourcesDevicesMissing"
 REJECTING_ALERT = "PodResourcesNodeRejectingPods"
 
@@ -34,6 +35,8 @@ CONDITION_KINDS = frozenset(
         Kind.DEVICE_FLAP_ENDED,
         Kind.DEVICE_INCIDENT,
         Kind.DEVICE_INCIDENT_RESOLVED,
+        Kind.DEVICE_TAINT_RULE_EVICTS_ALL,
+        Kind.DEVICE_TAINT_RULE_LIFTED,
         Kind.NODE_REJECTING_PODS,
         Kind.NODE_REJECTING_PODS_ENDED,
         Kind.KUBELET_UNREACHABLE,
@@ -134,6 +137,14 @@ def condition_of(event: Event) -> Condition | None:
             summary=event.summary,
             details=d,
         )
+    if event.kind in (Kind.DEVICE_TAINT_RULE_EVICTS_ALL, Kind.DEVICE_TAINT_RULE_LIFTED):
+        # One rule evicting from every device is one cluster-wide condition: keyed (and labelled)
+        # by the rule's uid alone, no node, so every node's agent opens and ends the same page.
+        uid = str(d.get("rule_uid", ""))
+        labels = {"alertname": RULE_ALERT, "rule": str(d.get("rule", "")), "rule_uid": uid}
+        labels["severity"] = str(event.severity)
+        active = event.kind == Kind.DEVICE_TAINT_RULE_EVICTS_ALL
+        return Condition(f"device-taint-rule/{uid}", active, labels, event.summary, d)
     kubelet_labels = {"alertname": KUBELET_ALERT, "node": node, "severity": str(event.severity)}
     if event.kind == Kind.KUBELET_UNREACHABLE:
         return Condition(f"{node}/kubelet", True, kubelet_labels, event.summary, d)

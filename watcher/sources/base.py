@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from watcher.model.devicehealth.pods import PodIndex, PodMeta
+from watcher.model.devicehealth.taint_rules import TaintRule
 from watcher.model.devicehealth.taints import DeviceTaint
 from watcher.model.inventory import Inventory
 
@@ -30,6 +31,8 @@ class Evidence:
     a DRA device's verdict in its holders' Pod status is a change too, and every change names the
     pods it hits. `taints`: the node's DRA device taints as last read (None: none read).
     `gone`: pods that ended since the last cycle, by name, so that their removal names them.
+    `rules`: the cluster's DeviceTaintRules as last read (None: none read); their taints on the
+    node's devices are in `taints` already, these are for the rules that evict from every device.
     """
 
     pods: PodIndex | None = None
@@ -39,12 +42,15 @@ class Evidence:
     # Node was last read (watcher.sources.node_expected); None: not read, nothing judged.
     expected: Mapping[str, int] | None = None
     capacity: Mapping[str, int] | None = None
+    rules: tuple[TaintRule, ...] | None = None
 
 
 def merged(parts: Sequence[Evidence]) -> Evidence:
     """The sources' evidence as one value: the pods as the one source of them says (the Pods API),
-    every source's taints together (None only when none has read any), every ended pod."""
+    every source's taints together (None only when none has read any), every ended pod, the
+    rules as the one source of them says."""
     pods = next((e.pods for e in parts if e.pods is not None), None)
+    rules = next((e.rules for e in parts if e.rules is not None), None)
     read = [e.taints for e in parts if e.taints is not None]
     taints = tuple(dict.fromkeys(t for ts in read for t in ts)) if read else None
     expected = next((e.expected for e in parts if e.expected is not None), None)
@@ -52,7 +58,7 @@ def merged(parts: Sequence[Evidence]) -> Evidence:
     gone: dict[PodKey, PodMeta] = {}
     for e in parts:
         gone.update(e.gone)
-    return Evidence(pods=pods, taints=taints, gone=gone, expected=expected, capacity=capacity)
+    return Evidence(pods=pods, taints=taints, gone=gone, expected=expected, capacity=capacity, rules=rules)
 
 
 class Source(Protocol):

@@ -9,25 +9,24 @@ list, not a watch: one small request per interval is nothing to the API server, 
 stream to lose or resume.
 
 A failure (403 without the RBAC, the API server down, resource.k8s.io/v1 not served) is logged once
-per kind until a list succeeds again, and leaves the taints as last read: an outage must never heal a
-device. `stale` says the taints are older than the last attempt; `taints` is None until the first
-list succeeds (then what a saved state says of them stands).
+per kind until a list succeeds again (watcher.sources.listing), and leaves the taints as last read:
+an outage must never heal a device. `stale` says the taints are older than the last attempt;
+`taints` is None until the first list succeeds (then what a saved state says of them stands).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import structlog
 
 from watcher.kubeapi.api import KubeApi
-from watcher.kubeapi.client import KubernetesError, RefusedError
 from watcher.kubelet.triggers import Trigger
 from watcher.model.devicehealth.taints import DeviceTaint, taints_of_slices
 from watcher.model.inventory import Inventory
 from watcher.sources.base import Evidence
+from watcher.sources.listing import Listing
 from watcher.supervision import sleep_or_stop
 
 __all__ = ["REASON", "ResourceSliceTaints"]
@@ -39,24 +38,8 @@ REASON = "resource-slices"
 _PAGE = 500
 
 
-def _trouble(err: Exception) -> tuple[str, str]:
-    """(kind, what to say) of a failed list: one warning per kind until a list succeeds again."""
-    if isinstance(err, RefusedError):
-        if err.status == 403:
-            return "forbidden", (
-                "the service account may not list resource.k8s.io resourceslices: apply the shipped "
-                "ClusterRole (deploy/kubernetes/reporting), or set [resource_slices] enabled = false"
-            )
-        if err.status == 404:
-            return "not-served", "the API server does not serve resource.k8s.io/v1 ResourceSlices"
-        if err.status is None:
-            return "unreachable", "the API server did not answer"
-        return f"http-{err.status}", "the API server refused the list"
-    return "client", "the client could not be set up"
-
-
 class ResourceSliceTaints:
-    """The supervised loop (`run`) and what it last read (`taints`, `stale`, `last_read`): a `Source`."""
+    """The supervised loop (`run`) and what it last read (`taints`, `stale`): a `Source`."""
 
     name = "resource-slices"
     status_key = "resource_slices"
@@ -70,9 +53,24 @@ class ResourceSliceTaints:
         self.trigger = trigger
         self.stop = stop
         self.taints: tuple[DeviceTaint, ...] | None = None
-        self.stale = False  # the last list failed: `taints` is what an earlier one read
-        self.last_read: float | None = None  # monotonic, of the last list that succeeded
-        self.trouble: str | None = None  # the kind of the failure last warned of
+        self.listing = Listing(
+            log,
+            what="the node's ResourceSlices",
+            resource="resourceslices",
+            kind="ResourceSlices",
+            section="resource_slices",
+            kept_what="device taints",
+        )
+
+    @property
+    def stale(self) -> bool:
+        """The last list failed: `taints` is what an earlier one read."""
+        return self.listing.stale
+
+    @property
+    def trouble(self) -> str | None:
+        """The kind of the failure last warned of."""
+        return self.listing.trouble
 
     async def run(self) -> None:
         """List every `interval` seconds until the stop flag; never raises for the API's sake."""
@@ -84,39 +82,20 @@ class ResourceSliceTaints:
         return None  # the first cycle goes without taints; the first list fires the trigger
 
     def status(self) -> dict[str, Any]:
-        read = self.last_read
-        return {
-            "taints": None if self.taints is None else len(self.taints),
-            "stale": self.stale,
-            "problem": self.trouble,
-            "last_read_age_s": None if read is None else round(time.monotonic() - read, 3),
-        }
+        return {"taints": None if self.taints is None else len(self.taints), **self.listing.status()}
 
     def evidence(self, after: Inventory) -> Evidence:
         return Evidence(taints=self.taints)
 
     async def read(self) -> bool:
         """One list: True when it succeeded (and the trigger fired if the taints changed)."""
-        try:
-            slices = await self.api.call(self._list())
-        except (RefusedError, KubernetesError) as err:
-            self.stale = self.taints is not None
-            kind, said = _trouble(err)
-            if kind != self.trouble:
-                self.trouble = kind
-                log.warning(
-                    "cannot read the node's ResourceSlices; keeping the device taints last read",
-                    problem=said,
-                    error=str(err),
-                    kept=len(self.taints) if self.taints is not None else None,
-                )
+        kept = len(self.taints) if self.taints is not None else None
+        slices = await self.listing.read(self.api, self._list, kept)
+        if slices is None:
             return False
         taints = taints_of_slices(slices, self.node)
-        if self.trouble is not None:
-            log.info("reading the node's ResourceSlices again", taints=len(taints))
-            self.trouble = None
         changed = taints != self.taints
-        self.taints, self.stale, self.last_read = taints, False, time.monotonic()
+        self.taints = taints
         if changed:
             self.trigger.fire(REASON)
         return True

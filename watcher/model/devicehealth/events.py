@@ -100,6 +100,9 @@ def story_change(
     )
     if kind is Kind.DEVICE_UNHEALTHY and said.taints:
         details["taints"] = [t.to_json() for t in said.taints]
+        rules = sorted({t.rule for t in said.taints if t.rule})
+        if rules:  # the DeviceTaintRules that taint it: whom to ask to lift them
+            details["rules"] = rules
     said_text = f": {message}" if message else ""
     if kind is Kind.DEVICE_UNHEALTHY:
         severity, state = Severity.CRITICAL, f"unhealthy{said_text}"

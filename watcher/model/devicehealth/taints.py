@@ -5,7 +5,9 @@ answered them (JSON objects); this reads the taints out of them and says which c
 A taint with effect NoSchedule or NoExecute means the driver (or an admin's DeviceTaintRule) says the
 device is bad; effect None is informational and never a failure. A slice is read only for its
 node's devices: `spec.nodeName` must be the agent's node (the list asks for that; a slice of another
-node, or one for a whole pool of nodes, says nothing of ours).
+node, or one for a whole pool of nodes, says nothing of ours). An admin's DeviceTaintRule, matched
+against the node's devices (watcher.model.devicehealth.taint_rules), is the same DeviceTaint with
+the rule's name in `rule`.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DeviceTaint", "FAILING_EFFECTS", "SOURCE", "failing", "taints_of_slices"]
+__all__ = ["DeviceTaint", "FAILING_EFFECTS", "RULE_SOURCE", "SOURCE", "failing", "taints_of_slices"]
 
 SOURCE = "resource-slice"
+RULE_SOURCE = "device-taint-rule"
 FAILING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 # What an event carries of one taint's key and value (the API allows 63 + 253 and 63).
 _TEXT_MAX = 320
@@ -26,7 +29,9 @@ DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 
 @dataclass(frozen=True, order=True)
 class DeviceTaint:
-    """One taint on one device of a ResourceSlice, as the agent last read it."""
+    """One taint on one device, as the agent last read it: a ResourceSlice's, or (`rule` set) the
+    one a DeviceTaintRule of that name puts on it. The rule's name is part of its identity, so the
+    same key from a slice and from a rule are two taints (both are said), and sorting stays total."""
 
     driver: str
     pool: str
@@ -34,6 +39,7 @@ class DeviceTaint:
     key: str
     value: str = ""
     effect: str = "NoSchedule"
+    rule: str = ""
 
     @property
     def device_key(self) -> DeviceKey:
@@ -45,13 +51,23 @@ class DeviceTaint:
         return self.effect in FAILING_EFFECTS
 
     @property
+    def source(self) -> str:
+        """Which source said it: a slice, or an admin's DeviceTaintRule."""
+        return RULE_SOURCE if self.rule else SOURCE
+
+    @property
     def text(self) -> str:
-        """`key=value (effect)`, as events word it (`key (effect)` without a value)."""
+        """`key=value (effect)`, as events word it (`key (effect)` without a value), and `rule NAME`
+        after the effect when a DeviceTaintRule put it there (whom to ask to lift it)."""
         said = f"{self.key}={self.value}" if self.value else self.key
-        return f"{said[:_TEXT_MAX]} ({self.effect})"
+        by = f", rule {self.rule[:_TEXT_MAX]}" if self.rule else ""
+        return f"{said[:_TEXT_MAX]} ({self.effect}{by})"
 
     def to_json(self) -> dict[str, str]:
-        return {"key": self.key, "value": self.value, "effect": self.effect}
+        out = {"key": self.key, "value": self.value, "effect": self.effect}
+        if self.rule:
+            out["rule"] = self.rule
+        return out
 
 
 def failing(taints: Iterable[DeviceTaint]) -> dict[DeviceKey, tuple[DeviceTaint, ...]]:

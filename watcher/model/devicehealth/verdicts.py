@@ -34,7 +34,8 @@ from watcher.model.devicehealth.events import (
 )
 from watcher.model.devicehealth.holders import claim_device_of, held_dra_devices, resource_id_of
 from watcher.model.devicehealth.pods import HEALTHY, UNHEALTHY, UNKNOWN, DeviceVerdict, PodIndex, PodMeta
-from watcher.model.devicehealth.taints import DeviceTaint, failing
+from watcher.model.devicehealth.taint_rules import RuleAlarms, TaintRule
+from watcher.model.devicehealth.taints import RULE_SOURCE, DeviceTaint, failing
 from watcher.model.inventory import Inventory
 from watcher.model.records import ClaimDevice
 from watcher.model.wording import printable
@@ -46,7 +47,8 @@ _FORMAT = 1
 _MESSAGE_MAX = 1024
 # The worse verdict wins when holders disagree (their statuses are written at different times).
 _RANK = {HEALTHY: 0, UNKNOWN: 1, UNHEALTHY: 2}
-_SOURCES = (SOURCE, SLICE_SOURCE)
+_SOURCES = (SOURCE, SLICE_SOURCE, RULE_SOURCE)
+_TAINT_SOURCES = frozenset({SLICE_SOURCE, RULE_SOURCE})
 
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 PendingKey = tuple[str, str, str, str]  # (pod uid, container, status name, resource id)
@@ -92,6 +94,8 @@ class DeviceHealth:
     devices: tuple[tuple[DeviceKey, _Device], ...] = ()
     # Verdicts no device resolves to yet (the claim not in pod-resources yet), with when first seen.
     pending: tuple[tuple[PendingKey, float], ...] = ()
+    # The DeviceTaintRules that evict from every device, told and not lifted (one cluster-wide story).
+    rules: RuleAlarms = dataclasses.field(default_factory=RuleAlarms)
 
     def open(self) -> frozenset[DeviceKey]:
         """The devices whose failure (or lasting Unknown) was reported and not healed."""
@@ -179,8 +183,16 @@ class DeviceHealth:
                 devices.pop(key, None)
             else:
                 devices[key] = new
-        state = DeviceHealth(tuple(sorted(devices.items())), tuple(sorted(pending.items())))
+        state = DeviceHealth(tuple(sorted(devices.items())), tuple(sorted(pending.items())), self.rules)
         return state, out
+
+    def observe_rules(
+        self, rules: Sequence[TaintRule] | None, inventory: Inventory
+    ) -> tuple[DeviceHealth, list[Change]]:
+        """The DeviceTaintRules that evict from every device: told once, lifted once (None: not
+        read now, nothing lifts)."""
+        alarms, out = self.rules.observe(rules, inventory)
+        return dataclasses.replace(self, rules=alarms), out
 
     def to_json(self) -> dict[str, Any]:
         """The open stories and their holders, for the saved state (small: a healthy device is
@@ -207,6 +219,7 @@ class DeviceHealth:
                 for k, d in self.devices
                 if d.reported is not None
             ],
+            "rules": self.rules.to_json(),
         }
 
     @classmethod
@@ -249,7 +262,7 @@ class DeviceHealth:
                     last_held_by=tuple(last),
                     told=frozenset(told),
                 )
-            return cls(tuple(sorted(devices.items())))
+            return cls(tuple(sorted(devices.items())), rules=RuleAlarms.from_json(data.get("rules")))
         except (KeyError, TypeError, ValueError):
             return cls()
 
@@ -344,7 +357,11 @@ def _step(
     one: ONE story whichever source saw the failure first, healed once neither says Unhealthy."""
     health, uids = said.health, said.uids
     was_healthy = old.was_healthy or health == HEALTHY
-    now_bad = frozenset(([SOURCE] if health == UNHEALTHY else []) + ([SLICE_SOURCE] if said.tainted else []))
+    # Which taints say it: a slice's, an admin's rule's, or (none read this time) those last read.
+    tainted_by = frozenset(t.source for t in said.taints) or (old.sources & _TAINT_SOURCES or {SLICE_SOURCE})
+    now_bad = frozenset([SOURCE] if health == UNHEALTHY else []) | (
+        tainted_by if said.tainted else frozenset()
+    )
     if now_bad:
         if old.reported == UNHEALTHY:
             kept = _Device(health, UNHEALTHY, None, uids, said.tainted, old.sources | now_bad, was_healthy)

@@ -11,6 +11,7 @@ from watcher.sim.apiserver.values import Json
 
 __all__ = [
     "CORE_EVENTS",
+    "DEVICE_TAINT_RULES",
     "EVENTS",
     "KINDS",
     "MERGE_KEYS",
@@ -65,11 +66,14 @@ KINDS: dict[tuple[str, str], Kind] = {
         Kind("coordination.k8s.io", "leases", "Lease", True, _ALL_VERBS),
         # DRA drivers publish their devices (and the devices' taints) in cluster-scoped slices.
         Kind("resource.k8s.io", "resourceslices", "ResourceSlice", False, _ALL_VERBS),
+        # An admin's taints on DRA devices, never written into the slices (cluster-scoped).
+        Kind("resource.k8s.io", "devicetaintrules", "DeviceTaintRule", False, _ALL_VERBS, (), ("status",)),
     )
     for k in [(v.group, v.resource)]
 }
 EVENTS = KINDS[("events.k8s.io", "events")]
 RESOURCE_SLICES = KINDS[("resource.k8s.io", "resourceslices")]
+DEVICE_TAINT_RULES = KINDS[("resource.k8s.io", "devicetaintrules")]
 CORE_EVENTS = KINDS[("", "events")]
 
 # Lists merged by key under a strategic merge patch (the patchMergeKey tags of k8s.io/api).
@@ -86,6 +90,11 @@ MERGE_KEYS: dict[str, MergeKeys] = {
     "Lease": {("metadata", "ownerReferences"): "uid", ("metadata", "finalizers"): ""},
     # spec.devices is an atomic list (listType=atomic): a patch replaces it whole.
     "ResourceSlice": {("metadata", "ownerReferences"): "uid", ("metadata", "finalizers"): ""},
+    "DeviceTaintRule": {
+        ("metadata", "ownerReferences"): "uid",
+        ("metadata", "finalizers"): "",
+        ("status", "conditions"): "type",
+    },
 }
 
 

@@ -46,6 +46,7 @@ _SELECTABLE: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {
         "spec.nodeName": ("spec", "nodeName"),
         "spec.driver": ("spec", "driver"),
     },
+    ("resource.k8s.io", "devicetaintrules"): {"metadata.name": ("metadata", "name")},
     ("coordination.k8s.io", "leases"): {
         "metadata.name": ("metadata", "name"),
         "metadata.namespace": ("metadata", "namespace"),

@@ -8,10 +8,12 @@ the real server accepts too. The tests read what it holds back through the real 
 Served: discovery (`/version`, `/api`, `/api/v1`, `/apis`, `/apis/events.k8s.io/v1`,
 `/apis/coordination.k8s.io/v1`, `/apis/resource.k8s.io/v1`, legacy form: kubectl falls back to it
 from aggregated discovery); Nodes (and `nodes/status`), Pods, Namespaces, Leases, ResourceSlices
-(listed by `spec.nodeName` or `spec.driver`), and Events in one store with two views,
-`events.k8s.io/v1` and core `v1`, converted as the real server converts them (`regarding` is
-`involvedObject`, `note` is `message`, `reportingController` is `reportingComponent`, the
-`deprecated*` fields are `source`, `count`, `firstTimestamp`, `lastTimestamp`; `series` is `series`).
+(listed by `spec.nodeName` or `spec.driver`), DeviceTaintRules (written through the API as an
+admin writes them, the taint's `timeAdded` set as the real server sets it), and Events in one
+store with two views, `events.k8s.io/v1` and core `v1`, converted as the real server converts
+them (`regarding` is `involvedObject`, `note` is `message`, `reportingController` is
+`reportingComponent`, the `deprecated*` fields are `source`, `count`, `firstTimestamp`,
+`lastTimestamp`; `series` is `series`).
 
 What it enforces:
 - bearer tokens (unknown or rotated out: 401); RBAC PolicyRules per user (403, the real message),

@@ -209,4 +209,31 @@ def validate_rules(kind: Kind, obj: Json, old: Json | None) -> list[FieldError]:
         return _validate_event(obj, old)
     if kind.kind == "Node":
         return _validate_node(obj)
+    if kind.kind == "DeviceTaintRule":
+        return _validate_device_taint_rule(obj, old)
+    return []
+
+
+_TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
+
+
+def _validate_device_taint_rule(obj: Json, old: Json | None) -> list[FieldError]:
+    """A taint's effect must be one this server knows, checked only when it is new or changed
+    (pkg/apis/resource/validation validateDeviceTaint: a rule a newer server stored keeps its
+    effect, which is why consumers read an unknown one as None)."""
+    effect = dig(obj, ("spec", "taint", "effect"))
+    if old is not None and dig(old, ("spec", "taint", "effect")) == effect:
+        return []
+    where = "spec.taint.effect"
+    if not effect:
+        return [FieldError("FieldValueRequired", where, "Required value")]
+    if effect not in _TAINT_EFFECTS:
+        supported = ", ".join(f'"{e}"' for e in _TAINT_EFFECTS)
+        return [
+            FieldError(
+                "FieldValueNotSupported",
+                where,
+                f'Unsupported value: "{effect}": supported values: {supported}',
+            )
+        ]
     return []

@@ -76,6 +76,7 @@ class Writes:
                 409, "AlreadyExists", f'{kind.qualified_resource} "{name}" already exists', details
             )
         self._admit("CREATE", kind, "", namespace, name, obj, None, user)
+        _time_added(obj, None)
         meta |= {
             "uid": str(uuid.uuid4()),
             "resourceVersion": self.cluster.bump(),
@@ -162,6 +163,7 @@ class Writes:
         if errors:
             raise invalid_error(kind, name, errors)
         self._admit("UPDATE", kind, sub, namespace, name, new, old, user)
+        _time_added(new, old)
         if new != old:  # a no-op write keeps its resourceVersion, as on the real server
             meta["resourceVersion"] = self.cluster.bump()
             self.cluster.objects[(kind.group, kind.resource, namespace, name)] = new
@@ -222,3 +224,18 @@ class Writes:
 
 def _name_mismatch(got: Any, url_name: str) -> str:
     return f"the name of the object ({got}) does not match the name on the URL ({url_name})"
+
+
+def _time_added(obj: Json, old: Json | None) -> None:
+    """A DeviceTaintRule's taint without `timeAdded` gets it from the server (pkg/registry/resource/
+    devicetaintrule's strategy): now, or the old one's when the taint is otherwise the same."""
+    if obj.get("kind") != "DeviceTaintRule":
+        return
+    taint = dig(obj, ("spec", "taint"))
+    if not isinstance(taint, dict) or taint.get("timeAdded"):
+        return
+    was = dig(old, ("spec", "taint")) if old is not None else None
+    same = isinstance(was, dict) and {k: v for k, v in was.items() if k != "timeAdded"} == taint
+    taint["timeAdded"] = (
+        was["timeAdded"] if same and isinstance(was, dict) and was.get("timeAdded") else timestamp()
+    )
