@@ -18,11 +18,13 @@ from testkit.fake_kubelets import StartKubelet
 from testkit.inventories import dra_job_pod
 from testkit.receivers import PagerDutyReceiver
 from watcher.model.changes import Change, Kind, Severity
+from watcher.model.events import envelope
 from watcher.model.incidents import Incidents
 from watcher.model.resets import RESET_WINDOW_S, Resets
 from watcher.settings import Settings
 from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sinks.kubernetes.planner import plan
 
 GPU = "nvidia.com/gpu"
 FUSE = "smarter-devices/fuse"
@@ -173,6 +175,31 @@ def test_a_device_plugin_socket_replaced_resets_a_resource_whose_devices_had_all
     _, out = resets.observe(1.0, [healed], (), HOLD, None, replaced)
     assert _kinds(out) == ["device.healthy"]
     assert same.plugins == (("fuse.sock", "1:1"),)
+
+
+def test_the_kubernetes_sink_says_a_reset_on_the_node_and_keeps_the_condition_until_the_heal() -> None:
+    removed = Change(
+        Kind.DEVICE_REMOVED,
+        Severity.CRITICAL,
+        f"{GPU} gpu-1 left allocatable while allocated to ml/trainer-0/main",
+        {"resource": GPU, "device": "gpu-1", "allocated_to": ["ml/trainer-0/main"], "namespaces": ["ml"]},
+    )
+    resets, out = Resets().observe(0.0, [removed], (), HOLD)
+    resets, reset = resets.observe(1.0, [_change(Kind.DEVICE_ADDED)], {GPU}, HOLD)
+    events = [
+        envelope(c, seq=i + 1, node="node-a", cycle="c1", before=None, after=None)
+        for i, c in enumerate([*out, *reset])
+    ]
+    report = plan(events, {})
+    node = [(e.type, e.reason, e.note) for e in report.events if e.regarding.kind == "Node"]
+    assert ("Warning", "DeviceReset", reset[0].summary) in node
+    assert reset[0].summary.startswith(f"{GPU} gpu-1 is back after its plugin restarted, not a verified heal")
+    assert report.missing == {GPU: {"gpu-1": ["ml/trainer-0/main"]}}  # its condition stays True
+    _, healed = resets.observe(1.0 + HOLD, [], (), HOLD)
+    after = plan(
+        [envelope(healed[0], seq=9, node="node-a", cycle="c2", before=None, after=None)], report.missing
+    )
+    assert after.missing == {}
 
 
 # --- the agent against the fake kubelet ---
