@@ -9,7 +9,7 @@ from watcher.model.conditions import condition_of
 from watcher.model.devicehealth.affected import owner_text
 from watcher.model.devicehealth.pods import Owner, PodMeta
 from watcher.model.events import envelope
-from watcher.model.rejections import Rejections, rejection_of, window_text
+from watcher.model.rejections import FORGET_AFTER, Rejections, rejection_of, window_text
 
 GPU = "nvidia.com/gpu"
 # The real kubelet's words (kubelet.go rejectPod, cm/admission/errors.go, cm/devicemanager/manager.go).
@@ -178,12 +178,32 @@ def test_a_restart_neither_tells_again_nor_loses_the_open_incident() -> None:
     assert out == []
 
 
-def test_a_uid_the_kubelet_no_longer_shows_is_forgotten() -> None:
-    state, _ = Rejections().observe(0.0, [], threshold=0, window=300)
-    state, _ = state.observe(1.0, [_pod("a"), _pod("b")], threshold=0, window=300)
-    assert state.told == {"uid-a", "uid-b"}
-    state, out = state.observe(2.0, [_pod("b")], threshold=0, window=300)
-    assert out == [] and state.told == {"uid-b"}
+def test_pods_a_restarted_kubelet_shows_again_are_not_told_again_and_uids_are_forgotten_later() -> None:
+    """A restarted kubelet's Pods API is live before it has read its failed pods back from the API
+    server: they vanish from the view, then come back. Not news; a uid gone an hour is forgotten."""
+    state, _ = Rejections().observe(0.0, [], threshold=3, window=300)
+    pods = [_pod(f"w-{i}") for i in range(5)]
+    state, out = state.observe(1.0, pods, threshold=3, window=300)
+    assert len(out) == 6  # five told, one incident
+    state, out = state.observe(2.0, [], threshold=3, window=300)  # the warm-up's empty view
+    assert out == [] and state.told == {p.uid for p in pods}
+    state = Rejections.from_json(state.to_json(now=3.0), now=3.0)  # and the agent restarts meanwhile
+    state, out = state.observe(4.0, pods, threshold=3, window=300)
+    assert out == []
+    state, _ = state.observe(5.0, pods[1:], threshold=3, window=300)
+    state, _ = state.observe(5.0 + FORGET_AFTER, pods[1:], threshold=3, window=300)
+    assert "uid-w-0" not in state.told and "uid-w-1" in state.told
+
+
+def test_rejections_while_the_kubelet_warms_up_are_told_but_page_nobody() -> None:
+    """Pods a restarted kubelet refuses before its device plugins registered again are the
+    warm-up's: each is told, none counts toward an incident."""
+    state, _ = Rejections().observe(0.0, [], threshold=3, window=300)
+    pods = [_pod(f"w-{i}") for i in range(5)]
+    state, out = state.observe(1.0, pods, threshold=3, window=300, holding=True)
+    assert [c.kind for c in out] == [Kind.POD_REJECTED] * 5 and state.open == ()
+    state, out = state.observe(2.0, [*pods, _pod("after")], threshold=3, window=300)
+    assert [c.kind for c in out] == [Kind.POD_REJECTED]  # the warm-up's five never count
 
 
 def test_the_window_reads_in_minutes_when_whole() -> None:

@@ -156,7 +156,11 @@ def conclude(
         # Pods the kubelet failed at admission for a device reason (watcher.model.rejections).
         p = settings.pods
         rejections, told = rejections.observe(
-            now, pods, threshold=p.rejections_threshold, window=p.rejections_window
+            now,
+            pods,
+            threshold=p.rejections_threshold,
+            window=p.rejections_window,
+            holding=draft.settling.holding,
         )
         changes.extend(told)
     draft = dataclasses.replace(

@@ -25,10 +25,14 @@ in 1.37.2: a claim its driver fails to prepare leaves the pod Pending and retrie
 
 Each rejected pod is one `pod.rejected` (warning). `threshold` of one resource within `window`
 seconds are one incident: one critical `node.rejecting_pods`, and one `node.rejecting_pods_ended`
-once `window` passes without another. A pod is reported once: the uids told are kept (only while
-the kubelet still shows the pod: a uid never comes back) and saved with the state, so neither a
-restart nor a resync tells it again. At the very first look (no saved state) the pods already
-rejected are old news: taken as told, never reported, never counted.
+once `window` passes without another. A pod is reported once: the uids told are kept and saved
+with the state, so neither a restart nor a resync tells it again. One the kubelet no longer shows is
+kept FORGET_AFTER more (a restarted kubelet shows its failed pods again only as it reads them back
+from the API server, after its Pods API is live), then forgotten: a uid never comes back for real.
+At the very first look (no saved state) the pods already rejected are old news: taken as told,
+never reported, never counted. While the kubelet's warm-up is held (`holding`), a rejection is told
+but not counted toward an incident: pods a kubelet refuses before its device plugins registered
+again are the warm-up's, which pages nobody.
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ _DEVICE_CAUSES = (
 )
 # Far above a real node's rejections in a window; a runaway loop costs this much state at most.
 _RECENT_MAX = 10_000
+# Seconds a told uid the kubelet no longer shows is kept (see the module), and how many at most.
+FORGET_AFTER = 3600.0
+_GONE_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -129,13 +136,14 @@ class Rejections:
     told: frozenset[str] = frozenset()
     recent: tuple[tuple[float, str], ...] = ()
     open: tuple[_Incident, ...] = ()
+    gone: tuple[tuple[str, float], ...] = ()  # told uids not shown now, and since when (monotonic)
 
     def next_look(self, window: float) -> float | None:
         """When an open incident's window may have passed with no new rejection."""
         return min((i.last + window for i in self.open), default=None)
 
     def observe(
-        self, now: float, pods: Iterable[PodMeta], *, threshold: int, window: float
+        self, now: float, pods: Iterable[PodMeta], *, threshold: int, window: float, holding: bool = False
     ) -> tuple[Rejections, list[Change]]:
         """The new state and its changes, for the Pods API's whole live view `pods` at `now`."""
         pods = list(pods)
@@ -146,10 +154,12 @@ class Rejections:
         new = [(p, r) for p, r in rejected if p.uid not in self.told]
         new.sort(key=lambda pr: (pr[1].resource, pr[0].namespace, pr[0].name, pr[0].uid))
         changes.extend(_rejected(p, r) for p, r in new)
-        # A uid the kubelet no longer shows never comes back: forgetting it bounds the set.
         present = {p.uid for p in pods}
-        told = frozenset(u for u in self.told if u in present) | {p.uid for p, _ in new}
+        gone = self._gone(now, present)
+        told = frozenset(u for u in self.told if u in present or u in gone) | {p.uid for p, _ in new}
         recent = [(t, res) for t, res in self.recent if now - t < window]
+        if holding:  # the kubelet's warm-up: told, never counted toward a page
+            new = []
         recent += [(now, r.resource) for _, r in new]
         recent = recent[-_RECENT_MAX:]
         incidents = {i.resource: i for i in self.open}
@@ -169,8 +179,20 @@ class Rejections:
             if resource not in by_resource and now - incident.last >= window:
                 del incidents[resource]
                 changes.append(_ended(incident, window))
-        state = Rejections(True, told, tuple(recent), tuple(incidents[r] for r in sorted(incidents)))
-        return state, changes
+        opened = tuple(incidents[r] for r in sorted(incidents))
+        return Rejections(True, told, tuple(recent), opened, tuple(sorted(gone.items()))), changes
+
+    def _gone(self, now: float, present: set[str]) -> dict[str, float]:
+        """The told uids not shown now, each since when it was first missed, none past FORGET_AFTER."""
+        was = dict(self.gone)
+        gone = {}
+        for uid in self.told - present:
+            since = was.get(uid, now)
+            if now - since < FORGET_AFTER:
+                gone[uid] = since
+        if len(gone) > _GONE_MAX:
+            gone = dict(sorted(gone.items(), key=lambda ut: ut[1])[-_GONE_MAX:])
+        return gone
 
     def to_json(self, now: float) -> dict[str, Any]:
         """For the saved state. Times are monotonic, so they are saved as ages at `now`: a restart
@@ -180,6 +202,7 @@ class Rejections:
             "format": _FORMAT,
             "baseline": self.baseline,
             "told": sorted(self.told),
+            "gone": [[u, round(now - t, 3)] for u, t in self.gone],
             "recent": [[round(now - t, 3), res] for t, res in self.recent],
             "open": [
                 {"resource": i.resource, "count": i.count, "age": round(now - i.last, 3)} for i in self.open
@@ -198,7 +221,8 @@ class Rejections:
             incidents = tuple(
                 _Incident(str(i["resource"]), int(i["count"]), now - float(i["age"])) for i in data["open"]
             )
-            return cls(data.get("baseline") is True, told, recent, incidents)
+            gone = tuple((str(u), now - float(age)) for u, age in data.get("gone", []))
+            return cls(data.get("baseline") is True, told, recent, incidents, gone)
         except (KeyError, TypeError, ValueError):
             return cls()
 
