@@ -269,6 +269,35 @@ async def test_twelve_pods_refused_at_admission_are_one_page_and_a_node_conditio
         assert pager.events[1]["dedup_key"] == trigger["dedup_key"]
 
 
+async def test_pods_refused_before_a_kubelet_restart_are_not_told_again_after_it(
+    real_node: RealNode, short_tmp: Path
+) -> None:
+    """Four pods refused (one page); the kubelet restarts and reads its failed pods back from the
+    API server after its Pods API is live again: none is told again, nothing pages again."""
+    await _no_healthy_gpu(real_node)
+    namespace = await real_node.namespace(f"again-{uuid.uuid4().hex[:6]}")
+    owner = await _job(real_node, namespace, "llm-pretrain")
+    async with PagerDutyReceiver() as pager, _rejecting_agent(short_tmp, real_node, pager) as run:
+        mark = len(run.recorder.events)
+        await real_node.apply(*[real_node.pod(namespace, f"w-{i}", {GPU: 1}, owner=owner) for i in range(4)])
+        await run.recorder.until(lambda: run.recorder.kinds(mark).count("pod.rejected") == 4, timeout=60)
+        await pager.wait_for(1, timeout=15)
+        uids = {e.details["pod_uid"] for e in run.recorder.events[mark:] if e.kind == "pod.rejected"}
+        after = len(run.recorder.events)
+        await real_node.restart()
+        watch = run.agent.pods_watch
+        assert watch is not None
+
+        def back() -> bool:
+            return watch.state == "watching" and uids <= watch.index.uids()
+
+        await run.recorder.until(back, timeout=60)
+        await run.quiet_cycle()
+        kinds = run.recorder.kinds(after)
+        assert not {"pod.rejected", "node.rejecting_pods"} & set(kinds), kinds
+        assert [e["event_action"] for e in pager.events] == ["trigger"]
+
+
 async def _until_rejecting(node: RealNode, status: str) -> dict[str, Any]:
     seen: dict[str, Any] = {}
 
