@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from testkit.agent import Running
+from testkit.receivers import PagerDutyReceiver
 from watcher.kubeapi.api import KubeApi
 from watcher.kubeapi.settings import KubernetesApiSettings
 from watcher.settings import Settings
@@ -23,11 +25,15 @@ __all__ = [
     "DRIVER",
     "PD_KEY",
     "RuleWriter",
+    "device_kinds",
     "eight_gpu_node",
+    "evicts_all_then_lifted",
+    "one_rule_on_eight_devices",
     "paging_settings",
     "rule_body",
     "rule_writer",
     "taint_rules_of",
+    "watching",
 ]
 
 DRIVER = "gpu.taint-rules.example.com"
@@ -137,3 +143,88 @@ async def rule_writer(admin_kubeconfig: Path) -> AsyncIterator[RuleWriter]:
                 await writer.delete(name)
         finally:
             await api.close()
+
+
+# --- the stories, told the same way against the fake API server and the real one ---
+
+
+def device_kinds(run: Running, mark: int) -> list[str]:
+    """The kinds of the device.* events since index `mark`."""
+    return [str(e.kind) for e in run.recorder.events[mark:] if str(e.kind).startswith("device.")]
+
+
+async def watching(run: Running, timeout: float) -> DeviceTaintRules:
+    """The agent's rules source once it has listed them and the node is settled (a shared API
+    server may hold other tests' rules: none of them touches this node's devices)."""
+    source = taint_rules_of(run.agent.reactor.sources)
+    await run.recorder.until(lambda: source.rules is not None, timeout)
+    await run.quiet_cycle()
+    return source
+
+
+async def one_rule_on_eight_devices(
+    run: Running,
+    admin: RuleWriter,
+    pager: PagerDutyReceiver,
+    name: str,
+    selector: Mapping[str, str],
+    timeout: float,
+) -> None:
+    """A NoExecute rule on DRIVER's eight held devices, then deleted: eight device.unhealthy naming
+    the rule and one device.incident; eight device.healthy and its resolve; ONE page, resolved."""
+    source = await watching(run, timeout)
+    mark = len(run.recorder.events)
+    await admin.create(rule_body(name, selector))
+    await run.recorder.until(lambda: len(device_kinds(run, mark)) >= COUNT + 1, timeout)
+    await run.quiet_cycle()
+    assert sorted(device_kinds(run, mark)) == ["device.incident"] + ["device.unhealthy"] * COUNT
+    failed = [e for e in run.recorder.events[mark:] if e.kind == "device.unhealthy"]
+    assert all(e.details["rules"] == [name] and f"rule {name}" in e.summary for e in failed)
+    assert all(e.details["sources"] == ["device-taint-rule"] for e in failed)
+    await pager.wait_accepted(1)
+    back = len(run.recorder.events)
+    await admin.delete(name)
+    await run.recorder.until(lambda: len(device_kinds(run, back)) >= COUNT + 1, timeout)
+    await run.quiet_cycle()
+    assert sorted(device_kinds(run, back)) == ["device.healthy"] * COUNT + ["device.incident_resolved"]
+    await pager.wait_accepted(2)
+    assert source.trouble is None
+    assert not source.stale
+    assert [e["event_action"] for e in pager.events] == ["trigger", "resolve"]
+    assert pager.incidents_opened() == 1
+    assert pager.events[0]["payload"]["class"] == "device.incident"
+    assert pager.violations == []
+
+
+async def evicts_all_then_lifted(
+    run: Running, admin: RuleWriter, pager: PagerDutyReceiver, name: str, timeout: float
+) -> str:
+    """A NoExecute rule with an empty selector, then deleted: one critical
+    device.taint_rule_evicts_all naming it (no device.unhealthy, no incident), one
+    device.taint_rule_lifted; one page under the rule's uid, resolved. Returns the uid."""
+    await watching(run, timeout)
+    mark = len(run.recorder.events)
+    made = await admin.create(rule_body(name, {}))
+    uid: str = made["metadata"]["uid"]
+    assert made["spec"]["taint"]["timeAdded"]  # set by the server
+    await run.recorder.until(lambda: len(device_kinds(run, mark)) >= 1, timeout)
+    await run.quiet_cycle()
+    (opened,) = [e for e in run.recorder.events[mark:] if str(e.kind).startswith("device.")]
+    assert opened.kind == "device.taint_rule_evicts_all"
+    assert opened.severity == "critical"
+    assert opened.details["rule"] == name
+    assert opened.details["rule_uid"] == uid
+    held = run.agent.committer.state.inventory
+    assert held is not None
+    assert opened.details["device_count"] == len(held.tally.claim_holders) >= COUNT
+    assert f"DeviceTaintRule {name}" in opened.summary
+    lifted = len(run.recorder.events)
+    await admin.delete(name)
+    await run.recorder.until(lambda: len(device_kinds(run, lifted)) >= 1, timeout)
+    await run.quiet_cycle()
+    assert device_kinds(run, mark) == ["device.taint_rule_evicts_all", "device.taint_rule_lifted"]
+    await pager.wait_accepted(2)
+    key = f"pod-resources-watcher/device-taint-rule/{uid}"
+    assert [(e["event_action"], e["dedup_key"]) for e in pager.events] == [("trigger", key), ("resolve", key)]
+    assert pager.incidents_opened() == 1
+    return uid

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,15 @@ from testkit.kube_schemas import strict_schemas
 from testkit.receivers import PagerDutyReceiver
 from testkit.taint_rules import (
     DRIVER,
+    RuleWriter,
+    device_kinds,
     eight_gpu_node,
+    evicts_all_then_lifted,
+    one_rule_on_eight_devices,
     paging_settings,
     rule_body,
     rule_writer,
-    taint_rules_of,
+    watching,
 )
 from watcher.kubeapi.api import KubeApi
 from watcher.kubeapi.settings import KubernetesApiSettings
@@ -41,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
 NODE = "node-a"
 AGENT = "agent"
+TIMEOUT = 10.0
 SA = pod_bound_user(
     "system:serviceaccount:pod-resources-watcher:pod-resources-watcher", node=NODE, pod="prw-x7k2p"
 )
@@ -70,91 +76,33 @@ async def api(tmp_path: Path) -> AsyncIterator[FakeApiServer]:
         await server.stop()
 
 
-async def _watching(run: Running) -> DeviceTaintRules:
-    """The agent's rules source once it has read the (empty) list and the node is settled."""
-    source = taint_rules_of(run.agent.reactor.sources)
-    await run.recorder.until(lambda: source.rules == (), 10)
-    await run.quiet_cycle()
-    return source
-
-
-def _kinds(run: Running, mark: int) -> list[str]:
-    return [str(e.kind) for e in run.recorder.events[mark:] if str(e.kind).startswith("device.")]
+@asynccontextmanager
+async def _scene(
+    api: FakeApiServer, tmp: Path
+) -> AsyncIterator[tuple[Running, RuleWriter, PagerDutyReceiver]]:
+    """The agent on a node whose eight pods hold one of DRIVER's devices each, reading the fake
+    API server with the shipped RBAC and paging a receiver; the admin's writer beside it."""
+    fake = FakeKubelet(tmp / "kubelet", seed=21)
+    eight_gpu_node("ml", NODE, fake.node)
+    kubeconfig = api.write_kubeconfig(tmp / "agent.kubeconfig", AGENT)
+    async with PagerDutyReceiver() as pager, rule_writer(api.write_kubeconfig(tmp / "admin", ADMIN)) as admin:
+        settings = paging_settings(make_settings(tmp), pager.url("/v2/enqueue"), kubeconfig)
+        async with fake, running_agent(settings, fake) as run:
+            yield run, admin, pager
 
 
 async def test_one_rule_tainting_eight_held_devices_is_eight_events_naming_it_and_one_page(
     api: FakeApiServer, short_tmp: Path
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=21)
-    eight_gpu_node("ml", NODE, fake.node)
-    kubeconfig = api.write_kubeconfig(short_tmp / "agent.kubeconfig", AGENT)
-    async with (
-        PagerDutyReceiver() as pager,
-        rule_writer(api.write_kubeconfig(short_tmp / "admin", ADMIN)) as admin,
-    ):
-        settings = paging_settings(make_settings(short_tmp), pager.url("/v2/enqueue"), kubeconfig)
-        async with fake, running_agent(settings, fake) as run:
-            source = await _watching(run)
-            mark = len(run.recorder.events)
-            await admin.create(rule_body("drain-gpus", {"driver": DRIVER}))
-            await run.recorder.until(lambda: len(_kinds(run, mark)) >= 9, 10)
-            await run.quiet_cycle()
-            assert sorted(_kinds(run, mark)) == ["device.incident"] + ["device.unhealthy"] * 8
-            failed = [e for e in run.recorder.events[mark:] if e.kind == "device.unhealthy"]
-            assert all(e.details["rules"] == ["drain-gpus"] for e in failed)
-            assert all(e.details["sources"] == ["device-taint-rule"] for e in failed)
-            assert all("rule drain-gpus" in e.summary for e in failed)
-            await pager.wait_accepted(1)
-            # The rule deleted: each device healthy again, the incident resolved: one resolve.
-            back = len(run.recorder.events)
-            await admin.delete("drain-gpus")
-            await run.recorder.until(lambda: len(_kinds(run, back)) >= 9, 10)
-            await run.quiet_cycle()
-            assert sorted(_kinds(run, back)) == ["device.healthy"] * 8 + ["device.incident_resolved"]
-            await pager.wait_accepted(2)
-            assert source.trouble is None and not source.stale
-        assert [e["event_action"] for e in pager.events] == ["trigger", "resolve"]
-        assert pager.incidents_opened() == 1 and pager.events[0]["payload"]["class"] == "device.incident"
-        assert pager.violations == []
+    async with _scene(api, short_tmp) as (run, admin, pager):
+        await one_rule_on_eight_devices(run, admin, pager, "drain-gpus", {"driver": DRIVER}, TIMEOUT)
 
 
 async def test_an_empty_noexecute_rule_is_one_critical_event_paged_under_its_uid(
     api: FakeApiServer, short_tmp: Path
 ) -> None:
-    fake = FakeKubelet(short_tmp / "kubelet", seed=21)
-    eight_gpu_node("ml", NODE, fake.node)
-    kubeconfig = api.write_kubeconfig(short_tmp / "agent.kubeconfig", AGENT)
-    async with (
-        PagerDutyReceiver() as pager,
-        rule_writer(api.write_kubeconfig(short_tmp / "admin", ADMIN)) as admin,
-    ):
-        settings = paging_settings(make_settings(short_tmp), pager.url("/v2/enqueue"), kubeconfig)
-        async with fake, running_agent(settings, fake) as run:
-            await _watching(run)
-            mark = len(run.recorder.events)
-            made = await admin.create(rule_body("evict-everything", {}))
-            uid = made["metadata"]["uid"]
-            assert made["spec"]["taint"]["timeAdded"]  # the server set it, as the real one does
-            await run.recorder.until(lambda: len(_kinds(run, mark)) >= 1, 10)
-            await run.quiet_cycle()
-            (opened,) = [e for e in run.recorder.events[mark:] if str(e.kind).startswith("device.")]
-            assert opened.kind == "device.taint_rule_evicts_all" and opened.severity == "critical"
-            assert opened.details["rule"] == "evict-everything" and opened.details["rule_uid"] == uid
-            held = len(run.agent.committer.state.inventory.tally.claim_holders)  # type: ignore[union-attr]
-            assert held >= 8 and opened.details["device_count"] == held
-            assert "DeviceTaintRule evict-everything" in opened.summary
-            lifted_at = len(run.recorder.events)
-            await admin.delete("evict-everything")
-            await run.recorder.until(lambda: len(_kinds(run, lifted_at)) >= 1, 10)
-            await run.quiet_cycle()
-            assert _kinds(run, mark) == ["device.taint_rule_evicts_all", "device.taint_rule_lifted"]
-            await pager.wait_accepted(2)
-        key = f"pod-resources-watcher/device-taint-rule/{uid}"
-        assert [(e["event_action"], e["dedup_key"]) for e in pager.events] == [
-            ("trigger", key),
-            ("resolve", key),
-        ]
-        assert pager.incidents_opened() == 1
+    async with _scene(api, short_tmp) as (run, admin, pager):
+        await evicts_all_then_lifted(run, admin, pager, "evict-everything", TIMEOUT)
 
 
 async def test_an_unknown_effect_pages_nothing(
@@ -162,38 +110,30 @@ async def test_an_unknown_effect_pages_nothing(
 ) -> None:
     """The server refuses an effect it does not know (422, as the real one); a rule a newer server
     stored with one (its list answer rewritten here) and a rule with effect None taint nothing."""
-    fake = FakeKubelet(short_tmp / "kubelet", seed=21)
-    eight_gpu_node("ml", NODE, fake.node)
-    kubeconfig = api.write_kubeconfig(short_tmp / "agent.kubeconfig", AGENT)
-    async with (
-        PagerDutyReceiver() as pager,
-        rule_writer(api.write_kubeconfig(short_tmp / "admin", ADMIN)) as admin,
-    ):
-        with pytest.raises(ApiError, match="EvictLater") as refused:
+    async with _scene(api, short_tmp) as (run, admin, pager):
+        with pytest.raises(ApiError, match='Unsupported value: "EvictLater"') as refused:
             await admin.create(rule_body("future", {"driver": DRIVER}, "EvictLater"))
-        assert 'Unsupported value: "EvictLater"' in str(refused.value)
-        settings = paging_settings(make_settings(short_tmp), pager.url("/v2/enqueue"), kubeconfig)
-        async with fake, running_agent(settings, fake) as run:
-            source = await _watching(run)
-            listed = source._list
+        assert refused.value.status.code == 422
+        source = await watching(run, TIMEOUT)
+        listed = source._list
 
-            async def from_a_newer_server() -> list[Any]:
-                found = await listed()
-                for rule in found:
-                    if rule["metadata"]["name"] == "future":
-                        rule["spec"]["taint"]["effect"] = "EvictLater"
-                return found
+        async def from_a_newer_server() -> list[Any]:
+            found: list[Any] = await listed()
+            for rule in found:
+                if rule["metadata"]["name"] == "future":
+                    rule["spec"]["taint"]["effect"] = "EvictLater"
+            return found
 
-            monkeypatch.setattr(source, "_list", from_a_newer_server)
-            mark = len(run.recorder.events)
-            await admin.create(rule_body("future", {"driver": DRIVER}, "NoSchedule"))
-            await admin.create(rule_body("informational", {}, "None"))
-            await run.recorder.until(lambda: source.rules is not None and len(source.rules) == 2, 10)
-            assert {r.effect for r in source.rules or ()} == {"None"}
-            for _ in range(2):
-                await run.quiet_cycle()
-            assert _kinds(run, mark) == []
-        assert pager.events == []
+        monkeypatch.setattr(source, "_list", from_a_newer_server)
+        mark = len(run.recorder.events)
+        await admin.create(rule_body("future", {"driver": DRIVER}, "NoSchedule"))
+        await admin.create(rule_body("informational", {}, "None"))
+        await run.recorder.until(lambda: source.rules is not None and len(source.rules) == 2, TIMEOUT)
+        assert {r.effect for r in source.rules or ()} == {"None"}
+        for _ in range(2):
+            await run.quiet_cycle()
+        assert device_kinds(run, mark) == []
+    assert pager.events == []
 
 
 def _source(server: FakeApiServer, tmp: Path) -> tuple[DeviceTaintRules, Trigger]:

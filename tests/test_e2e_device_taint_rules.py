@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -25,16 +27,21 @@ from testkit.kube_testcluster import KubeTestCluster
 from testkit.receivers import PagerDutyReceiver
 from testkit.taint_rules import (
     DRIVER,
+    RuleWriter,
+    device_kinds,
     eight_gpu_node,
+    evicts_all_then_lifted,
+    one_rule_on_eight_devices,
     paging_settings,
     rule_body,
     rule_writer,
-    taint_rules_of,
+    watching,
 )
 from watcher.settings import Settings
-from watcher.sources.device_taint_rules import DeviceTaintRules
 
 pytestmark = pytest.mark.e2e
+
+TIMEOUT = 20.0  # the real server and the agent share two cores with the rest of the suite
 
 
 @pytest.fixture(scope="module")
@@ -55,96 +62,51 @@ def _settings(placed: Placement, root: Path, pager: PagerDutyReceiver) -> Settin
     return paging_settings(base, pager.url("/v2/enqueue"), placed.kubeconfig)
 
 
-def _kinds(run: Running, mark: int) -> list[str]:
-    return [str(e.kind) for e in run.recorder.events[mark:] if str(e.kind).startswith("device.")]
-
-
-async def _watching(run: Running) -> DeviceTaintRules:
-    source = taint_rules_of(run.agent.reactor.sources)
-    # Other tests' rules may be there (the API server is shared); none of them is ours.
-    await run.recorder.until(lambda: source.rules is not None, 20)
-    await run.quiet_cycle()
-    return source
+@asynccontextmanager
+async def _scene(
+    cluster: KubeTestCluster, placed: Placement, root: Path, start_kubelet: StartKubelet
+) -> AsyncIterator[tuple[Running, RuleWriter, PagerDutyReceiver]]:
+    """The agent on the placed node, its eight pods holding one of DRIVER's devices each, reading
+    the real API server with its pod-bound token and paging a receiver; the admin's writer beside."""
+    fake = await start_kubelet(eight_gpu_node(placed.namespace, placed.node))
+    async with (
+        PagerDutyReceiver() as pager,
+        rule_writer(cluster.admin_kubeconfig) as admin,
+        running_agent(_settings(placed, root, pager), fake) as run,
+    ):
+        yield run, admin, pager
 
 
 async def test_one_rule_tainting_eight_held_devices_is_one_page(
     cluster: KubeTestCluster, placed: Placement, short_tmp: Path, start_kubelet: StartKubelet
 ) -> None:
-    fake = await start_kubelet(eight_gpu_node(placed.namespace, placed.node))
-    name = f"drain-{placed.node}"
-    async with PagerDutyReceiver() as pager, rule_writer(cluster.admin_kubeconfig) as admin:
-        async with running_agent(_settings(placed, short_tmp, pager), fake) as run:
-            source = await _watching(run)
-            mark = len(run.recorder.events)
-            await admin.create(rule_body(name, {"driver": DRIVER, "pool": placed.node}))
-            await run.recorder.until(lambda: len(_kinds(run, mark)) >= 9, 20)
-            await run.quiet_cycle()
-            assert sorted(_kinds(run, mark)) == ["device.incident"] + ["device.unhealthy"] * 8
-            failed = [e for e in run.recorder.events[mark:] if e.kind == "device.unhealthy"]
-            assert all(e.details["rules"] == [name] and f"rule {name}" in e.summary for e in failed)
-            assert all(e.details["sources"] == ["device-taint-rule"] for e in failed)
-            await pager.wait_accepted(1)
-            back = len(run.recorder.events)
-            await admin.delete(name)
-            await run.recorder.until(lambda: len(_kinds(run, back)) >= 9, 20)
-            await run.quiet_cycle()
-            assert sorted(_kinds(run, back)) == ["device.healthy"] * 8 + ["device.incident_resolved"]
-            await pager.wait_accepted(2)
-            assert source.trouble is None and not source.stale  # the shipped RBAC let it list
-        assert [e["event_action"] for e in pager.events] == ["trigger", "resolve"]
-        assert pager.incidents_opened() == 1 and pager.events[0]["payload"]["class"] == "device.incident"
-        assert pager.violations == []
+    selector = {"driver": DRIVER, "pool": placed.node}  # this node's devices only: the server is shared
+    async with _scene(cluster, placed, short_tmp, start_kubelet) as (run, admin, pager):
+        await one_rule_on_eight_devices(run, admin, pager, f"drain-{placed.node}", selector, TIMEOUT)
 
 
 async def test_an_empty_noexecute_rule_is_one_critical_event_paged_under_its_uid(
     cluster: KubeTestCluster, placed: Placement, short_tmp: Path, start_kubelet: StartKubelet
 ) -> None:
-    fake = await start_kubelet(eight_gpu_node(placed.namespace, placed.node))
-    name = f"evict-all-{placed.node}"
-    async with PagerDutyReceiver() as pager, rule_writer(cluster.admin_kubeconfig) as admin:
-        async with running_agent(_settings(placed, short_tmp, pager), fake) as run:
-            await _watching(run)
-            mark = len(run.recorder.events)
-            made = await admin.create(rule_body(name, {}))
-            uid = made["metadata"]["uid"]
-            assert made["spec"]["taint"]["timeAdded"]  # set by the server (the fake does the same)
-            await run.recorder.until(lambda: len(_kinds(run, mark)) >= 1, 20)
-            await run.quiet_cycle()
-            (opened,) = [e for e in run.recorder.events[mark:] if str(e.kind).startswith("device.")]
-            assert opened.kind == "device.taint_rule_evicts_all" and opened.severity == "critical"
-            assert opened.details["rule"] == name and opened.details["rule_uid"] == uid
-            assert opened.details["device_count"] == 8 and f"DeviceTaintRule {name}" in opened.summary
-            lifted = len(run.recorder.events)
-            await admin.delete(name)
-            await run.recorder.until(lambda: len(_kinds(run, lifted)) >= 1, 20)
-            await run.quiet_cycle()
-            assert _kinds(run, mark) == ["device.taint_rule_evicts_all", "device.taint_rule_lifted"]
-            await pager.wait_accepted(2)
-        key = f"pod-resources-watcher/device-taint-rule/{uid}"
-        assert [(e["event_action"], e["dedup_key"]) for e in pager.events] == [
-            ("trigger", key),
-            ("resolve", key),
-        ]
-        assert pager.incidents_opened() == 1
+    async with _scene(cluster, placed, short_tmp, start_kubelet) as (run, admin, pager):
+        await evicts_all_then_lifted(run, admin, pager, f"evict-all-{placed.node}", TIMEOUT)
 
 
 async def test_an_unknown_effect_is_refused_and_effect_none_pages_nothing(
     cluster: KubeTestCluster, placed: Placement, short_tmp: Path, start_kubelet: StartKubelet
 ) -> None:
-    fake = await start_kubelet(eight_gpu_node(placed.namespace, placed.node))
-    async with PagerDutyReceiver() as pager, rule_writer(cluster.admin_kubeconfig) as admin:
+    async with _scene(cluster, placed, short_tmp, start_kubelet) as (run, admin, pager):
         # The server knows three effects and refuses the others (a newer one's rule keeps its
         # effect, which the agent reads as None: tests/test_device_taint_rules.py).
         with pytest.raises(ApiError, match='Unsupported value: "EvictLater"') as refused:
             await admin.create(rule_body(f"future-{placed.node}", {"driver": DRIVER}, "EvictLater"))
         assert refused.value.status.code == 422
-        async with running_agent(_settings(placed, short_tmp, pager), fake) as run:
-            source = await _watching(run)
-            mark = len(run.recorder.events)
-            name = f"note-{placed.node}"
-            await admin.create(rule_body(name, {}, "None"))
-            await run.recorder.until(lambda: any(r.name == name for r in source.rules or ()), 20)
-            for _ in range(2):
-                await run.quiet_cycle()
-            assert _kinds(run, mark) == []
-        assert pager.events == []
+        source = await watching(run, TIMEOUT)
+        mark = len(run.recorder.events)
+        name = f"note-{placed.node}"
+        await admin.create(rule_body(name, {}, "None"))
+        await run.recorder.until(lambda: any(r.name == name for r in source.rules or ()), TIMEOUT)
+        for _ in range(2):
+            await run.quiet_cycle()
+        assert device_kinds(run, mark) == []
+    assert pager.events == []

@@ -30,8 +30,7 @@ from watcher.kubelet.triggers import Trigger
 from watcher.model.devicehealth.taint_rules import TaintRule, device_taints, rules_of
 from watcher.model.inventory import Inventory
 from watcher.sources.base import Evidence
-from watcher.sources.listing import Listing
-from watcher.supervision import sleep_or_stop
+from watcher.sources.listing import Listing, ListingSource
 
 __all__ = ["REASON", "DeviceTaintRules"]
 
@@ -42,19 +41,15 @@ REASON = "device-taint-rules"
 _PAGE = 500
 
 
-class DeviceTaintRules:
+class DeviceTaintRules(ListingSource):
     """The supervised loop (`run`) and what it last read (`rules`, `stale`): a `Source`."""
 
     name = "device-taint-rules"
     status_key = "device_taint_rules"
+    reason = REASON
 
     def __init__(self, api: KubeApi, *, interval: float, trigger: Trigger, stop: asyncio.Event) -> None:
-        self.api = api  # the agent's one: `api_rate` bounds all it asks of the API server together
-        self.interval = interval
-        self.trigger = trigger
-        self.stop = stop
-        self.rules: tuple[TaintRule, ...] | None = None
-        self.listing = Listing(
+        listing = Listing(
             log,
             what="the DeviceTaintRules",
             resource="devicetaintrules",
@@ -62,25 +57,8 @@ class DeviceTaintRules:
             section="device_taint_rules",
             kept_what="rules",
         )
-
-    @property
-    def stale(self) -> bool:
-        """The last list failed: `rules` is what an earlier one read."""
-        return self.listing.stale
-
-    @property
-    def trouble(self) -> str | None:
-        """The kind of the failure last warned of."""
-        return self.listing.trouble
-
-    async def run(self) -> None:
-        """List every `interval` seconds until the stop flag; never raises for the API's sake."""
-        while not self.stop.is_set():
-            await self.read()
-            await sleep_or_stop(self.stop, self.interval)
-
-    async def first_look(self) -> None:
-        return None  # the first cycle goes without rules; the first list fires the trigger
+        super().__init__(api, listing, interval=interval, trigger=trigger, stop=stop)
+        self.rules: tuple[TaintRule, ...] | None = None
 
     def status(self) -> dict[str, Any]:
         return {"rules": None if self.rules is None else len(self.rules), **self.listing.status()}
@@ -91,18 +69,13 @@ class DeviceTaintRules:
         held = after.tally.claim_holders.keys()
         return Evidence(taints=device_taints(self.rules, held), rules=self.rules)
 
-    async def read(self) -> bool:
-        """One list: True when it succeeded (and the trigger fired if the rules changed)."""
-        kept = len(self.rules) if self.rules is not None else None
-        found = await self.listing.read(self.api, self._list, kept)
-        if found is None:
-            return False
+    def _kept(self) -> int | None:
+        return len(self.rules) if self.rules is not None else None
+
+    def _take(self, found: list[Any]) -> bool:
         rules = rules_of(found)
-        changed = rules != self.rules
-        self.rules = rules
-        if changed:
-            self.trigger.fire(REASON)
-        return True
+        changed, self.rules = rules != self.rules, rules
+        return changed
 
     async def _list(self) -> list[Any]:
         from lightkube.resources.resource_v1 import DeviceTaintRule

@@ -1,5 +1,6 @@
 """Listing: what the sources that poll the API server with a list share (ResourceSlices,
-DeviceTaintRules): the list made through the agent's KubeApi, and a failure told once per kind.
+DeviceTaintRules): the list made through the agent's KubeApi, a failure told once per kind, and
+the supervised loop that lists every `interval` seconds and fires the trigger on news.
 
 A failure (403 without the RBAC, the API server down, the kind not served) is logged once per kind
 until a list succeeds again; the source keeps what it last read (an outage must never heal a
@@ -8,14 +9,17 @@ device, nor lift a taint), and `stale` says so.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from watcher.kubeapi.api import KubeApi
 from watcher.kubeapi.client import KubernetesError, RefusedError
+from watcher.kubelet.triggers import Trigger
+from watcher.supervision import sleep_or_stop
 
-__all__ = ["Listing"]
+__all__ = ["Listing", "ListingSource"]
 
 
 class Listing:
@@ -85,3 +89,57 @@ class Listing:
                 return "unreachable", "the API server did not answer"
             return f"http-{err.status}", "the API server refused the list"
         return "client", "the client could not be set up"
+
+
+class ListingSource:
+    """The loop of a source that lists one kind every `interval` seconds: `read` lists, hands what
+    it found to `_take` (True: news) and fires the trigger's `reason` on news. A subclass says what
+    it lists (`_list`), how many it keeps (`_kept`) and what it takes (`_take`)."""
+
+    reason = ""
+
+    def __init__(
+        self, api: KubeApi, listing: Listing, *, interval: float, trigger: Trigger, stop: asyncio.Event
+    ) -> None:
+        self.api = api  # the agent's one: `api_rate` bounds all it asks of the API server together
+        self.listing = listing
+        self.interval = interval
+        self.trigger = trigger
+        self.stop = stop
+
+    @property
+    def stale(self) -> bool:
+        """The last list failed: what the source has is what an earlier one read."""
+        return self.listing.stale
+
+    @property
+    def trouble(self) -> str | None:
+        """The kind of the failure last warned of."""
+        return self.listing.trouble
+
+    async def run(self) -> None:
+        """List every `interval` seconds until the stop flag; never raises for the API's sake."""
+        while not self.stop.is_set():
+            await self.read()
+            await sleep_or_stop(self.stop, self.interval)
+
+    async def first_look(self) -> None:
+        return None  # the first cycle goes without; the first list fires the trigger
+
+    async def read(self) -> bool:
+        """One list: True when it succeeded (and the trigger fired if it brought news)."""
+        found = await self.listing.read(self.api, self._list, self._kept())
+        if found is None:
+            return False
+        if self._take(found):
+            self.trigger.fire(self.reason)
+        return True
+
+    def _kept(self) -> int | None:
+        raise NotImplementedError
+
+    def _take(self, found: list[Any]) -> bool:
+        raise NotImplementedError
+
+    async def _list(self) -> list[Any]:
+        raise NotImplementedError

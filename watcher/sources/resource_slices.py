@@ -26,8 +26,7 @@ from watcher.kubelet.triggers import Trigger
 from watcher.model.devicehealth.taints import DeviceTaint, taints_of_slices
 from watcher.model.inventory import Inventory
 from watcher.sources.base import Evidence
-from watcher.sources.listing import Listing
-from watcher.supervision import sleep_or_stop
+from watcher.sources.listing import Listing, ListingSource
 
 __all__ = ["REASON", "ResourceSliceTaints"]
 
@@ -38,22 +37,17 @@ REASON = "resource-slices"
 _PAGE = 500
 
 
-class ResourceSliceTaints:
+class ResourceSliceTaints(ListingSource):
     """The supervised loop (`run`) and what it last read (`taints`, `stale`): a `Source`."""
 
     name = "resource-slices"
     status_key = "resource_slices"
+    reason = REASON
 
     def __init__(
         self, api: KubeApi, *, node: str, interval: float, trigger: Trigger, stop: asyncio.Event
     ) -> None:
-        self.api = api  # the agent's one: `api_rate` bounds all it asks of the API server together
-        self.node = node
-        self.interval = interval
-        self.trigger = trigger
-        self.stop = stop
-        self.taints: tuple[DeviceTaint, ...] | None = None
-        self.listing = Listing(
+        listing = Listing(
             log,
             what="the node's ResourceSlices",
             resource="resourceslices",
@@ -61,25 +55,9 @@ class ResourceSliceTaints:
             section="resource_slices",
             kept_what="device taints",
         )
-
-    @property
-    def stale(self) -> bool:
-        """The last list failed: `taints` is what an earlier one read."""
-        return self.listing.stale
-
-    @property
-    def trouble(self) -> str | None:
-        """The kind of the failure last warned of."""
-        return self.listing.trouble
-
-    async def run(self) -> None:
-        """List every `interval` seconds until the stop flag; never raises for the API's sake."""
-        while not self.stop.is_set():
-            await self.read()
-            await sleep_or_stop(self.stop, self.interval)
-
-    async def first_look(self) -> None:
-        return None  # the first cycle goes without taints; the first list fires the trigger
+        super().__init__(api, listing, interval=interval, trigger=trigger, stop=stop)
+        self.node = node
+        self.taints: tuple[DeviceTaint, ...] | None = None
 
     def status(self) -> dict[str, Any]:
         return {"taints": None if self.taints is None else len(self.taints), **self.listing.status()}
@@ -87,18 +65,13 @@ class ResourceSliceTaints:
     def evidence(self, after: Inventory) -> Evidence:
         return Evidence(taints=self.taints)
 
-    async def read(self) -> bool:
-        """One list: True when it succeeded (and the trigger fired if the taints changed)."""
-        kept = len(self.taints) if self.taints is not None else None
-        slices = await self.listing.read(self.api, self._list, kept)
-        if slices is None:
-            return False
-        taints = taints_of_slices(slices, self.node)
-        changed = taints != self.taints
-        self.taints = taints
-        if changed:
-            self.trigger.fire(REASON)
-        return True
+    def _kept(self) -> int | None:
+        return len(self.taints) if self.taints is not None else None
+
+    def _take(self, found: list[Any]) -> bool:
+        taints = taints_of_slices(found, self.node)
+        changed, self.taints = taints != self.taints, taints
+        return changed
 
     async def _list(self) -> list[Any]:
         from lightkube.resources.resource_v1 import ResourceSlice
