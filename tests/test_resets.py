@@ -9,7 +9,6 @@ can restart forgetting its devices' health as NVIDIA's does, to a PagerDuty rece
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 
@@ -315,9 +314,7 @@ async def test_a_dra_driver_restart_that_calls_a_failed_device_healthy_is_a_rese
     fake = FakeKubelet(short_tmp / "kubelet", seed=43)
     fake.node.add_pod(dra_job_pod(POOL, DEVICE))
     registry = short_tmp / "kubelet" / "plugins_registry"
-    registry.mkdir(parents=True)
-    socket = registry / f"{DRIVER}-reg.sock"
-    socket.touch()
+    fake.dra.register(DRIVER, registry)
     async with fake, PagerDutyReceiver() as pager:
         settings = _settings(short_tmp, pager, 2.0)
         async with running_agent(settings, fake) as run:
@@ -333,10 +330,7 @@ async def test_a_dra_driver_restart_that_calls_a_failed_device_healthy_is_a_rese
 
             mark = await _failed(run, pager, fail)
             # The driver restarts: a new registration socket, and it calls every device Healthy.
-            socket.unlink()
-            socket.touch()
-            os.utime(socket)
-            fake.dra.set_health(DRIVER, POOL, DEVICE, "Healthy")
+            fake.dra.restart_driver(DRIVER, registry)
             await run.recorder.until(lambda: "device.reset" in run.recorder.kinds(mark), timeout=10)
             await run.quiet_cycle()
             assert _actions(pager) == ["trigger"]

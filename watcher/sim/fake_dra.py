@@ -9,12 +9,19 @@ pod-resources shows (its claim still holds it), only the Pods API's view of ever
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from watcher.sim.fake_node import FakeClaimDevice, FakeNode
 
-__all__ = ["HEALTH_STATES", "DraDevices"]
+__all__ = ["HEALTH_STATES", "DraDevices", "registration_socket"]
 
 HEALTH_STATES = ("Healthy", "Unhealthy", "Unknown")
+
+
+def registration_socket(registry: Path, driver: str) -> Path:
+    """Where a driver registers with the kubelet: `<driver>-reg.sock` in `plugins_registry/`, as
+    upstream's kubeletplugin helper names it (here a plain file: nothing connects to it)."""
+    return registry / f"{driver}-reg.sock"
 
 
 class DraDevices:
@@ -43,4 +50,24 @@ class DraDevices:
             raise KeyError(f"DRA device {driver}/{pool}/{device}")
         for d in found:
             d.health, d.message = health, message
+        self.on_change()
+
+    def register(self, driver: str, registry: Path) -> None:
+        """The driver serves its registration socket in `registry` (the kubelet's plugins_registry/)."""
+        registry.mkdir(parents=True, exist_ok=True)
+        registration_socket(registry, driver).touch()
+
+    def restart_driver(self, driver: str, registry: Path) -> None:
+        """The driver's process restarts: its registration socket is removed and created anew, and
+        the new process, which remembers no failure, reports every device it serves Healthy (as
+        upstream's test driver's new process does once told so: a forgotten failure, not a heal)."""
+        socket = registration_socket(registry, driver)
+        socket.unlink(missing_ok=True)
+        self.register(driver, registry)
+        for pod in self.node.pods.values():
+            for container in pod.containers:
+                for claim in container.claims:
+                    for d in claim.devices:
+                        if d.driver == driver:
+                            d.health, d.message = "Healthy", ""
         self.on_change()
