@@ -35,7 +35,7 @@ WAIT = 60.0
 
 def _started() -> Evictions:
     """The state after the first look (a node with no eviction under way)."""
-    state, changes = Evictions().observe(0.0, [RUNNING], (HELD,), (), wait=WAIT)
+    state, changes = Evictions().observe(0.0, [RUNNING], (HELD, None), (), wait=WAIT)
     assert changes == [] and state.baseline
     return state
 
@@ -57,7 +57,7 @@ def test_the_pods_api_pod_says_a_device_taint_evicts_it_only_by_a_true_disruptio
 
 
 def test_an_eviction_is_one_warning_naming_pod_owner_device_and_taint_and_no_page() -> None:
-    state, changes = _started().observe(1.0, [EVICTED], (HELD,), (XID,), wait=WAIT)
+    state, changes = _started().observe(1.0, [EVICTED], (HELD, None), (XID,), wait=WAIT)
     (change,) = changes
     assert change.kind is Kind.POD_EVICTED and change.severity is Severity.WARNING
     assert change.summary.startswith("pod ml/llm-pretrain-0 evicted: its device")
@@ -88,17 +88,17 @@ def test_an_eviction_is_one_warning_naming_pod_owner_device_and_taint_and_no_pag
 
 
 def test_a_restart_tells_no_eviction_twice_and_a_gone_pod_is_forgotten() -> None:
-    state, _ = _started().observe(1.0, [EVICTED], (HELD,), (XID,), wait=WAIT)
+    state, _ = _started().observe(1.0, [EVICTED], (HELD, None), (XID,), wait=WAIT)
     restored = Evictions.from_json(json.loads(json.dumps(state.to_json(now=5.0))), now=100.0)
     assert restored == state
-    after, changes = restored.observe(101.0, [EVICTED], (HELD,), (XID,), wait=WAIT)
+    after, changes = restored.observe(101.0, [EVICTED], (HELD, None), (XID,), wait=WAIT)
     assert changes == []
-    gone, changes = after.observe(102.0, [], (EMPTY,), (XID,), wait=WAIT)
+    gone, changes = after.observe(102.0, [], (EMPTY, None), (XID,), wait=WAIT)
     assert changes == [] and gone.told == frozenset()  # the uid never comes back: not kept
 
 
 def test_the_first_look_takes_the_evictions_under_way_as_old_news() -> None:
-    state, changes = Evictions().observe(0.0, [EVICTED], (HELD,), (XID,), wait=WAIT)
+    state, changes = Evictions().observe(0.0, [EVICTED], (HELD, None), (XID,), wait=WAIT)
     assert changes == [] and state.told == {"uid-1"}
     assert Evictions.from_json({"format": 99}, now=0.0) == Evictions()  # unreadable: a fresh look
 
@@ -111,30 +111,43 @@ def test_the_devices_come_from_the_last_inventory_that_had_the_pod() -> None:
     ]
 
 
+def test_the_devices_of_a_pod_released_before_its_status_said_why_are_remembered() -> None:
+    # The real race: pod-resources stopped listing the pod (its DRA state file rewritten) a cycle
+    # before the Pods API's update carrying the condition arrived.
+    state, changes = _started().observe(1.0, [RUNNING], (EMPTY, HELD), (XID,), wait=WAIT)
+    assert changes == []
+    _, (change,) = state.observe(1.2, [EVICTED], (EMPTY, EMPTY), (XID,), wait=WAIT)
+    assert change.details["device_name"] == DEVICE and change.details["taints"][0]["key"] == XID.key
+    # Remembered for a while only: long after, a pod under that name held nothing we know of.
+    late, _ = state.observe(1.0 + WAIT + 1, [RUNNING], (EMPTY, EMPTY), (XID,), wait=WAIT)
+    _, (unknown,) = late.observe(2.0 + WAIT, [EVICTED], (EMPTY, EMPTY), (XID,), wait=WAIT)
+    assert unknown.details["devices"] == [] and "a device" in unknown.summary
+
+
 def test_an_eviction_waits_for_its_taint_to_be_read_then_is_told_without_it() -> None:
-    state, changes = _started().observe(1.0, [EVICTED], (HELD,), (), wait=WAIT)
+    state, changes = _started().observe(1.0, [EVICTED], (HELD, None), (), wait=WAIT)
     assert changes == [] and state.next_look(WAIT) == 1.0 + WAIT
     other = DeviceTaint(DRIVER, POOL, "gpu-9", "k", "", "NoExecute")  # another device's
     quiet = DeviceTaint(DRIVER, POOL, DEVICE, "k", "", "NoSchedule")  # never what evicts
-    state, changes = state.observe(2.0, [EVICTED], (HELD,), (other, quiet), wait=WAIT)
+    state, changes = state.observe(2.0, [EVICTED], (HELD, None), (other, quiet), wait=WAIT)
     assert changes == []
-    read, (found,) = state.observe(3.0, [EVICTED], (HELD,), (XID,), wait=WAIT)
+    read, (found,) = state.observe(3.0, [EVICTED], (HELD, None), (XID,), wait=WAIT)
     assert found.details["taints"][0]["key"] == "gpu.example.com/xid" and read.pending == ()
-    late, (unread,) = state.observe(1.0 + WAIT, [EVICTED], (HELD,), (), wait=WAIT)
+    late, (unread,) = state.observe(1.0 + WAIT, [EVICTED], (HELD, None), (), wait=WAIT)
     assert unread.details["taints"] == [] and "taint the agent has not read" in unread.summary
-    assert late.pending == () and late.observe(200.0, [EVICTED], (HELD,), (XID,), wait=WAIT)[1] == []
+    assert late.pending == () and late.observe(200.0, [EVICTED], (HELD, None), (XID,), wait=WAIT)[1] == []
 
 
 def test_a_pending_eviction_survives_a_restart() -> None:
-    state, _ = _started().observe(1.0, [EVICTED], (HELD,), (), wait=WAIT)
+    state, _ = _started().observe(1.0, [EVICTED], (HELD, None), (), wait=WAIT)
     restored = Evictions.from_json(json.loads(json.dumps(state.to_json(now=11.0))), now=500.0)
     assert restored.next_look(WAIT) == 490.0 + WAIT  # its age carried, not the downtime
-    _, (change,) = restored.observe(501.0, [EVICTED], (EMPTY,), (XID,), wait=WAIT)  # devices kept
+    _, (change,) = restored.observe(501.0, [EVICTED], (EMPTY, None), (XID,), wait=WAIT)  # devices kept
     assert change.details["device_name"] == DEVICE
 
 
 def test_without_a_taint_source_an_eviction_is_told_at_once() -> None:
-    _, (change,) = _started().observe(1.0, [EVICTED], (HELD,), None, wait=WAIT)
+    _, (change,) = _started().observe(1.0, [EVICTED], (HELD, None), None, wait=WAIT)
     assert change.details["taints"] == [] and "no API server" in change.summary
 
 
@@ -144,18 +157,18 @@ def test_without_a_taint_source_an_eviction_is_told_at_once() -> None:
 def test_a_device_taint_rule_is_named() -> None:
     fields = {**dataclasses.asdict(XID), "rule": "gpu-maintenance"}
     rule = DeviceTaint(**fields)
-    _, (change,) = _started().observe(1.0, [EVICTED], (HELD,), (rule,), wait=WAIT)
+    _, (change,) = _started().observe(1.0, [EVICTED], (HELD, None), (rule,), wait=WAIT)
     assert change.details["rules"] == ["gpu-maintenance"] and "rule gpu-maintenance" in change.summary
 
 
 def test_other_disruptions_are_no_device_taint_eviction() -> None:
     for reason in ("PreemptionByScheduler", "DeletionByTaintManager", "TerminationByKubelet", ""):
         pod = dataclasses.replace(RUNNING, disruption=reason)
-        assert _started().observe(1.0, [pod], (HELD,), (XID,), wait=WAIT)[1] == []
+        assert _started().observe(1.0, [pod], (HELD, None), (XID,), wait=WAIT)[1] == []
 
 
 def test_the_kubernetes_sink_says_it_on_the_node_owner_first() -> None:
-    _, (change,) = _started().observe(1.0, [EVICTED], (HELD,), (XID,), wait=WAIT)
+    _, (change,) = _started().observe(1.0, [EVICTED], (HELD, None), (XID,), wait=WAIT)
     event = envelope(change, node="n", seq=1, cycle="c", before=None, after=None)
     (kube,) = plan([event], {}).events
     assert (kube.regarding.kind, kube.type, kube.reason) == ("Node", "Warning", "PodEvictedForDeviceTaint")

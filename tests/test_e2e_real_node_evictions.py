@@ -22,7 +22,15 @@ from testkit.agent import AgentRun, agent_against, make_settings
 from testkit.kube_controllers import KubeControllers, start_kube_controllers
 from testkit.kube_reporting import agent_identity, install_reporting
 from testkit.kube_testcluster import KubeTestCluster
-from testkit.real_dra import REQUEST, DraSetup, add_dra_driver, allocated_device, claim_of, job_pod
+from testkit.real_dra import (
+    REQUEST,
+    DraSetup,
+    add_dra_driver,
+    allocated_device,
+    claim_job,
+    claim_of,
+    job_pod,
+)
 from testkit.real_node import RealNode
 from testkit.receivers import PagerDutyReceiver
 from testkit.waiting import wait_until
@@ -198,3 +206,43 @@ async def test_an_evicted_jobs_pod_is_one_pod_evicted_naming_job_device_and_tain
         # No page beyond the device's own.
         assert [p["event_action"] for p in pager.events] == ["trigger"]
         assert pager.events[0]["payload"]["class"] == "device.unhealthy"
+
+
+async def test_an_eviction_at_once_still_names_the_taint_the_agent_reads_after_it(
+    reporting: KubeTestCluster,
+    scheduled_node: RealNode,
+    eviction_controller: KubeControllers,
+    short_tmp: Path,
+) -> None:
+    """No toleration: the controller evicts as soon as it sees the taint, often before the agent's
+    next list of the slices. The eviction waits for the taint to be read (two lists at most): still
+    one pod.evicted naming it. Whether the device's own story opened while the pod held it depends
+    on that race; nothing but that story may page."""
+    node = scheduled_node
+    dra = await add_dra_driver(node, f"t{uuid.uuid4().hex[:6]}")
+    namespace = await node.namespace(f"evict-{uuid.uuid4().hex[:6]}")
+    await claim_job(node, dra, namespace, "evicted-now")
+    pod = await job_pod(node, namespace, "evicted-now")
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    device = allocated_device(await claim_of(node, pod))
+    async with PagerDutyReceiver() as pager, _agent(short_tmp, node, pager) as run:
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+        await dra.driver.taint(device, TAINT_KEY, "79", "NoExecute")
+        await run.recorder.until(lambda: "pod.evicted" in run.recorder.kinds(mark), 40)
+        await run.recorder.until(lambda: "allocation.removed" in run.recorder.kinds(mark), 30)
+        await run.quiet_cycle()
+        kinds = run.recorder.kinds(mark)
+        assert kinds.count("pod.evicted") == 1 and kinds.count("allocation.removed") == 1
+        assert kinds.count("device.unhealthy") <= 1 and len(kinds) <= 3, kinds
+        (event,) = [e for e in run.recorder.events[mark:] if e.kind == "pod.evicted"]
+        d = event.details
+        assert (d["pod"], d["pod_uid"], d["owner"]["name"], d["device_name"]) == (
+            name,
+            uid,
+            "evicted-now",
+            device,
+        )
+        assert [(t["key"], t["effect"]) for t in d["taints"]] == [(TAINT_KEY, "NoExecute")]
+        assert all(p["payload"]["class"] == "device.unhealthy" for p in pager.events if "payload" in p)
+        assert len(pager.events) == kinds.count("device.unhealthy")

@@ -9,11 +9,12 @@ taint"), and then it deletes the pod. The kubelet copies that condition (one it 
 the status it serves, so the Pods API shows it on the node, no API server needed.
 
 The agent names what the controller does not: the devices the pod held (pod-resources, from the
-inventory that still had the pod) and the NoExecute taints on them (the ResourceSlice taints and the
-DeviceTaintRules' the sources read, `rule` naming the rule). The taint may not be read yet when the
-pod's status says why (the controller acts at once, the sources list every few seconds): an eviction
-whose devices have no NoExecute taint known waits for one up to `wait` seconds, then is told
-without it; with no taint source at all it is told at once.
+inventory that still had the pod, or from the pods it stopped listing lately: the kubelet may drop
+the pod from pod-resources before its Pods API says why) and the NoExecute taints on them (the
+ResourceSlice taints and the DeviceTaintRules' the sources read, `rule` naming the rule). The
+taint may not be read yet when the pod's status says why (the controller acts at once, the sources
+list every few seconds): an eviction whose devices have no NoExecute taint known waits for one up
+to `wait` seconds, then is told without it; with no taint source at all it is told at once.
 
 A pod is told once: its uid is kept while the kubelet still shows it (a uid never comes back) and
 saved with the state, so neither a restart nor a resync tells it again. At the very first look (no
@@ -23,16 +24,25 @@ saved state) the pods already being evicted are old news: taken as told, never r
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.devicehealth.pods import PodMeta
 from watcher.model.devicehealth.taints import DeviceTaint
-from watcher.model.inventory import Inventory
+from watcher.model.inventory import Inventory, changed_pods
+from watcher.model.records import Pod
 from watcher.model.wording import printable
 
-__all__ = ["DISRUPTION_REASON", "EVICTING_EFFECT", "Evicted", "Evictions", "evicted_devices"]
+__all__ = [
+    "DISRUPTION_REASON",
+    "EVICTING_EFFECT",
+    "Evicted",
+    "Evictions",
+    "Released",
+    "evicted_devices",
+    "released_pods",
+]
 
 # The DisruptionTarget reason the device taint eviction controller writes (1.37.2); the other
 # reasons (preemption, the node taint manager, the kubelet's own evictions) are not device taints.
@@ -40,6 +50,7 @@ DISRUPTION_REASON = "DeletionByDeviceTaintManager"
 EVICTING_EFFECT = "NoExecute"  # the only effect the controller evicts for
 _FORMAT = 1
 _PENDING_MAX = 10_000  # far above a real node's pods; a runaway bounds the state at this
+RELEASED_KEEP = 10.0  # seconds a released pod's devices are kept, at least
 
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 
@@ -57,23 +68,54 @@ class Evicted:
     since: float
 
 
+@dataclass(frozen=True)
+class Released:
+    """A pod pod-resources stopped listing (its containers ended), with the DRA devices it held
+    and when (monotonic): its status may say why only after that (the kubelet's DRA state file and
+    its Pods API update race), when neither the cycle's inventory nor the one before has the pod."""
+
+    namespace: str
+    name: str
+    devices: tuple[tuple[str, DeviceKey], ...]
+    at: float
+
+
+def _claim_devices(held: Pod) -> tuple[tuple[str, DeviceKey], ...]:
+    found = {
+        (claim.name, (d.driver, d.pool, d.device))
+        for c in held.containers
+        for claim in c.claims
+        if claim.namespace == held.namespace
+        for d in claim.devices
+    }
+    return tuple(sorted(found))
+
+
+def released_pods(after: Inventory, before: Inventory | None, now: float) -> list[Released]:
+    """The pods with DRA devices that `before` lists and `after` does not (only the pods that
+    changed are looked at: inventory.changed_pods)."""
+    if before is None or before is after:
+        return []
+    gone, _ = changed_pods(before, after)
+    out = []
+    for pod in gone:
+        if after.pod(pod.namespace, pod.name) is None and (devices := _claim_devices(pod)):
+            out.append(Released(pod.namespace, pod.name, devices, now))
+    return out
+
+
 def evicted_devices(
-    pod: PodMeta, inventories: Sequence[Inventory | None]
+    pod: PodMeta, looks: Sequence[Inventory | None], released: Sequence[Released] = ()
 ) -> tuple[tuple[str, DeviceKey], ...]:
-    """The DRA devices the pod holds, as (claim, device key), sorted: from the first inventory
-    that still has it (pod-resources drops a pod once its containers ended)."""
-    for inventory in inventories:
+    """The DRA devices the pod holds, as (claim, device key), sorted: from the first inventory of
+    `looks` that still has it, else from the pods released lately (the newest under its name)."""
+    for inventory in looks:
         held = inventory.pod(pod.namespace, pod.name) if inventory is not None else None
-        if held is None:
-            continue
-        found = {
-            (claim.name, (d.driver, d.pool, d.device))
-            for c in held.containers
-            for claim in c.claims
-            if claim.namespace == pod.namespace
-            for d in claim.devices
-        }
-        return tuple(sorted(found))
+        if held is not None:
+            return _claim_devices(held)
+    for r in reversed(released):
+        if (r.namespace, r.name) == (pod.namespace, pod.name):
+            return r.devices
     return ()
 
 
@@ -85,6 +127,9 @@ class Evictions:
     baseline: bool = False
     told: frozenset[str] = frozenset()
     pending: tuple[Evicted, ...] = ()
+    # Pods released lately (kept max(wait, RELEASED_KEEP) seconds), in memory only: after a restart
+    # the pending evictions have their devices already, and a new one is seen with its pod listed.
+    released: tuple[Released, ...] = field(default=(), compare=False)
 
     def next_look(self, wait: float) -> float | None:
         """When a pending eviction is told even without its taint."""
@@ -94,23 +139,28 @@ class Evictions:
         self,
         now: float,
         pods: Iterable[PodMeta],
-        inventories: Sequence[Inventory | None],
+        looks: tuple[Inventory, Inventory | None],
         taints: Iterable[DeviceTaint] | None,
         *,
         wait: float,
     ) -> tuple[Evictions, list[Change]]:
         """The new state and its changes. `pods`: what the Pods API shows (its live view and the
-        pods that ended since the last look); `inventories`: where the pods' devices are looked up,
-        newest first; `taints`: the taints the sources read (None: no source reads any)."""
+        pods that ended since the last look); `looks`: the cycle's inventory and the one before
+        (None: none), where the pods' devices are looked up, with the pods released between them;
+        `taints`: the taints the sources read (None: no source reads any)."""
         pods = list(pods)
+        keep = max(wait, RELEASED_KEEP)
+        released = [r for r in self.released if now - r.at < keep] + released_pods(*looks, now)
+        released = released[-_PENDING_MAX:]
         evicting = [p for p in pods if p.disruption == DISRUPTION_REASON]
         if not self.baseline:
-            return replace(self, baseline=True, told=frozenset(p.uid for p in evicting)), []
+            told = frozenset(p.uid for p in evicting)
+            return replace(self, baseline=True, told=told, released=tuple(released)), []
         waiting = {p.uid: p for p in self.pending}
         for pod in evicting:
             if pod.uid not in self.told and pod.uid not in waiting:
                 entry = {"namespace": pod.namespace, "name": pod.name, **pod.who()}
-                devices = evicted_devices(pod, inventories)
+                devices = evicted_devices(pod, looks, released)
                 waiting[pod.uid] = Evicted(pod.uid, pod.namespace, pod.name, entry, devices, now)
         noexecute = [t for t in taints if t.effect == EVICTING_EFFECT] if taints is not None else None
         changes: list[Change] = []
@@ -126,7 +176,7 @@ class Evictions:
         present = {p.uid for p in pods}
         told = frozenset(u for u in self.told if u in present) | {e.uid for e in waiting.values()}
         told -= {e.uid for e in still}
-        return Evictions(True, told, tuple(still[-_PENDING_MAX:])), changes
+        return Evictions(True, told, tuple(still[-_PENDING_MAX:]), tuple(released)), changes
 
     def to_json(self, now: float) -> dict[str, Any]:
         """For the saved state; a pending eviction's time as its age at `now` (monotonic)."""
