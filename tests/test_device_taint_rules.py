@@ -8,9 +8,10 @@ the rules last read. tests/test_e2e_device_taint_rules.py runs the same against 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,50 @@ async def test_an_empty_noexecute_rule_is_one_critical_event_paged_under_its_uid
 ) -> None:
     async with _scene(api, short_tmp) as (run, admin, pager):
         await evicts_all_then_lifted(run, admin, pager, "evict-everything", TIMEOUT)
+
+
+async def test_every_nodes_agent_folds_into_the_one_page_of_a_rule_that_evicts_everything(
+    api: FakeApiServer, short_tmp: Path
+) -> None:
+    """Two nodes, two agents, one PagerDuty service: each node tells the rule once, both trigger
+    the same dedup key (its uid), so PagerDuty opens one incident; the deletion resolves it (the
+    second node's resolve finds it resolved: a no-op at PagerDuty, which the receiver flags)."""
+    api.add_node("node-b")
+    admin_kubeconfig = api.write_kubeconfig(short_tmp / "admin", ADMIN)
+    async with (
+        PagerDutyReceiver() as pager,
+        rule_writer(admin_kubeconfig) as admin,
+        AsyncExitStack() as stack,
+    ):
+        runs = []
+        for node in (NODE, "node-b"):
+            root = short_tmp / node
+            fake = FakeKubelet(root / "kubelet", seed=21)
+            eight_gpu_node("ml", node, fake.node)
+            kubeconfig = api.write_kubeconfig(root / "agent.kubeconfig", AGENT)
+            base = dataclasses.replace(make_settings(root), node=node)
+            settings = paging_settings(base, pager.url("/v2/enqueue"), kubeconfig)
+            await stack.enter_async_context(fake)
+            runs.append(await stack.enter_async_context(running_agent(settings, fake)))
+        for run in runs:
+            await watching(run, TIMEOUT)
+        marks = [len(run.recorder.events) for run in runs]
+        made = await admin.create(rule_body("evict-everything", {}))
+        await pager.wait_for(2)
+        await admin.delete("evict-everything")
+        await pager.wait_for(4)
+        for run, mark in zip(runs, marks, strict=True):
+            await run.quiet_cycle()
+            assert device_kinds(run, mark) == ["device.taint_rule_evicts_all", "device.taint_rule_lifted"]
+    key = f"pod-resources-watcher/device-taint-rule/{made['metadata']['uid']}"
+    sent = [r.parsed for r in pager.requests]
+    assert {e["dedup_key"] for e in sent} == {key}
+    assert sorted(e["event_action"] for e in sent) == ["resolve", "resolve", "trigger", "trigger"]
+    triggers = [e for e in sent if e["event_action"] == "trigger"]
+    assert sorted(e["payload"]["source"] for e in triggers) == [NODE, "node-b"]
+    assert pager.incidents_opened() == 1
+    (second_resolve,) = pager.violations
+    assert f"resolve of dedup_key '{key}' never triggered" in second_resolve
 
 
 async def test_an_unknown_effect_pages_nothing(
