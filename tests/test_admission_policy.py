@@ -181,8 +181,8 @@ def test_the_kubelet_s_conditions_are_untouchable(kubelet_type: str, how: str) -
     assert message == (
         DENIED
         + "'pod-resources-watcher-node-status' denied request: the pod-resources-watcher agent may set "
-        "and remove only node conditions whose type ends in DevicesUnavailable or PodsRejected and whose "
-        "message starts "
+        "and remove only node conditions whose type ends in DevicesUnavailable or DevicesMissing or "
+        "PodsRejected and whose message starts "
         f"with its mark; this update adds, changes or removes: {kubelet_type}"
     )
 

@@ -36,6 +36,9 @@ CONDITION_SUFFIX = "DevicesUnavailable"
 # without it is another writer's, never changed or removed, whatever its type. The admission policy
 # (deploy/kubernetes/reporting/admissionpolicy.yaml) holds the agent to the same rule.
 OWNER_MARK = "pod-resources-watcher: "
+# A resource with fewer devices than expected has a condition of its own (missing_devices.py), owned
+# likewise: this suffix (NvidiaGpuDevicesMissing) and our mark.
+MISSING_SUFFIX = "DevicesMissing"
 # A node that keeps rejecting a resource's pods has a condition of its own (rejecting.py), owned
 # likewise: this suffix (NvidiaGpuPodsRejected) and our mark.
 REJECTING_SUFFIX = "PodsRejected"
@@ -86,6 +89,8 @@ def check_condition_type(value: str) -> str | None:
 
 def is_owned(ctype: str, message: str | None) -> bool:
     """Whether a condition on the node is one this agent wrote: our suffix and our mark."""
+    if ctype.endswith(MISSING_SUFFIX) and ctype != MISSING_SUFFIX and _TYPE.fullmatch(ctype):
+        return (message or "").startswith(OWNER_MARK)
     rejecting = ctype.endswith(REJECTING_SUFFIX) and ctype != REJECTING_SUFFIX and _TYPE.fullmatch(ctype)
     return (check_condition_type(ctype) is None or bool(rejecting)) and (message or "").startswith(OWNER_MARK)
 

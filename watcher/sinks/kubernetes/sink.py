@@ -19,6 +19,7 @@ from watcher.sinks.base import Capabilities, KeyValue, Outcome, SinkContext
 from watcher.sinks.kubernetes.condition_plan import NodeCondition, conditions_for, shared_types
 from watcher.sinks.kubernetes.conditions import condition_patch, taken_types, write_conditions
 from watcher.sinks.kubernetes.events import EventWriter, fresh_records
+from watcher.sinks.kubernetes.missing_devices import short_after, short_conditions
 from watcher.sinks.kubernetes.planner import Missing, plan
 from watcher.sinks.kubernetes.refusals import refused_outcome
 from watcher.sinks.kubernetes.rejecting import rejecting_after, rejecting_conditions
@@ -85,6 +86,10 @@ class KubernetesSink:
             base: Missing = (progress.get("base") if resumed else state.get("missing")) or {}
             done: list[str] = list(progress.get("done", [])) if resumed else []
             report = plan(fresh, base)
+            # Fewer devices than expected: its own condition, kept beside the missing devices so
+            # that every write (and a start's prune) carries it.
+            short = short_after(fresh, state.get("short") or {})
+            short_moved = short != (state.get("short") or {})
             # A node that keeps rejecting a resource's pods: its own condition, kept beside the
             # missing devices so that every write (and a start's prune) carries it.
             rejecting = rejecting_after(fresh, state.get("rejecting") or {})
@@ -97,6 +102,7 @@ class KubernetesSink:
                     {
                         "applied": applied,
                         "missing": report.missing,
+                        "short": short,
                         "rejecting": rejecting,
                         "events": records,
                         "progress": {"batch": batch, "done": done, "base": base},
@@ -108,7 +114,8 @@ class KubernetesSink:
                 # The condition first: one write, and what remediation acts on; a mass failure's
                 # Events (one per pod hit, each a read and a write at api_rate) follow. Its state
                 # is saved at once, so the store never disagrees with what the node says.
-                if self.settings.conditions and (report.resources or report.started or rejecting_moved):
+                moved = rejecting_moved or short_moved
+                if self.settings.conditions and (report.resources or report.started or moved):
                     overrides = self.settings.condition_types
                     shared = shared_types(report.resources | set(report.missing), overrides)
                     if shared:
@@ -121,6 +128,7 @@ class KubernetesSink:
                             shared=shared,
                         )
                     wanted = conditions_for(report.missing, report.resources, overrides)
+                    wanted += short_conditions(short)
                     wanted += rejecting_conditions(rejecting)
                     await self._apply(wanted, prune=report.started)
                 await save()

@@ -1,0 +1,181 @@
+"""Devices that vanish entirely, on a real node (upstream's kubelet, peers/cmd/kubelet): a device
+plugin drops a GPU from its ListAndWatch list (as some plugins do with a GPU that fell off the bus),
+and the expected count comes from a label on the real API server's Node, read by the agent as its own
+service account (the shipped RBAC and admission policy in force). One device.missing, one page and
+the Node condition True; the GPU back: one device.missing_resolved, the page resolved, the condition
+False. A GPU that only turns unhealthy is still known (the Node's capacity counts it) and a kubelet
+restart's warm-up holds: neither is a device.missing."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testkit.agent import AgentRun, agent_against, make_settings
+from testkit.kube_reporting import agent_identity, install_reporting
+from testkit.kube_testcluster import KubeTestCluster
+from testkit.real_node import RealNode
+from testkit.receivers import PagerDutyReceiver
+from testkit.waiting import wait_until
+from watcher.settings_file import parse_settings
+from watcher.sinks.kubernetes import KubernetesSinkSettings
+from watcher.sources.expected_settings import ExpectedSettings
+
+# A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+GPU = "example.com/gpu"
+GPUS = {"gpu0": (0,), "gpu1": (1,)}
+LABEL = "example.com/gpu.count"
+CONDITION = "ExampleGpuDevicesMissing"
+PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
+
+
+@pytest.fixture(scope="module")
+def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
+    """The session's cluster with the shipped RBAC and admission policy in force."""
+    asyncio.run(install_reporting(kube_cluster))
+    return kube_cluster
+
+
+@asynccontextmanager
+async def _agent(short_tmp: Path, node: RealNode, pager: PagerDutyReceiver) -> AsyncIterator[AgentRun]:
+    """The agent on the real kubelet, expecting the count `LABEL` says, reading its Node and writing
+    its conditions as its own service account. The pager gets the missing-device story only: a
+    device leaving allocatable keeps its own page (device.removed), as it always did."""
+    parsed = parse_settings(
+        {
+            "sinks": {
+                "pager": {
+                    "type": "pagerduty",
+                    "routing_key": PD_KEY,
+                    "endpoint": pager.url("/v2/enqueue"),
+                    "resolve_hold_down": 0.0,
+                    "kinds": ["device.missing", "device.missing_resolved"],
+                }
+            }
+        }
+    )
+    kubeconfig = await asyncio.to_thread(
+        agent_identity, node.cluster, node.name, f"agent-{uuid.uuid4().hex[:6]}"
+    )
+    kube = KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig, api_rate=50.0)
+    base = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
+    settings = dataclasses.replace(
+        base,
+        sinks=(*base.sinks, *parsed.sinks, kube),
+        expected=ExpectedSettings(labels={GPU: LABEL}, interval=1.0),
+    )
+    async with agent_against(settings) as run:
+        await run.pods_watching(timeout=30)
+        await run.released()
+        yield run
+
+
+async def _condition(node: RealNode) -> dict[str, Any] | None:
+    seen = await node.get("node", node.name)
+    found = [c for c in seen["status"].get("conditions", []) if c["type"] == CONDITION]
+    return found[0] if found else None
+
+
+async def _until_condition(node: RealNode, status: str) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    async def has() -> bool:
+        seen["c"] = await _condition(node)
+        return seen["c"] is not None and seen["c"]["status"] == status
+
+    await wait_until(has, timeout=30, interval=0.2, what=f"{CONDITION} {status} on {node.name}")
+    return seen["c"]  # type: ignore[no-any-return]
+
+
+async def _capacity(node: RealNode) -> str | None:
+    seen = await node.get("node", node.name)
+    return seen["status"].get("capacity", {}).get(GPU)  # type: ignore[no-any-return]
+
+
+async def _until_capacity(node: RealNode, count: int) -> None:
+    async def says() -> bool:
+        return await _capacity(node) == str(count)
+
+    await wait_until(says, timeout=30, interval=0.2, what=f"the kubelet's capacity of {GPU} = {count}")
+
+
+def _expected_read(run: AgentRun, count: int) -> bool:
+    said = run.agent.status.readiness().details.get("expected_devices") or {}
+    return said.get("expected") == {GPU: count} and said.get("capacity") == {GPU: count}
+
+
+async def test_a_gpu_dropped_from_its_plugins_list_is_one_missing_one_page_and_the_condition(
+    reporting: KubeTestCluster, real_node: RealNode, short_tmp: Path
+) -> None:
+    plugin = await real_node.add_plugin(GPU, GPUS)
+    await _until_capacity(real_node, 2)
+    real_node.kubectl("label", "node", real_node.name, f"{LABEL}=2")
+    async with PagerDutyReceiver() as pager, _agent(short_tmp, real_node, pager) as run:
+        await run.recorder.until(lambda: _expected_read(run, 2), timeout=30)
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+
+        # Unhealthy first: it leaves allocatable, the kubelet still counts it: not missing.
+        await plugin.set_healthy("gpu0", False)
+        await run.recorder.until(lambda: "device.removed" in run.recorder.kinds(mark), timeout=15)
+        await _until_capacity(real_node, 2)
+        await run.quiet_cycle()
+        await plugin.set_healthy("gpu0", True)
+        await run.recorder.until(lambda: "device.added" in run.recorder.kinds(mark), timeout=15)
+        await run.quiet_cycle()
+        assert "device.missing" not in run.recorder.kinds(mark)
+        assert pager.events == []
+
+        # Dropped from the plugin's list: the kubelet no longer knows it.
+        await plugin.remove_device("gpu1")
+        await _until_capacity(real_node, 1)
+        await pager.wait_for(1, timeout=30)
+        condition = await _until_condition(real_node, "True")
+        assert "1 of 2" in condition["message"] and condition["reason"] == "DevicesMissing"
+        (missing,) = [e for e in run.recorder.events[mark:] if e.kind == "device.missing"]
+        assert missing.details["expected"] == 2 and missing.details["known"] == 1
+        assert missing.details["devices"] == ["gpu1"]
+        assert [p["event_action"] for p in pager.events] == ["trigger"]
+
+        await plugin.add_device("gpu1", (1,))
+        await pager.wait_for(2, timeout=30)
+        await _until_condition(real_node, "False")
+        await run.quiet_cycle()
+        kinds = run.recorder.kinds(mark)
+        assert kinds.count("device.missing") == 1 and kinds.count("device.missing_resolved") == 1
+        assert [p["event_action"] for p in pager.events] == ["trigger", "resolve"]
+        assert len({p["dedup_key"] for p in pager.events}) == 1
+
+
+async def test_a_kubelet_restart_with_an_expectation_is_no_missing_device(
+    reporting: KubeTestCluster, real_node: RealNode, short_tmp: Path
+) -> None:
+    """The kubelet's capacity of a plugin's resource is 0 from its restart until the plugin
+    registers again; the agent's warm-up hold and the larger of the two counts keep that quiet."""
+    await real_node.add_plugin(GPU, GPUS)
+    await _until_capacity(real_node, 2)
+    real_node.kubectl("label", "node", real_node.name, f"{LABEL}=2")
+    async with PagerDutyReceiver() as pager, _agent(short_tmp, real_node, pager) as run:
+        await run.recorder.until(lambda: _expected_read(run, 2), timeout=30)
+        await run.quiet_cycle()
+        mark = len(run.recorder.events)
+        await real_node.restart()
+        await run.recorder.until(lambda: "kubelet.restarted" in run.recorder.kinds(mark), timeout=60)
+        await real_node.wait_allocatable(GPU, set(GPUS), timeout=30)
+        await run.released()
+        await _until_capacity(real_node, 2)
+        await run.recorder.until(lambda: _expected_read(run, 2), timeout=30)
+        await run.quiet_cycle()
+        assert "device.missing" not in run.recorder.kinds(mark), run.recorder.kinds(mark)
+        assert pager.events == []
+        condition = await _condition(real_node)
+        assert condition is None or condition["status"] == "False"
