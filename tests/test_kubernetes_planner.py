@@ -355,6 +355,32 @@ def test_dra_health_stories_leave_the_node_conditions_alone_and_are_node_events(
     assert [e.reason for e in _by(report.events, "Node")] == ["DeviceFlapping", "DeviceIncident"]
 
 
+def test_a_taint_rules_stories_set_no_condition_and_a_rule_that_evicts_all_is_a_node_event() -> None:
+    """A DeviceTaintRule's taints are DRA stories like the slices': eight devices tainted by one rule
+    (an incident) set no condition; a rule evicting from every device is a Node Event, and its lift."""
+    rule = {"resource": "gpu.nvidia.com", "source": "device-taint-rule", "sources": ["device-taint-rule"]}
+    devices = [f"node-1/gpu-{i}" for i in range(8)]
+    incident = Change(
+        Kind.DEVICE_INCIDENT,
+        Severity.CRITICAL,
+        "8 turned unhealthy",
+        {**rule, "allocated_to": ["ml/llm-0/trainer"], "incident": "i", "devices": devices},
+    )
+    evicts = {"rule": "evict-all", "rule_uid": "u1", "source": "device-taint-rule"}
+    changes = [
+        incident,
+        Change(Kind.DEVICE_TAINT_RULE_EVICTS_ALL, Severity.CRITICAL, "evicts all", evicts),
+        Change(Kind.DEVICE_TAINT_RULE_LIFTED, Severity.INFO, "lifted", {**evicts, "why": "deleted"}),
+    ]
+    report = plan(_events(changes), {})
+    assert report.missing == {} and report.resources == set()
+    assert [e.reason for e in _by(report.events, "Node")] == [
+        "DeviceIncident",
+        "DeviceTaintRuleEvictsAll",
+        "DeviceTaintRuleLifted",
+    ]
+
+
 def test_a_taint_only_dra_incident_never_sets_a_condition_and_a_stuck_one_is_pruned_at_start() -> None:
     """Issue 36 item 6: 8 held DRA GPUs tainted NoExecute in one slice update (an incident) set
     GpuNvidiaComDevicesUnavailable=True, and the taints' removal never cleared it. Whichever source

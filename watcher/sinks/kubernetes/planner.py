@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from watcher.model.changes import Kind
 from watcher.model.devicehealth.affected import hit_pods, owner_text
+from watcher.model.devicehealth.taints import RULE_SOURCE
 from watcher.model.devicehealth.verdicts import SLICE_SOURCE
 from watcher.model.devicehealth.verdicts import SOURCE as POD_STATUS
 from watcher.model.events import Event
@@ -77,6 +78,8 @@ NODE_REASONS = {
     "PodResourcesApiDegraded": "part of the pod-resources API is disabled or failing",
     "InvalidDeviceText": "the kubelet's answer carried a name or id that is not valid UTF-8",
     "PodResourcesAnswerTooLarge": "the kubelet's answer is over the receive limit: the agent is blind",
+    "DeviceTaintRuleEvictsAll": "an admin's DeviceTaintRule evicts every DRA pod of the cluster",
+    "DeviceTaintRuleLifted": "that rule is deleted or no longer evicts from every device",
     "SendTest": "`send-test` checked the sink: no action needed",
 }
 
@@ -86,6 +89,8 @@ _NODE_EVENTS: dict[Kind, tuple[str, Literal["Normal", "Warning"]]] = {
     Kind.DEVICE_FLAPPING: ("DeviceFlapping", "Warning"),
     Kind.DEVICE_INCIDENT: ("DeviceIncident", "Warning"),
     Kind.DEVICE_INCIDENT_RESOLVED: ("DeviceIncidentResolved", "Normal"),
+    Kind.DEVICE_TAINT_RULE_EVICTS_ALL: ("DeviceTaintRuleEvictsAll", "Warning"),
+    Kind.DEVICE_TAINT_RULE_LIFTED: ("DeviceTaintRuleLifted", "Normal"),
     Kind.POD_EVICTED: ("PodEvictedForDeviceTaint", "Warning"),
     Kind.NODE_REJECTING_PODS: ("NodeRejectingPods", "Warning"),
     Kind.NODE_REJECTING_PODS_ENDED: ("NodeRejectingPodsEnded", "Normal"),
@@ -111,9 +116,10 @@ ACTION = "WatchPodResources"
 # resource -> device -> the containers ("namespace/pod/container") holding it when it went missing.
 Missing = dict[str, dict[str, list[str]]]
 
-# Where a DRA device's story comes from (its holders' Pod status, its ResourceSlice's taints): such a
-# device is never in allocatable, which the Node conditions are kept from and reconciled against.
-_DRA_SOURCES = frozenset({POD_STATUS, SLICE_SOURCE})
+# Where a DRA device's story comes from (its holders' Pod status, its ResourceSlice's taints, an
+# admin's DeviceTaintRule): such a device is never in allocatable, which the Node conditions are kept
+# from and reconciled against.
+_DRA_SOURCES = frozenset({POD_STATUS, SLICE_SOURCE, RULE_SOURCE})
 
 
 @dataclass(frozen=True)
