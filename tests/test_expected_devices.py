@@ -220,6 +220,41 @@ async def test_the_agent_pages_a_dropped_device_once_and_resolves_it(short_tmp: 
             stop.set()
 
 
+async def _one_life(fake: FakeKubelet, short_tmp: Path, first: bool) -> None:
+    """One run of the agent on the same state dir: the first sees gpu3 dropped, the second it back."""
+    stop = asyncio.Event()
+    wanted = ExpectedSettings(devices={XGPU: 4}, interval=1.0)
+    source = _ScriptedNode(fake, {}, stop, settings=wanted, trigger=_Wake())
+    async with running_agent(make_settings(short_tmp), fake, sources=[source]) as run:
+        source.trigger = run.agent.notifier.trigger
+        try:
+            await run.recorder.kinds_after(0, 1)
+            await run.recorder.until(lambda: source.capacity is not None, 10)
+            await run.quiet_cycle()
+            if first:
+                fake.remove_device(XGPU, "gpu3")
+                await source.read()
+                await run.recorder.until(lambda: "device.missing" in run.recorder.kinds(), 10)
+                return
+            assert "device.missing" not in run.recorder.kinds()  # saved: not told again
+            fake.add_device(XGPU, "gpu3", [1])
+            await source.read()
+            await run.recorder.until(lambda: "device.missing_resolved" in run.recorder.kinds(), 10)
+            (resolved,) = [e for e in run.recorder.events if e.kind == "device.missing_resolved"]
+            assert resolved.details["devices"] == ["gpu3"] and resolved.details["known"] == 4
+        finally:
+            stop.set()
+
+
+async def test_an_agent_restart_neither_pages_it_again_nor_loses_its_resolve(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=41)
+    for n in range(4):
+        fake.add_device(XGPU, f"gpu{n}", [n % 2])
+    async with fake:
+        await _one_life(fake, short_tmp, first=True)
+        await _one_life(fake, short_tmp, first=False)
+
+
 def test_the_node_condition_is_true_while_missing_and_false_when_back() -> None:
     from watcher.sinks.kubernetes.condition_plan import OWNER_MARK, is_owned
     from watcher.sinks.kubernetes.missing_devices import missing_type, short_after, short_conditions
@@ -236,3 +271,18 @@ def test_the_node_condition_is_true_while_missing_and_false_when_back() -> None:
     assert short_conditions(short_after([], opened)) == [cond]
     (back,) = short_conditions(short_after([_event(resolved)], opened))
     assert (back.type, back.status, back.reason) == ("NvidiaGpuDevicesMissing", "False", "DevicesAsExpected")
+
+
+def test_a_pending_pods_extended_limits_are_what_it_waits_for() -> None:
+    from watcher.kubeletapi.k8s import core_v1_pb2, meta_v1_pb2
+    from watcher.sources.pods_api.decoding import pod_meta
+
+    pod = core_v1_pb2.Pod(metadata=meta_v1_pb2.ObjectMeta(name="train-0", namespace="ml", uid="u-9"))
+    main = pod.spec.containers.add(name="main")
+    for name in (GPU, "cpu", "memory", "hugepages-2Mi"):
+        main.resources.limits[name].string = "1"
+    pod.spec.initContainers.add(name="init").resources.limits["example.com/nic"].string = "1"
+    pod.status.phase = "Pending"
+    assert pod_meta(pod.SerializeToString(), labels=()).wants == ("example.com/nic", GPU)
+    pod.status.phase = "Running"  # admitted: it holds what it asked for, and decodes as before
+    assert pod_meta(pod.SerializeToString(), labels=()).wants == ()
