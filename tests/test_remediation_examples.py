@@ -31,10 +31,12 @@ from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod
 from watcher.sinks.kubernetes import KubernetesSinkSettings
 from watcher.sinks.kubernetes.condition_plan import (
     CONDITION_SUFFIX,
+    MISSING_SUFFIX,
     REJECTING_SUFFIX,
     check_condition_type,
     condition_type,
 )
+from watcher.sinks.kubernetes.missing_devices import missing_type
 from watcher.sinks.kubernetes.rejecting import rejecting_type
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,9 +50,8 @@ SINK_CODE = ROOT / "watcher" / "sinks" / "kubernetes"
 
 # The examples are for this resource: GPU feature discovery's label selects its nodes.
 GPU = "nvidia.com/gpu"
-# Every kind of Node condition the agent owns, by the ending of its type, from the code but for
-# DevicesMissing (issue 40 point 4), the name the issue gave it, checked against the sink's code below.
-SUFFIXES = (CONDITION_SUFFIX, "DevicesMissing", REJECTING_SUFFIX)
+# Every kind of Node condition the agent owns, by the ending of its type (the sink's constants).
+SUFFIXES = (CONDITION_SUFFIX, MISSING_SUFFIX, REJECTING_SUFFIX)
 # The kubelet's own condition, kept in the NodeHealthCheck: listing ours replaces the default.
 KUBELET_TYPES = {"Ready"}
 
@@ -65,8 +66,7 @@ def _load(path: Path) -> dict[str, Any]:
 def agent_types(resource: str) -> set[str]:
     """The condition types the agent writes for `resource`, as the sink's code derives them (so a
     rename in the code changes these)."""
-    missing = condition_type(resource).removesuffix(CONDITION_SUFFIX) + "DevicesMissing"
-    return {condition_type(resource), missing, rejecting_type(resource)}
+    return {condition_type(resource), missing_type(resource), rejecting_type(resource)}
 
 
 def _suffix_constants() -> set[str]:
