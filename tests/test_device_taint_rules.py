@@ -150,6 +150,44 @@ async def test_every_nodes_agent_folds_into_the_one_page_of_a_rule_that_evicts_e
     assert f"resolve of dedup_key '{key}' never triggered" in second_resolve
 
 
+async def test_a_restart_neither_tells_the_rule_again_nor_loses_its_lift(
+    api: FakeApiServer, short_tmp: Path
+) -> None:
+    """The open rule is in the saved state: the restarted agent reads the same rule and says
+    nothing (no second event, no second trigger); its deletion then is the one lift and resolve."""
+    fake = FakeKubelet(short_tmp / "kubelet", seed=21)
+    eight_gpu_node("ml", NODE, fake.node)
+    kubeconfig = api.write_kubeconfig(short_tmp / "agent.kubeconfig", AGENT)
+    async with (
+        PagerDutyReceiver() as pager,
+        rule_writer(api.write_kubeconfig(short_tmp / "admin", ADMIN)) as admin,
+        fake,
+    ):
+        settings = paging_settings(make_settings(short_tmp), pager.url("/v2/enqueue"), kubeconfig)
+        async with running_agent(settings, fake) as run:
+            await watching(run, TIMEOUT)
+            await admin.create(rule_body("evict-everything", {}))
+            await run.recorder.until(
+                lambda: device_kinds(run, 0) == ["device.taint_rule_evicts_all"], TIMEOUT
+            )
+            await pager.wait_accepted(1)
+        async with running_agent(settings, fake) as again:
+            source = await watching(again, TIMEOUT)
+            assert source.rules is not None and [r.name for r in source.rules] == ["evict-everything"]
+            for _ in range(2):
+                await again.quiet_cycle()
+            assert device_kinds(again, 0) == []
+            await admin.delete("evict-everything")
+            lifted = ["device.taint_rule_lifted"]
+            await again.recorder.until(lambda: device_kinds(again, 0) == lifted, TIMEOUT)
+            await pager.wait_accepted(2)
+            await again.quiet_cycle()
+            assert device_kinds(again, 0) == lifted
+    assert [e["event_action"] for e in pager.events] == ["trigger", "resolve"]
+    assert pager.incidents_opened() == 1
+    assert pager.violations == []
+
+
 async def test_an_unknown_effect_pages_nothing(
     api: FakeApiServer, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
