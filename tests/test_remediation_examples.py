@@ -38,6 +38,7 @@ from watcher.sinks.kubernetes.condition_plan import (
 )
 from watcher.sinks.kubernetes.missing_devices import missing_type
 from watcher.sinks.kubernetes.rejecting import rejecting_type
+from watcher.sources.expected_settings import ExpectedSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "deploy" / "remediation"
@@ -375,20 +376,39 @@ async def _restarted_quietly(gpu_node: GpuNode, fake: Any) -> None:
 
 
 @pytest.mark.e2e
-async def test_an_agent_restart_leaves_a_true_condition_as_it_is_on_the_real_server(
+async def test_an_agent_restart_leaves_true_conditions_as_they_are_on_the_real_server(
     kube_cluster: KubeTestCluster, short_tmp: Path, start_kubelet: StartKubelet
 ) -> None:
     # What both examples count on: a restart is no heal. The Node is written by no one but the
     # agent here (no kubelet), so an unchanged resourceVersion means the restart wrote nothing.
     gpu_node = await GpuNode.make(kube_cluster, short_tmp)
+    # Three GPUs expected, two known (the capacity a kubelet would post): DevicesMissing as well.
+    capacity = json.dumps({"status": {"capacity": {GPU: "2"}}})
+    kube_cluster.kubectl("patch", "node", gpu_node.placed.node, "--subresource=status", "-p", capacity)
+    expected = ExpectedSettings(devices={GPU: 3}, interval=1.0)
+    gpu_node = dataclasses.replace(
+        gpu_node, settings=dataclasses.replace(gpu_node.settings, expected=expected)
+    )
     fake = await start_kubelet(gpu_node.fake_node())
+
+    async def ours() -> dict[str, dict[str, Any]]:
+        conditions = (await gpu_node.node())["status"].get("conditions", [])
+        return {c["type"]: c for c in conditions if c["type"] in agent_types(GPU)}
+
+    async def both_true() -> bool:
+        found = await ours()
+        return all(found.get(t, {}).get("status") == "True" for t in (condition_type(GPU), missing_type(GPU)))
+
     async with running_agent(gpu_node.settings, fake):
         await gpu_node.until_status("False")
         fake.make_unhealthy(GPU, HELD)
-        failed = await gpu_node.until_status("True")
+        await wait_until(
+            both_true, timeout=30, interval=0.2, what="DevicesUnavailable and DevicesMissing True"
+        )
+    before_restart = await ours()
     before = (await gpu_node.node())["metadata"]["resourceVersion"]
     await _restarted_quietly(gpu_node, fake)
-    assert await gpu_node.condition() == failed
+    assert await ours() == before_restart
     assert (await gpu_node.node())["metadata"]["resourceVersion"] == before
 
 
