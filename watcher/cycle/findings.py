@@ -140,17 +140,18 @@ def conclude(
         evictions, evicted = draft.evictions.observe(now, seen, (after, before), evidence.taints, wait=wait)
         changes.extend(evicted)
         draft = dataclasses.replace(draft, evictions=evictions)
-    # Fewer devices known to the kubelet than the operator expects (watcher.model.expected): judged
-    # on the presented inventory, so the warm-up's hold covers a restart here too.
-    expected, missing = draft.expected.observe(
-        evidence.expected,
-        _ids_by_resource(after),
-        evidence.capacity,
-        waiting=waiting_for(pods, evidence.expected) if pods is not None else {},
-        holding=draft.settling.holding,
-    )
-    changes.extend(missing)
-    draft = dataclasses.replace(draft, expected=expected)
+    if evidence.expected is not None:  # no expectation read (or none configured): nothing to judge
+        # Fewer devices known to the kubelet than the operator expects (watcher.model.expected):
+        # judged on the presented inventory, so the warm-up's hold covers a restart here too.
+        expected, missing = draft.expected.observe(
+            evidence.expected,
+            _ids_by_resource(after),
+            evidence.capacity,
+            waiting=waiting_for(pods, evidence.expected) if pods is not None else {},
+            holding=draft.settling.holding,
+        )
+        changes.extend(missing)
+        draft = dataclasses.replace(draft, expected=expected)
     rejections = draft.rejections
     if pods is not None:
         # Pods the kubelet failed at admission for a device reason (watcher.model.rejections).
