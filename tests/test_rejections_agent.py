@@ -114,3 +114,32 @@ async def test_twelve_rejected_pods_are_one_page_resolved_after_the_window(short
         assert trigger["payload"]["summary"].startswith("Job ml/llm-pretrain")
         assert "node keeps rejecting nvidia.com/gpu pods" in trigger["payload"]["summary"]
         assert pager.events[1]["dedup_key"] == trigger["dedup_key"]
+
+
+async def test_rejected_pods_gone_from_the_pods_api_a_while_are_not_told_again(short_tmp: Path) -> None:
+    """As a restarted kubelet's Pods API shows its failed pods again only once it has read them back
+    from the API server: they leave the agent's view (DELETED), a look passes without them, and they
+    come back (ADDED). None is told again and nothing pages again."""
+    fake = FakeKubelet(short_tmp / "kubelet", seed=7)
+    async with fake, PagerDutyReceiver() as pager, _agent(short_tmp, fake, pager) as run:
+        mark = len(run.recorder.events)
+        keys = [("ml", f"worker-{i}") for i in range(4)]
+        for _, name in keys:
+            fake.add_pod(rejected(fake.node, _pod(name), GPU, 8))
+        await run.recorder.until(lambda: run.recorder.kinds(mark).count("pod.rejected") == 4)
+        await pager.wait_for(1, timeout=5)
+        uids = {fake.node.pods[key].uid for key in keys}
+        watch, api = run.agent.pods_watch, fake.pods_api
+        assert watch is not None and api is not None
+        after = len(run.recorder.events)
+        fake.plugins.hidden_pods.update(keys)
+        api.changed()
+        await run.recorder.until(lambda: not uids & watch.index.uids())
+        await run.quiet_cycle()  # a look without them
+        fake.plugins.hidden_pods.difference_update(keys)
+        api.changed()
+        await run.recorder.until(lambda: uids <= watch.index.uids())
+        await run.quiet_cycle()
+        kinds = run.recorder.kinds(after)
+        assert not {"pod.rejected", "node.rejecting_pods"} & set(kinds), kinds
+        assert [e["event_action"] for e in pager.events] == ["trigger"]
