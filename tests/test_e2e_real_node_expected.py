@@ -108,6 +108,12 @@ async def _until_capacity(node: RealNode, count: int) -> None:
     await wait_until(says, timeout=30, interval=0.2, what=f"the kubelet's capacity of {GPU} = {count}")
 
 
+async def _node_event_reasons(node: RealNode) -> list[str]:
+    """The agent's Node Events about missing devices (the Node's Events live in "default")."""
+    events = await node.get("events", "-n", "default", "--field-selector", f"involvedObject.name={node.name}")
+    return sorted(e["reason"] for e in events["items"] if e["reason"].startswith("DevicesMissing"))
+
+
 def _expected_read(run: AgentRun, count: int) -> bool:
     said = run.agent.status.readiness().details.get("expected_devices") or {}
     return said.get("expected") == {GPU: count} and said.get("capacity") == {GPU: count}
@@ -154,6 +160,7 @@ async def test_a_gpu_dropped_from_its_plugins_list_is_one_missing_one_page_and_t
         assert kinds.count("device.missing") == 1 and kinds.count("device.missing_resolved") == 1
         assert [p["event_action"] for p in pager.events] == ["trigger", "resolve"]
         assert len({p["dedup_key"] for p in pager.events}) == 1
+    assert await _node_event_reasons(real_node) == ["DevicesMissing", "DevicesMissingResolved"]
 
 
 async def test_a_kubelet_restart_with_an_expectation_is_no_missing_device(
