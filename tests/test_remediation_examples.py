@@ -28,6 +28,7 @@ from testkit.kube_reporting import Placement, install_reporting, place_agent
 from testkit.kube_testcluster import KubeTestCluster, stop_process
 from testkit.waiting import wait_until
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod
+from watcher.sim.fake_pod_objects import rejected
 from watcher.sinks.kubernetes import KubernetesSinkSettings
 from watcher.sinks.kubernetes.condition_plan import (
     CONDITION_SUFFIX,
@@ -395,16 +396,18 @@ async def test_an_agent_restart_leaves_true_conditions_as_they_are_on_the_real_s
         conditions = (await gpu_node.node())["status"].get("conditions", [])
         return {c["type"]: c for c in conditions if c["type"] in agent_types(GPU)}
 
-    async def both_true() -> bool:
+    async def all_true() -> bool:
         found = await ours()
-        return all(found.get(t, {}).get("status") == "True" for t in (condition_type(GPU), missing_type(GPU)))
+        return all(found.get(t, {}).get("status") == "True" for t in agent_types(GPU))
 
-    async with running_agent(gpu_node.settings, fake):
+    async with running_agent(gpu_node.settings, fake) as run:
+        await run.pods_watching()
         await gpu_node.until_status("False")
         fake.make_unhealthy(GPU, HELD)
-        await wait_until(
-            both_true, timeout=30, interval=0.2, what="DevicesUnavailable and DevicesMissing True"
-        )
+        # And PodsRejected: three GPU pods failed at admission within the window (3 in 300 s).
+        for n in range(3):
+            fake.add_pod(rejected(fake.node, FakePod(gpu_node.placed.namespace, f"rejected-{n}"), GPU, 8))
+        await wait_until(all_true, timeout=30, interval=0.2, what="all three conditions True")
     before_restart = await ours()
     before = (await gpu_node.node())["metadata"]["resourceVersion"]
     await _restarted_quietly(gpu_node, fake)
