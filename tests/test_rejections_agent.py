@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
+
 from testkit.agent import Running, make_settings, running_agent
 from testkit.receivers import PagerDutyReceiver
 from testkit.waiting import wait_until
@@ -19,6 +21,7 @@ from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeOwner, FakePod
 from watcher.sim.fake_pod_objects import rejected
+from watcher.sim.fake_script import ScriptError, parse_script, play
 
 GPU = "nvidia.com/gpu"
 PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
@@ -143,3 +146,25 @@ async def test_rejected_pods_gone_from_the_pods_api_a_while_are_not_told_again(s
         kinds = run.recorder.kinds(after)
         assert not {"pod.rejected", "node.rejecting_pods"} & set(kinds), kinds
         assert [e["event_action"] for e in pager.events] == ["trigger"]
+
+
+async def test_a_scenario_files_reject_step_is_one_pod_rejected(short_tmp: Path) -> None:
+    """`fake-kubelet --script`'s `reject` (docs/cli.md): the same pod, reason and words."""
+    steps = parse_script("0 reject ml/job-2 nvidia.com/gpu 2\n")
+    with pytest.raises(ScriptError, match="usage: AT reject"):
+        parse_script("0 reject ml/job-2 nvidia.com/gpu 0\n")
+    fake = FakeKubelet(short_tmp / "kubelet", seed=8)
+    async with fake, PagerDutyReceiver() as pager, _agent(short_tmp, fake, pager) as run:
+        mark = len(run.recorder.events)
+        await play(fake, steps)
+        await run.recorder.until(lambda: "pod.rejected" in run.recorder.kinds(mark))
+        await run.quiet_cycle()
+        assert run.recorder.kinds(mark) == ["pod.rejected"]
+        d = run.recorder.events[mark].details
+        assert (d["namespace"], d["pod"], d["resource"], d["reason"]) == (
+            "ml",
+            "job-2",
+            GPU,
+            "UnexpectedAdmissionError",
+        )
+        assert "Requested: 2, Available: 3" in d["message"]

@@ -11,6 +11,7 @@ of time; `#` starts a comment:
     8s   free      ml/job-1
     8s   dra-health gpu.example.com/node-a/gpu-8 Unhealthy critical XID 79 reported by NVML
     8s   phase     ml/job-1 Failed                # a Pods API status change (no device moves)
+    8s   reject    ml/job-2 nvidia.com/gpu 2      # refused at admission, the device manager's words
     9s   restart   downtime=0.5 warmup           # socket replaced; plugins re-register one by one
     12s  end                                     # stop serving (else it serves until Ctrl-C)
 
@@ -29,7 +30,9 @@ from pathlib import Path
 
 from watcher.sim.fake_dra import HEALTH_STATES
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_node import FakePod
 from watcher.sim.fake_plugins import Warmup
+from watcher.sim.fake_pod_objects import rejected
 
 __all__ = [
     "Step",
@@ -52,6 +55,7 @@ ACTIONS = {
     "free": "NAMESPACE/POD",
     "dra-health": "DRIVER/POOL/DEVICE Healthy|Unhealthy|Unknown [MESSAGE...]",
     "phase": "NAMESPACE/POD PHASE",
+    "reject": "NAMESPACE/POD RESOURCE [COUNT]",
     "restart": "[downtime=SECONDS] [warmup]",
     "end": "",
 }
@@ -127,6 +131,8 @@ def _check(step: Step, where: str) -> None:
         raise ScriptError(usage)
     if step.action == "phase" and (n != 2 or step.args[0].count("/") != 1):
         raise ScriptError(usage)
+    if step.action == "reject" and not _reject_ok(step.args):
+        raise ScriptError(usage)
     if step.action == "restart":
         for arg in step.args:
             if arg == "warmup":
@@ -181,9 +187,23 @@ async def play(
         if step.action == "end":
             return
         try:
-            await _do(kubelet, step)
+            await (_reject if step.action == "reject" else _do)(kubelet, step)
         except KeyError as err:
             say(f"  line {step.line}: no such {err.args[0]} on this node; step skipped")
+
+
+def _reject_ok(args: Sequence[str]) -> bool:
+    """`reject NAMESPACE/POD RESOURCE [COUNT]`: a pod name, a resource, a count of at least one."""
+    count_ok = len(args) == 2 or (
+        len(args) == 3 and _NUMA.fullmatch(args[2]) is not None and int(args[2]) > 0
+    )
+    return len(args) in (2, 3) and args[0].count("/") == 1 and count_ok
+
+
+async def _reject(kubelet: FakeKubelet, step: Step) -> None:
+    namespace, pod = step.args[0].split("/")
+    count = int(step.args[2]) if len(step.args) == 3 else 1
+    kubelet.add_pod(rejected(kubelet.node, FakePod(namespace, pod), step.args[1], count))
 
 
 async def _do(kubelet: FakeKubelet, step: Step) -> None:
