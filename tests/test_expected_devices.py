@@ -146,6 +146,14 @@ def test_the_settings_are_checked(table: dict[str, Any], message: str) -> None:
         parse_settings({"expected": table, "kubernetes": {"api": "on"}})
 
 
+def test_check_config_shows_the_expectation_as_written() -> None:
+    from watcher.settings_file import printable
+
+    table = {"devices": {"example.com/nic": 2}, "labels": {GPU: "nvidia.com/gpu.count"}}
+    shown = printable(parse_settings({"expected": table, "kubernetes": {"api": "on"}}))["expected"]
+    assert shown == {**table, "interval": 30.0}  # not "***": a count or a label key is no secret
+
+
 def test_an_expectation_needs_the_api_server() -> None:
     with pytest.raises(ConfigError, match=r"^expected: needs the API server"):
         parse_settings({"expected": {"devices": {GPU: 2}}})

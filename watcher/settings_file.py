@@ -25,7 +25,7 @@ from watcher.secrets import ENV_REF, REDACTED, Secret, SecretError, file_exposur
 from watcher.settings import HttpSettings, Settings
 from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.registry import check_audit_heads, parse_sink, sink_warnings
-from watcher.sources.expected_settings import check_expected
+from watcher.sources.expected_settings import ExpectedSettings, check_expected
 from watcher.tls import ServerTls, TlsError
 
 __all__ = [
@@ -190,6 +190,8 @@ def _shown(obj: Any) -> Any:
     """`obj` (a settings dataclass, or a value in one) as `printable` shows it."""
     if isinstance(obj, Secret):
         return str(obj)  # where it comes from, never what it is
+    if isinstance(obj, ExpectedSettings):  # resource names, counts and label keys: no secret in them
+        return {"devices": dict(obj.devices), "labels": dict(obj.labels), "interval": obj.interval}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: _shown(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, Mapping):  # headers: credentials more often than not, whatever their source
