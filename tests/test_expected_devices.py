@@ -80,6 +80,21 @@ def test_nothing_opens_without_the_nodes_capacity_or_while_the_warm_up_is_held()
     assert _look(Expected(), frozenset(), 0, want=None)[1] == []  # the expectation not read yet
 
 
+def test_no_device_known_at_all_waits_for_the_warm_up_grace() -> None:
+    """An agent started without a baseline in a kubelet's warm-up: pod-resources and the Node both
+    say 0 until the plugin registers, and no hold covers it. Not missing before the grace."""
+    state = Expected()
+    for now in (0.0, 5.0, 59.0):
+        state, changes = state.observe({GPU: 4}, {}, {GPU: 0}, waiting={}, holding=False, now=now, grace=60.0)
+        assert changes == []
+    _, changes = state.observe(
+        {GPU: 4}, {GPU: IDS}, {GPU: 4}, waiting={}, holding=False, now=61.0, grace=60.0
+    )
+    assert changes == []  # the plugin registered: nothing was missing
+    state, (missing,) = state.observe({GPU: 4}, {}, {GPU: 0}, waiting={}, holding=False, now=61.0, grace=60.0)
+    assert missing.kind is Kind.DEVICE_MISSING and missing.details["known"] == 0  # it stayed away
+
+
 def test_pods_waiting_make_it_critical() -> None:
     (missing,) = _look(Expected(), IDS - {"gpu0"}, 3, waiting=2)[1]
     assert missing.severity is Severity.CRITICAL and missing.details["pods_waiting"] == 2

@@ -149,6 +149,8 @@ def conclude(
             evidence.capacity,
             waiting=waiting_for(pods, evidence.expected) if pods is not None else {},
             holding=draft.settling.holding,
+            now=now,
+            grace=settings.kubelet.warmup_grace,
         )
         changes.extend(missing)
         draft = dataclasses.replace(draft, expected=expected)

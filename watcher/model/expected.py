@@ -74,6 +74,9 @@ class Expected:
 
     open: tuple[Shortfall, ...] = ()
     complete: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Resources with no device known at all, and since when (monotonic; not saved: a restart counts
+    # afresh, which only delays). See `observe`'s `grace`.
+    none_since: tuple[tuple[str, float], ...] = ()
 
     def observe(
         self,
@@ -83,15 +86,24 @@ class Expected:
         *,
         waiting: Mapping[str, int],
         holding: bool,
+        now: float = 0.0,
+        grace: float = 0.0,
     ) -> tuple[Expected, list[Change]]:
         """One look. `expected`: None when the source has not read it yet (nothing is judged then);
         `allocatable`: the device ids the kubelet's answer (as presented) lists, by resource;
         `capacity`: the Node's status.capacity counts (None: not read); `waiting`: pods of this
-        node waiting for each resource; `holding`: the kubelet's warm-up is held."""
+        node waiting for each resource; `holding`: the kubelet's warm-up is held.
+
+        A resource with no device known at all is its plugin not registered (a plugin hands over
+        its whole list at once): in a kubelet's warm-up that the hold cannot cover (the agent
+        started without a baseline in the middle of it, both counts read 0), or a plugin gone. It
+        opens only once it has stayed so for `grace` (the kubelet's warm-up grace), as the
+        plugin's own devices are reported missing only then."""
         if expected is None:
             return self, []
         opened = {s.resource: s for s in self.open}
         complete = dict(self.complete)
+        none_since = dict(self.none_since)
         changes: list[Change] = []
         for resource in sorted(opened.keys() - expected.keys()):
             changes.append(_resolved(opened.pop(resource), None, withdrawn=True))
@@ -100,11 +112,17 @@ class Expected:
             known = len(ids) if capacity is None else max(len(ids), capacity.get(resource, 0))
             if len(ids) >= want:  # every expected device allocatable: these are the ids to miss
                 complete[resource] = tuple(sorted(ids))
+            if known > 0:
+                none_since.pop(resource, None)
+            else:
+                none_since.setdefault(resource, now)
             if known >= want:
                 if resource in opened:
                     changes.append(_resolved(opened.pop(resource), known, withdrawn=False))
                 continue
             if resource in opened or capacity is None or holding:
+                continue
+            if known == 0 and now - none_since[resource] < grace:
                 continue
             gone = tuple(sorted(set(complete.get(resource, ())) - ids))
             shortfall = Shortfall(resource, want, known, gone)
@@ -114,6 +132,7 @@ class Expected:
         after = Expected(
             open=tuple(opened[r] for r in sorted(opened)),
             complete=tuple(sorted(complete.items())),
+            none_since=tuple(sorted((r, t) for r, t in none_since.items() if r in expected)),
         )
         return after, changes
 
