@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -175,13 +176,18 @@ async def test_a_kubelet_restart_with_an_expectation_is_no_missing_device(
         await run.recorder.until(lambda: _expected_read(run, 2), timeout=30)
         await run.quiet_cycle()
         mark = len(run.recorder.events)
-        await real_node.restart()
-        await run.recorder.until(lambda: "kubelet.restarted" in run.recorder.kinds(mark), timeout=60)
-        await real_node.wait_allocatable(GPU, set(GPUS), timeout=30)
-        await run.released()
-        await _until_capacity(real_node, 2)
-        await run.recorder.until(lambda: _expected_read(run, 2), timeout=30)
-        await run.quiet_cycle()
+        for n, how in enumerate((signal.SIGTERM, signal.SIGKILL)):  # SIGKILL: no clean-up at all
+            await real_node.restart(how)
+
+            def restarted(count: int = n + 1) -> bool:
+                return run.recorder.kinds(mark).count("kubelet.restarted") == count
+
+            await run.recorder.until(restarted, timeout=60)
+            await real_node.wait_allocatable(GPU, set(GPUS), timeout=30)
+            await run.released()
+            await _until_capacity(real_node, 2)
+            await run.recorder.until(lambda: _expected_read(run, 2), timeout=30)
+            await run.quiet_cycle()
         assert "device.missing" not in run.recorder.kinds(mark), run.recorder.kinds(mark)
         assert pager.events == []
         condition = await _condition(real_node)
