@@ -124,6 +124,17 @@ def test_the_devices_of_a_pod_released_before_its_status_said_why_are_remembered
     assert unknown.details["devices"] == [] and "a device" in unknown.summary
 
 
+def test_a_pod_still_listed_without_its_claims_is_named_by_the_devices_it_had() -> None:
+    # Seen with the real kubelet: its claims unprepared, the pod is listed a moment without them.
+    unprepared = claim_inventory({"ml/llm-pretrain-0": ("trainer", "llm-gpu", [])})
+    assert unprepared.pod("ml", "llm-pretrain-0") is not None
+    _, (change,) = _started().observe(1.0, [EVICTED], (unprepared, HELD), (XID,), wait=WAIT)
+    assert change.details["device_name"] == DEVICE
+    state, _ = _started().observe(1.0, [RUNNING], (unprepared, HELD), (XID,), wait=WAIT)
+    _, (later,) = state.observe(1.1, [EVICTED], (EMPTY, unprepared), (XID,), wait=WAIT)
+    assert later.details["device_name"] == DEVICE
+
+
 def test_an_eviction_waits_for_its_taint_to_be_read_then_is_told_without_it() -> None:
     state, changes = _started().observe(1.0, [EVICTED], (HELD, None), (), wait=WAIT)
     assert changes == [] and state.next_look(WAIT) == 1.0 + WAIT

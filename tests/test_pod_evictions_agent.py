@@ -128,3 +128,21 @@ async def test_an_eviction_is_told_once_across_an_agent_restart(short_tmp: Path)
             await again.quiet_cycle()
             assert "pod.evicted" not in again.recorder.kinds()
         assert [p["event_action"] for p in pager.events] == ["trigger"]
+
+
+async def test_an_eviction_is_told_once_across_a_fresh_pods_api_stream(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=42)
+    fake.node.add_pod(dra_job_pod(POOL, DEVICE))
+    async with fake, PagerDutyReceiver() as pager, _agent(short_tmp, fake, pager) as run:
+        await run.recorder.until(lambda: "device.unhealthy" in run.recorder.kinds(), 10)
+        await evict_for_device_taint(fake, "ml", POD, delete=False)
+        await run.recorder.until(lambda: "pod.evicted" in run.recorder.kinds(), 10)
+        watch, api = run.agent.pods_watch, fake.pods_api
+        assert watch is not None and api is not None
+        # The Pods API goes away and comes back: a new stream, its snapshot diffed against the index.
+        await api.stop()
+        await api.start()
+        await run.recorder.until(lambda: watch.connects >= 2 and watch.state == "watching", 15)
+        await run.quiet_cycle()
+        await run.quiet_cycle()
+        assert run.recorder.kinds().count("pod.evicted") == 1

@@ -92,14 +92,17 @@ def _claim_devices(held: Pod) -> tuple[tuple[str, DeviceKey], ...]:
 
 
 def released_pods(after: Inventory, before: Inventory | None, now: float) -> list[Released]:
-    """The pods with DRA devices that `before` lists and `after` does not (only the pods that
-    changed are looked at: inventory.changed_pods)."""
+    """The pods whose DRA devices `before` lists and `after` does not: the pod gone, or still
+    listed without them (the kubelet unprepared its claims first). Only the pods that changed are
+    looked at (inventory.changed_pods)."""
     if before is None or before is after:
         return []
     gone, _ = changed_pods(before, after)
     out = []
     for pod in gone:
-        if after.pod(pod.namespace, pod.name) is None and (devices := _claim_devices(pod)):
+        now_held = after.pod(pod.namespace, pod.name)
+        devices = _claim_devices(pod)
+        if devices and (now_held is None or _claim_devices(now_held) != devices):
             out.append(Released(pod.namespace, pod.name, devices, now))
     return out
 
@@ -108,11 +111,12 @@ def evicted_devices(
     pod: PodMeta, looks: Sequence[Inventory | None], released: Sequence[Released] = ()
 ) -> tuple[tuple[str, DeviceKey], ...]:
     """The DRA devices the pod holds, as (claim, device key), sorted: from the first inventory of
-    `looks` that still has it, else from the pods released lately (the newest under its name)."""
+    `looks` that still shows it with some, else from the pods released lately (the newest under
+    its name). A pod being evicted may still be listed with its claims already gone."""
     for inventory in looks:
         held = inventory.pod(pod.namespace, pod.name) if inventory is not None else None
-        if held is not None:
-            return _claim_devices(held)
+        if held is not None and (devices := _claim_devices(held)):
+            return devices
     for r in reversed(released):
         if (r.namespace, r.name) == (pod.namespace, pod.name):
             return r.devices
