@@ -22,6 +22,7 @@ from watcher.model.events import Event, envelope
 from watcher.model.expected import Expected, waiting_for
 from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sim.fake_plugins import Warmup
 from watcher.sources.expected_settings import ExpectedSettings
 from watcher.sources.node_expected import NodeExpectations, counts_of
 
@@ -201,7 +202,13 @@ class _ScriptedNode(NodeExpectations):
     async def _get(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for resource, _ in self.fake.node.devices:
-            counts[resource] = counts.get(resource, 0) + 1
+            counts.setdefault(resource, 0)
+            # After a kubelet restart the device manager counts a plugin's devices from its
+            # registration on: 0 until then (upstream's devicemanager readCheckpoint, 1.37.2:
+            # "the resource capacity will stay zero till the corresponding device plugin
+            # re-registers").
+            if resource not in self.fake.plugins.down:
+                counts[resource] += 1
         capacity = {r: str(n) for r, n in counts.items()}
         return {"metadata": {"labels": dict(self.labels)}, "status": {"capacity": capacity}}
 
@@ -239,6 +246,35 @@ async def test_the_agent_pages_a_dropped_device_once_and_resolves_it(short_tmp: 
             await run.quiet_cycle()
             kinds = run.recorder.kinds(mark)
             assert kinds.count("device.missing") == 1 and kinds.count("device.missing_resolved") == 1
+        finally:
+            stop.set()
+
+
+async def test_a_kubelet_restart_in_the_fake_is_no_missing_device(short_tmp: Path) -> None:
+    fake = FakeKubelet(short_tmp / "kubelet", seed=42)
+    for n in range(4):
+        fake.add_device(XGPU, f"gpu{n}", [n % 2])
+    stop = asyncio.Event()
+    wanted = ExpectedSettings(devices={XGPU: 4}, interval=1.0)
+    source = _ScriptedNode(fake, {}, stop, settings=wanted, trigger=_Wake())
+    async with fake, running_agent(make_settings(short_tmp), fake, sources=[source]) as run:
+        source.trigger = run.agent.notifier.trigger
+        try:
+            await run.recorder.kinds_after(0, 1)
+            await run.recorder.until(lambda: source.capacity == {XGPU: 4}, 10)
+            await run.quiet_cycle()
+            mark = len(run.recorder.events)
+            fake.plugins.warmup = Warmup(plugin_delay=(0.5, 0.8), pods_delay=(0.0, 0.2))
+            await fake.restart()
+            await source.read()
+            assert source.capacity == {XGPU: 0}  # the warm-up: no device counted yet
+            await run.recorder.until(lambda: "kubelet.restarted" in run.recorder.kinds(mark), 10)
+            await fake.plugins.wait_settled()
+            await run.released()
+            await source.read()
+            await run.quiet_cycle()
+            assert source.capacity == {XGPU: 4}
+            assert "device.missing" not in run.recorder.kinds(mark), run.recorder.kinds(mark)
         finally:
             stop.set()
 
