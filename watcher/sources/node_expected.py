@@ -62,10 +62,10 @@ def counts_of(
         if label not in labels:
             continue
         count = _count(labels[label])
-        if count is None or count == 0:
+        if count is None:
             bad.append(label)
-            continue
-        expected[resource] = count
+        elif count > 0:  # 0: nothing to miss
+            expected[resource] = count
     raw = (node.get("status") or {}).get("capacity") or {}
     capacity = {}
     for resource in expected:
