@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from testkit.agent import make_settings, running_agent
+from testkit.inventories import inventory_of
 from watcher.config import ConfigError
 from watcher.model.changes import Kind, Severity
 from watcher.model.conditions import condition_of
@@ -106,6 +107,9 @@ def test_pods_waiting_make_it_critical() -> None:
     ]
     assert waiting_for(pods, {GPU: 4}) == {GPU: 1}
     assert waiting_for(pods, None) == {}
+    # Admitted with its GPU and still starting: it holds what it asked for, it waits for nothing.
+    held = inventory_of(["gpu0"], {"ml/a": ["gpu1"]})  # testkit's GPU is nvidia.com/gpu too
+    assert waiting_for(pods, {GPU: 4}, held) == {}
 
 
 def test_a_withdrawn_expectation_resolves_and_the_state_survives_a_restart() -> None:
@@ -341,6 +345,7 @@ def test_a_pending_pods_extended_limits_are_what_it_waits_for() -> None:
     for name in (GPU, "cpu", "memory", "hugepages-2Mi"):
         main.resources.limits[name].string = "1"
     pod.spec.initContainers.add(name="init").resources.limits["example.com/nic"].string = "1"
+    main.resources.limits["example.com/fpga"].string = "0"  # asks nothing
     pod.status.phase = "Pending"
     assert pod_meta(pod.SerializeToString(), labels=()).wants == ("example.com/nic", GPU)
     pod.status.phase = "Running"  # admitted: it holds what it asked for, and decodes as before

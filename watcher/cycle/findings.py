@@ -73,6 +73,30 @@ def _ids_by_resource(inv: Inventory) -> dict[str, frozenset[str]]:
     return {r: frozenset(s) for r, s in ids.items()}
 
 
+def _missing_devices(
+    settings: Settings,
+    draft: CycleState,
+    changes: list[Change],
+    after: Inventory,
+    evidence: Evidence,
+    now: float,
+) -> CycleState:
+    """Fewer devices known to the kubelet than the operator expects (watcher.model.expected), added
+    to `changes`: judged on the presented inventory, so the warm-up's hold covers a restart here too."""
+    pods = evidence.pods
+    expected, missing = draft.expected.observe(
+        evidence.expected,
+        _ids_by_resource(after),
+        evidence.capacity,
+        waiting=waiting_for(pods, evidence.expected, after) if pods is not None else {},
+        holding=draft.settling.holding,
+        now=now,
+        grace=settings.kubelet.warmup_grace,
+    )
+    changes.extend(missing)
+    return dataclasses.replace(draft, expected=expected)
+
+
 def flap_rule(settings: Settings) -> FlapRule:
     w = settings.watch
     return FlapRule(limit=w.flap_limit, window=w.flap_window, quiet=w.flap_quiet)
@@ -141,19 +165,7 @@ def conclude(
         changes.extend(evicted)
         draft = dataclasses.replace(draft, evictions=evictions)
     if evidence.expected is not None:  # no expectation read (or none configured): nothing to judge
-        # Fewer devices known to the kubelet than the operator expects (watcher.model.expected):
-        # judged on the presented inventory, so the warm-up's hold covers a restart here too.
-        expected, missing = draft.expected.observe(
-            evidence.expected,
-            _ids_by_resource(after),
-            evidence.capacity,
-            waiting=waiting_for(pods, evidence.expected) if pods is not None else {},
-            holding=draft.settling.holding,
-            now=now,
-            grace=settings.kubelet.warmup_grace,
-        )
-        changes.extend(missing)
-        draft = dataclasses.replace(draft, expected=expected)
+        draft = _missing_devices(settings, draft, changes, after, evidence, now)
     rejections = draft.rejections
     if pods is not None:
         # Pods the kubelet failed at admission for a device reason (watcher.model.rejections).

@@ -28,23 +28,32 @@ from typing import Any
 
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.devicehealth.pods import PodMeta
+from watcher.model.inventory import Inventory
 
 __all__ = ["Expected", "Shortfall", "waiting_for"]
 
 
-def waiting_for(pods: Iterable[PodMeta], expected: Mapping[str, int] | None) -> dict[str, int]:
+def waiting_for(
+    pods: Iterable[PodMeta], expected: Mapping[str, int] | None, inv: Inventory | None = None
+) -> dict[str, int]:
     """Pods of this node (the Pods API's view) that wait for each expected resource: Pending, with
-    the resource in a container's limits. The scheduler binds no pod to a node short of what it
-    asks, so these are pods bound before the device went (or sent with nodeName); pods waiting
-    elsewhere in the cluster are not this agent's to see."""
+    the resource in a container's limits, and holding none of its devices in `inv` (pod-resources:
+    a pod admitted with its devices and still starting waits for nothing). The scheduler binds no
+    pod to a node short of what it asks, so these are pods bound before the device went (or sent
+    with nodeName); pods waiting elsewhere in the cluster are not this agent's to see."""
     if not expected:
         return {}
+    held = (
+        set()
+        if inv is None
+        else {(p.namespace, p.name, d.resource) for p in inv.pods for c in p.containers for d in c.devices}
+    )
     counts: dict[str, int] = {}
     for pod in pods:
         if pod.phase != "Pending":
             continue
         for resource in pod.wants:
-            if resource in expected:
+            if resource in expected and (pod.namespace, pod.name, resource) not in held:
                 counts[resource] = counts.get(resource, 0) + 1
     return counts
 

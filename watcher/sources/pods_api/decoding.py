@@ -171,12 +171,13 @@ def _meta(pod: core_v1_pb2.Pod, labels: Collection[str]) -> PodMeta:
 
 
 def _wants(pod: core_v1_pb2.Pod) -> tuple[str, ...]:
-    # Extended resources only (a domain-prefixed name, not kubernetes.io's cpu or memory), bounded.
+    # Extended resources only (a domain-prefixed name, not kubernetes.io's cpu or memory), asked
+    # for (a limit of 0 asks nothing), bounded.
     names = {
         _name(r)
         for c in (*pod.spec.initContainers, *pod.spec.containers)
-        for r in c.resources.limits
-        if "/" in r and not r.startswith(("kubernetes.io/", "requests.", "hugepages-"))
+        for r, q in c.resources.limits.items()
+        if "/" in r and not r.startswith(("kubernetes.io/", "requests.", "hugepages-")) and q.string != "0"
     }
     return tuple(sorted(names)[:CLAIMS_MAX])
 
