@@ -45,6 +45,9 @@ PURE = [
     "sinks/kubernetes/planner.py",
     "sinks/kubernetes/condition_plan.py",
     "sinks/kubernetes/notes.py",
+    "sinks/kubernetes/episodes.py",
+    "sinks/kubernetes/missing_devices.py",
+    "sinks/kubernetes/rejecting.py",
 ]
 IO_LIBRARIES = {
     "asyncio",

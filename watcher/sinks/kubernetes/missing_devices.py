@@ -16,51 +16,24 @@ from typing import Any
 
 from watcher.model.changes import Kind
 from watcher.model.events import Event
-from watcher.model.wording import printable
-from watcher.sinks.kubernetes.condition_plan import (
-    CONDITION_SUFFIX,
-    MAX_MESSAGE_BYTES,
-    MISSING_SUFFIX,
-    OWNER_MARK,
-    NodeCondition,
-    condition_type,
-)
-from watcher.sinks.kubernetes.notes import fit
+from watcher.sinks.kubernetes.condition_plan import MISSING_SUFFIX, NodeCondition
+from watcher.sinks.kubernetes.episodes import EpisodeCondition, EpisodeState
 
 __all__ = ["MISSING_SUFFIX", "Short", "missing_type", "short_after", "short_conditions"]
 
-# resource -> {"open": bool, "text": the event's summary when it opened or ended}
-Short = dict[str, dict[str, Any]]
+Short = EpisodeState
+EPISODE = EpisodeCondition(
+    MISSING_SUFFIX, Kind.DEVICE_MISSING, Kind.DEVICE_MISSING_RESOLVED, "DevicesMissing", "DevicesAsExpected"
+)
 
 
 def missing_type(resource: str) -> str:
-    """NvidiaGpuDevicesMissing for nvidia.com/gpu: the device condition's derivation, our suffix."""
-    return condition_type(resource).removesuffix(CONDITION_SUFFIX) + MISSING_SUFFIX
+    return EPISODE.type_of(resource)
 
 
 def short_after(events: Sequence[Event], before: Mapping[str, Any]) -> Short:
-    """The state after one batch of our events (in seq order), from the state saved before it."""
-    state: Short = {
-        str(r): {"open": v.get("open") is True, "text": str(v.get("text", ""))}
-        for r, v in before.items()
-        if isinstance(v, Mapping)
-    }
-    for event in events:
-        if event.kind not in (Kind.DEVICE_MISSING, Kind.DEVICE_MISSING_RESOLVED):
-            continue
-        resource = str(event.details.get("resource", ""))
-        if resource:
-            state[resource] = {"open": event.kind is Kind.DEVICE_MISSING, "text": event.summary}
-    return state
+    return EPISODE.after(events, before)
 
 
 def short_conditions(state: Mapping[str, Mapping[str, Any]]) -> list[NodeCondition]:
-    """One condition per resource the state has, in order of type."""
-    out = []
-    for resource, v in sorted(state.items(), key=lambda rv: missing_type(rv[0])):
-        message = fit(printable(OWNER_MARK + str(v.get("text", ""))), MAX_MESSAGE_BYTES)
-        if v.get("open"):
-            out.append(NodeCondition(missing_type(resource), "True", "DevicesMissing", message))
-        else:
-            out.append(NodeCondition(missing_type(resource), "False", "DevicesAsExpected", message))
-    return out
+    return EPISODE.conditions(state)

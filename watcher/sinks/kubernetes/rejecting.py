@@ -15,52 +15,24 @@ from typing import Any
 
 from watcher.model.changes import Kind
 from watcher.model.events import Event
-from watcher.model.wording import printable
-from watcher.sinks.kubernetes.condition_plan import (
-    CONDITION_SUFFIX,
-    MAX_MESSAGE_BYTES,
-    OWNER_MARK,
-    REJECTING_SUFFIX,
-    NodeCondition,
-    condition_type,
-)
-from watcher.sinks.kubernetes.notes import fit
+from watcher.sinks.kubernetes.condition_plan import REJECTING_SUFFIX, NodeCondition
+from watcher.sinks.kubernetes.episodes import EpisodeCondition, EpisodeState
 
 __all__ = ["REJECTING_SUFFIX", "Rejecting", "rejecting_type", "rejecting_after", "rejecting_conditions"]
 
-# resource -> {"open": bool, "text": the incident's summary when it opened or ended}
-Rejecting = dict[str, dict[str, Any]]
+Rejecting = EpisodeState
+EPISODE = EpisodeCondition(
+    REJECTING_SUFFIX, Kind.NODE_REJECTING_PODS, Kind.NODE_REJECTING_PODS_ENDED, "PodsRejected", "PodsAdmitted"
+)
 
 
 def rejecting_type(resource: str) -> str:
-    """NvidiaGpuPodsRejected for nvidia.com/gpu: the device condition's derivation, our suffix."""
-    return condition_type(resource).removesuffix(CONDITION_SUFFIX) + REJECTING_SUFFIX
+    return EPISODE.type_of(resource)
 
 
 def rejecting_after(events: Sequence[Event], before: Mapping[str, Any]) -> Rejecting:
-    """The state after one batch of our events (in seq order), from the state saved before it. An
-    incident with no resource named (a device manager's words that name none) has no condition."""
-    state: Rejecting = {
-        str(r): {"open": v.get("open") is True, "text": str(v.get("text", ""))}
-        for r, v in before.items()
-        if isinstance(v, Mapping)
-    }
-    for event in events:
-        if event.kind not in (Kind.NODE_REJECTING_PODS, Kind.NODE_REJECTING_PODS_ENDED):
-            continue
-        resource = str(event.details.get("resource", ""))
-        if resource:
-            state[resource] = {"open": event.kind is Kind.NODE_REJECTING_PODS, "text": event.summary}
-    return state
+    return EPISODE.after(events, before)
 
 
 def rejecting_conditions(state: Mapping[str, Mapping[str, Any]]) -> list[NodeCondition]:
-    """One condition per resource the state has, in order of type."""
-    out = []
-    for resource, v in sorted(state.items(), key=lambda rv: rejecting_type(rv[0])):
-        message = fit(printable(OWNER_MARK + str(v.get("text", ""))), MAX_MESSAGE_BYTES)
-        if v.get("open"):
-            out.append(NodeCondition(rejecting_type(resource), "True", "PodsRejected", message))
-        else:
-            out.append(NodeCondition(rejecting_type(resource), "False", "PodsAdmitted", message))
-    return out
+    return EPISODE.conditions(state)
