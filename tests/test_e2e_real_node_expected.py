@@ -49,8 +49,8 @@ def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
 @asynccontextmanager
 async def _agent(short_tmp: Path, node: RealNode, pager: PagerDutyReceiver) -> AsyncIterator[AgentRun]:
     """The agent on the real kubelet, expecting the count `LABEL` says, reading its Node and writing
-    its conditions as its own service account. The pager gets the missing-device story only: a
-    device leaving allocatable keeps its own page (device.removed), as it always did."""
+    its conditions as its own service account. The pager gets every page: one vanished GPU must be
+    one page (its device.removed), never a second one for the same GPU's device.missing."""
     parsed = parse_settings(
         {
             "sinks": {
@@ -59,7 +59,6 @@ async def _agent(short_tmp: Path, node: RealNode, pager: PagerDutyReceiver) -> A
                     "routing_key": PD_KEY,
                     "endpoint": pager.url("/v2/enqueue"),
                     "resolve_hold_down": 0.0,
-                    "kinds": ["device.missing", "device.missing_resolved"],
                 }
             }
         }
@@ -140,27 +139,33 @@ async def test_a_gpu_dropped_from_its_plugins_list_is_one_missing_one_page_and_t
         await run.recorder.until(lambda: "device.added" in run.recorder.kinds(mark), timeout=15)
         await run.quiet_cycle()
         assert "device.missing" not in run.recorder.kinds(mark)
-        assert pager.events == []
+        await pager.wait_for(2, timeout=30)  # the unhealthy GPU's own page, and its resolve
+        assert [p["event_action"] for p in pager.events] == ["trigger", "resolve"]
+        paged = len(pager.events)
 
         # Dropped from the plugin's list: the kubelet no longer knows it.
         await plugin.remove_device("gpu1")
         await _until_capacity(real_node, 1)
-        await pager.wait_for(1, timeout=30)
         condition = await _until_condition(real_node, "True")
         assert "1 of 2" in condition["message"] and condition["reason"] == "DevicesMissing"
+        await run.quiet_cycle()
         (missing,) = [e for e in run.recorder.events[mark:] if e.kind == "device.missing"]
         assert missing.details["expected"] == 2 and missing.details["known"] == 1
-        assert missing.details["devices"] == ["gpu1"]
-        assert [p["event_action"] for p in pager.events] == ["trigger"]
+        assert missing.details["devices"] == ["gpu1"] and missing.details["pages"] is False
+        # One page for the vanished GPU: its device.removed's, none for the same GPU's shortfall.
+        new = pager.events[paged:]
+        assert [p["event_action"] for p in new] == ["trigger"], new
+        assert "gpu1" in new[0]["dedup_key"]
 
         await plugin.add_device("gpu1", (1,))
-        await pager.wait_for(2, timeout=30)
+        await pager.wait_for(paged + 2, timeout=30)
         await _until_condition(real_node, "False")
         await run.quiet_cycle()
         kinds = run.recorder.kinds(mark)
         assert kinds.count("device.missing") == 1 and kinds.count("device.missing_resolved") == 1
-        assert [p["event_action"] for p in pager.events] == ["trigger", "resolve"]
-        assert len({p["dedup_key"] for p in pager.events}) == 1
+        new = pager.events[paged:]
+        assert [p["event_action"] for p in new] == ["trigger", "resolve"]
+        assert len({p["dedup_key"] for p in new}) == 1
     assert await _node_event_reasons(real_node) == ["DevicesMissing", "DevicesMissingResolved"]
 
 

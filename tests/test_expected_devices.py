@@ -350,3 +350,22 @@ def test_a_pending_pods_extended_limits_are_what_it_waits_for() -> None:
     assert pod_meta(pod.SerializeToString(), labels=()).wants == ("example.com/nic", GPU)
     pod.status.phase = "Running"  # admitted: it holds what it asked for, and decodes as before
     assert pod_meta(pod.SerializeToString(), labels=()).wants == ()
+
+
+def test_a_shortfall_the_devices_own_pages_cover_pages_no_second_time() -> None:
+    """Every device that left allocatable while the agent watched has its own page (device.removed,
+    open while it is gone): a device.missing for the same GPUs is told, never paged again. One the
+    agent did not see happen, or one that pods wait for, pages."""
+    state, _ = _look(Expected(), IDS, 4)
+    state, (seen,) = _look(state, IDS - {"gpu2"}, 3)
+    assert seen.details["pages"] is False and condition_of(_event(seen)) is None
+    _, (back,) = _look(state, IDS, 4)
+    assert back.details["pages"] is False and condition_of(_event(back)) is None
+    assert Expected.from_json(state.to_json()).open == state.open  # a restart keeps the choice
+    # Never seen complete: which devices went is unknown, so nothing else paged for them.
+    _, (unseen,) = _look(Expected(), IDS - {"gpu2"}, 3)
+    assert unseen.details["pages"] is True and condition_of(_event(unseen)) is not None
+    # Pods wait for the resource: critical, and a page of its own.
+    state, _ = _look(Expected(), IDS, 4)
+    _, (waited,) = _look(state, IDS - {"gpu2"}, 3, waiting=1)
+    assert waited.details["pages"] is True and condition_of(_event(waited)) is not None

@@ -122,7 +122,10 @@ def condition_of(event: Event) -> Condition | None:
         return Condition(f"{node}/rejecting/{resource}", active, labels, event.summary, d)
     if event.kind in (Kind.DEVICE_MISSING, Kind.DEVICE_MISSING_RESOLVED):
         # Fewer devices than expected (watcher.model.expected): one condition per node and
-        # resource, whichever devices went, so a second one going does not page again.
+        # resource, whichever devices went, so a second one going does not page again. None when
+        # the devices' own device.removed pages already cover the shortfall (Shortfall.pages).
+        if d.get("pages") is False:
+            return None
         resource = str(d.get("resource", ""))
         labels = {
             "alertname": MISSING_ALERT,

@@ -60,12 +60,19 @@ def waiting_for(
 
 @dataclass(frozen=True)
 class Shortfall:
-    """One open `device.missing`: what was expected and known when it opened, the ids that left."""
+    """One open `device.missing`: what was expected and known when it opened, the ids that left.
+    `pages`: whether it is a page of its own. Every device that left allocatable while the agent
+    watched already holds its own page (its `device.removed`, open while it is gone): when those
+    account for the whole shortfall, a second page for the same GPU would be one failure paged
+    twice, so the event and the Node condition say it and no pager is woken again. A shortfall
+    nobody saw happen (the devices went while the agent was away, or before it knew the count) or
+    one that pods wait for pages."""
 
     resource: str
     expected: int
     known: int
     devices: tuple[str, ...] = ()
+    pages: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,6 +80,7 @@ class Shortfall:
             "expected": self.expected,
             "known": self.known,
             "devices": list(self.devices),
+            "pages": self.pages,
         }
 
 
@@ -134,7 +142,8 @@ class Expected:
             if known == 0 and now - none_since[resource] < grace:
                 continue
             gone = tuple(sorted(set(complete.get(resource, ())) - ids))
-            shortfall = Shortfall(resource, want, known, gone)
+            pages = waiting.get(resource, 0) > 0 or len(gone) < want - known
+            shortfall = Shortfall(resource, want, known, gone, pages)
             opened[resource] = shortfall
             changes.append(_missing(shortfall, waiting.get(resource, 0)))
         complete = {r: ids for r, ids in complete.items() if r in expected}
@@ -166,6 +175,7 @@ class Expected:
                         int(item["expected"]),
                         int(item["known"]),
                         tuple(str(d) for d in item.get("devices") or ()),
+                        item.get("pages") is not False,  # saved before it was kept: it paged
                     )
                 )
             except (KeyError, TypeError, ValueError, AttributeError):
@@ -215,5 +225,6 @@ def _resolved(shortfall: Shortfall, known: int | None, *, withdrawn: bool) -> Ch
         "known": known,
         "withdrawn": withdrawn,
         "devices": list(shortfall.devices),
+        "pages": shortfall.pages,  # the resolve goes where the open went, and only there
     }
     return Change(Kind.DEVICE_MISSING_RESOLVED, Severity.INFO, summary, details)
