@@ -73,6 +73,7 @@ VALUES_SETS: dict[str, dict[str, Any]] = {
             "podResources": "/var/lib/k0s/kubelet/pod-resources",
             "podsApi": "/var/lib/k0s/kubelet/pods-api",
             "devicePlugins": "/var/lib/k0s/kubelet/device-plugins",
+            "pluginsRegistry": "/var/lib/k0s/kubelet/plugins_registry",
             "state": "/var/lib/k0s/pod-resources-watcher",
         },
         # The chart's own config with one change: a config of the operator's, in full.

@@ -27,6 +27,7 @@ __all__ = [
     "claim_job",
     "claim_of",
     "job_pod",
+    "restart_driver_healthy",
     "until_status_health",
 ]
 
@@ -191,3 +192,22 @@ async def until_status_health(
     )
     entry: dict[str, Any] = seen["entry"]
     return entry
+
+
+async def restart_driver_healthy(
+    node: RealNode, setup: DraSetup, namespace: str, pod: str, device: str
+) -> None:
+    """The driver restarts as a plugin that keeps no health does: a new process (a new
+    registration socket in plugins_registry/) that calls `device` Healthy again. Returns once the
+    kubelet registered it and `pod`'s status says Healthy (nudged: a driver gone and back syncs no
+    pod by itself)."""
+    driver = setup.driver
+    await driver.stop()
+    await driver.start()
+    await driver.set_health(setup.pool, device, "Healthy")
+
+    async def registered() -> bool:
+        return bool((await driver.state()).get("registered"))
+
+    await wait_until(registered, 30, interval=0.2, what="the restarted driver registered")
+    await until_status_health(node, namespace, pod, "Healthy", 90, nudge=True)

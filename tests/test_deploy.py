@@ -8,10 +8,10 @@
   kubectl is installed; the machine image has it), and `build()` below, a small builder for the subset
   of kustomize these files use, which runs everywhere, fails on any field it does not implement and on
   any referenced file that is missing. Where both run they must produce the same objects.
-- The DaemonSet mounts the socket's DIRECTORY (never a `.sock` path), device-plugins read-only,
-  `NODE_NAME` and `POD_IP` from the downward API, probes on /healthz and /readyz, the tight
-  securityContext; the agent listens on the pod IP, and a NetworkPolicy admits only the monitoring
-  namespace to that port.
+- The DaemonSet mounts the socket's DIRECTORY (never a `.sock` path), device-plugins and
+  plugins_registry read-only, `NODE_NAME` and `POD_IP` from the downward API, probes on /healthz
+  and /readyz, the tight securityContext; the agent listens on the pod IP, and a NetworkPolicy
+  admits only the monitoring namespace to that port.
 - The config shipped in the ConfigMap passes `check-config`: as shipped without any secret (the Secret
   is optional), and with its secret-using sinks uncommented and the example Secret's variables set.
 - The systemd unit is hardened; the Dockerfile is multi-stage on a pinned slim base.
@@ -87,6 +87,7 @@ CONFIG_MAP = "pod-resources-watcher-config"
 SECRET = "pod-resources-watcher-secrets"
 SOCKET_DIR = "/var/lib/kubelet/pod-resources"
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
+PLUGINS_REGISTRY = "/var/lib/kubelet/plugins_registry"
 STATE_DIR = "/var/lib/pod-resources-watcher"
 CONFIG_DIR = "/etc/pod-resources-watcher"
 HTTP_PORT = 9108
@@ -419,13 +420,23 @@ def test_mounts_the_socket_directory_writable_never_the_socket(
     assert not [s for s in _strings(daemonset) if s.endswith(".sock")]
 
 
-def test_device_plugins_directory_read_only_and_state_directory(
+def test_kubelet_directories_read_only_and_state_directory(
     daemonset: dict[str, Any], container: dict[str, Any]
 ) -> None:
     assert _volume(daemonset, "device-plugins")["hostPath"] == {"path": DEVICE_PLUGINS, "type": "Directory"}
     assert _mount(container, "device-plugins") == {
         "name": "device-plugins",
         "mountPath": DEVICE_PLUGINS,
+        "readOnly": True,
+    }
+    # The DRA drivers' registrations (a driver restart is a reset, not a heal): only listed.
+    assert _volume(daemonset, "plugins-registry")["hostPath"] == {
+        "path": PLUGINS_REGISTRY,
+        "type": "DirectoryOrCreate",
+    }
+    assert _mount(container, "plugins-registry") == {
+        "name": "plugins-registry",
+        "mountPath": PLUGINS_REGISTRY,
         "readOnly": True,
     }
     assert _volume(daemonset, "state")["hostPath"] == {"path": STATE_DIR, "type": "DirectoryOrCreate"}

@@ -46,6 +46,7 @@ HOST_PATHS = {
     "/var/lib/kubelet/pod-resources",
     "/var/lib/kubelet/pods-api",
     "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/plugins_registry",
     STATE_DIR,
 }
 GONE = "app.kubernetes.io/instance=gone"
@@ -229,6 +230,7 @@ async def test_the_pods_security_context_holds_on_the_real_runtime(deployed: Dep
         "/var/lib/kubelet/pod-resources": "rw",
         "/var/lib/kubelet/pods-api": "ro",
         "/var/lib/kubelet/device-plugins": "ro",
+        "/var/lib/kubelet/plugins_registry": "ro",
         STATE_DIR: "rw",
     }
 

@@ -3,11 +3,13 @@ with `helm install` on a node whose kubelet (upstream v1.37) runs pods on contai
 (testkit.container_node), its events at a signed webhook receiver and its pages at a PagerDuty
 receiver, both on the node's network.
 
-The chart mounts none of the kubelet's root directory but device-plugins, so dra_manager_state is
-no trigger in the pod: the device's health reaches the agent through the Pods API (the kubelet's
-DRA manager writes the driver's report into the pod's status). The events must be those the
+The chart mounts none of the kubelet's root directory but device-plugins and plugins_registry, so
+dra_manager_state is no trigger in the pod: the device's health reaches the agent through the Pods
+API (the kubelet's DRA manager writes the driver's report into the pod's status). The events must be those the
 host-process agent gives (tests/test_e2e_real_node_dra.py,
-test_a_claims_device_failing_at_the_driver_is_one_page_with_its_words_and_heals), exactly once."""
+test_a_claims_device_failing_at_the_driver_is_one_page_with_its_words_and_heals), exactly once. A
+driver restart that "heals" the device is a reset there too (plugins_registry is mounted): no
+resolve follows."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from testkit.real_dra import (
     claim_job,
     claim_of,
     job_pod,
+    restart_driver_healthy,
     until_status_health,
 )
 from testkit.receivers import PagerDutyReceiver, WebhookReceiver
@@ -150,6 +153,24 @@ async def test_a_claims_device_failing_at_the_driver_reaches_the_webhook_once_wi
             assert [p["event_action"] for p in pager.events] == ["trigger", "resolve"], pager.events
             assert pager.events[1]["dedup_key"] == page["dedup_key"]
             assert _kinds(hook, mark) == ["device.unhealthy", "device.healthy"], _kinds(hook, mark)
+            assert hook.violations == [] and pager.violations == [], (hook.violations, pager.violations)
+
+            # Failed again, then the driver restarts and its new process calls the device Healthy.
+            # The chart's plugins_registry mount shows the restart (a new registration socket):
+            # a reset, not a heal, so the page stays open past this test (the default 600 s).
+            mark = len(hook.accepted)
+            await dra.driver.set_health(dra.pool, device, "Unhealthy", XID)
+            await until_status_health(node, namespace, name, "Unhealthy")
+            await pager.wait_for(3, timeout=60)
+            await restart_driver_healthy(node, dra, namespace, name, device)
+            await hook.wait_for(lambda _: "device.reset" in _kinds(hook, mark), timeout=60)
+            await quiet(hook)
+            await quiet(pager)
+            assert _kinds(hook, mark) == ["device.unhealthy", "device.reset"], _kinds(hook, mark)
+            reset = _events(hook, mark)[1]
+            assert reset["severity"] == "warning" and reset["details"]["device_name"] == device, reset
+            actions = [p["event_action"] for p in pager.events]
+            assert actions == ["trigger", "resolve", "trigger"], pager.events
             assert hook.violations == [] and pager.violations == [], (hook.violations, pager.violations)
         finally:
             await release.uninstall()

@@ -24,11 +24,11 @@ from testkit.real_dra import (
     claim_job,
     claim_of,
     job_pod,
+    restart_driver_healthy,
     until_status_health,
 )
 from testkit.real_node import RealNode
 from testkit.receivers import PagerDutyReceiver
-from testkit.waiting import wait_until
 from watcher.settings_file import parse_settings
 
 # A whole node starts here: the default 60 s is too short on a loaded 2-core machine.
@@ -162,15 +162,7 @@ async def test_a_dra_driver_restart_healing_a_device_is_a_reset_resolved_only_af
         await dra.driver.set_health(dra.pool, device, "Unhealthy", XID)
         await pager.wait_for(1, timeout=30)
         # The driver restarts (a new process, a new registration socket) and says Healthy again.
-        await dra.driver.stop()
-        await dra.driver.start()
-        await dra.driver.set_health(dra.pool, device, "Healthy")
-
-        async def registered() -> bool:
-            return bool((await dra.driver.state()).get("registered"))
-
-        await wait_until(registered, 30, interval=0.2, what="the restarted driver registered")
-        await until_status_health(node, namespace, name, "Healthy", 90, nudge=True)
+        await restart_driver_healthy(node, dra, namespace, name, device)
         told = await _reset_then_resolved(run, pager, mark)
         assert [e.kind for e in told] == ["device.unhealthy", "device.reset", "device.healthy"]
         assert told[2].details["after_reset"] is True

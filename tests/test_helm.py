@@ -337,6 +337,7 @@ def test_host_paths_move_only_the_host_side(tmp_path: Path) -> None:
             "hostPaths": {
                 "podResources": f"{root}/pod-resources",
                 "devicePlugins": f"{root}/device-plugins",
+                "pluginsRegistry": f"{root}/plugins_registry",
                 "state": "/var/lib/pod-resources-watcher",
             }
         },
@@ -345,8 +346,14 @@ def test_host_paths_move_only_the_host_side(tmp_path: Path) -> None:
     volumes = {v["name"]: v for v in pod(objs)["volumes"]}
     assert volumes["pod-resources"]["hostPath"] == {"path": f"{root}/pod-resources", "type": "Directory"}
     assert volumes["device-plugins"]["hostPath"] == {"path": f"{root}/device-plugins", "type": "Directory"}
+    assert volumes["plugins-registry"]["hostPath"] == {
+        "path": f"{root}/plugins_registry",
+        "type": "DirectoryOrCreate",
+    }
     mounts = {m["name"]: m["mountPath"] for m in pod(objs)["containers"][0]["volumeMounts"]}
     assert mounts["pod-resources"] == "/var/lib/kubelet/pod-resources"  # the config's path, unchanged
+    # The agent reads the drivers' registrations under its kubelet root, whatever the host's is.
+    assert mounts["plugins-registry"] == "/var/lib/kubelet/plugins_registry"
 
 
 def test_a_config_change_rolls_the_pods(tmp_path: Path) -> None:
