@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -17,7 +17,9 @@ from testkit.changes import Changes
 from watcher.app import Agent
 from watcher.model.events import Event, event_schema
 from watcher.settings import HttpSettings, KubeletSettings, PodsSettings, Settings, WatchSettings
+from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
+from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.file import FileSinkSettings
 from watcher.sources.base import Source
 from watcher.sources.pods_api.watch import PodChange
@@ -30,6 +32,7 @@ __all__ = [
     "agent_against",
     "make_settings",
     "running_agent",
+    "with_config",
     "write_agent_config",
 ]
 
@@ -189,6 +192,23 @@ def make_settings(root: Path, *, kubelet_root: Path | None = None, **overrides: 
         sinks=(FileSinkSettings(path=root / "state" / "events.jsonl", name="audit"),),
         **overrides,
     )
+
+
+def with_config(base: Settings, config: Mapping[str, Any], *sinks: BaseSinkSettings) -> Settings:
+    """`base` with what `config` (a config.toml's tables, as TOML gives them) sets, checked as the
+    agent's own config is: its sinks, then `sinks`, after base's; of its other tables only the keys
+    it names, so a test's short intervals in `base` stay."""
+    parsed = parse_settings(dict(config))
+    changes: dict[str, Any] = {"sinks": (*base.sinks, *parsed.sinks, *sinks)}
+    for section, table in config.items():
+        if section == "sinks":
+            continue
+        if isinstance(table, Mapping):
+            named = {key: getattr(getattr(parsed, section), key) for key in table}
+            changes[section] = dataclasses.replace(getattr(base, section), **named)
+        else:
+            changes[section] = getattr(parsed, section)
+    return dataclasses.replace(base, **changes)
 
 
 @asynccontextmanager

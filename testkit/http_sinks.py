@@ -40,6 +40,7 @@ __all__ = [
     "make_event",
     "mixed_cycle",
     "pd_config",
+    "pd_table",
     "removed",
     "sink_config",
     "slack_config",
@@ -173,6 +174,12 @@ def pd_config(rx: PagerDutyReceiver, **extra: Any) -> SinkSettings:
     return sink_config(
         "pager", type="pagerduty", routing_key="${PD_ROUTING_KEY}", endpoint=rx.url("/v2/enqueue"), **table
     )
+
+
+def pd_table(rx: PagerDutyReceiver, **extra: Any) -> dict[str, Any]:
+    """The `[sinks.pager]` table paging `rx` with PD_KEY itself (no environment to set), for a
+    whole config (testkit.agent.with_config); ends at once unless `extra` says otherwise."""
+    return {"type": "pagerduty", "routing_key": PD_KEY, "endpoint": rx.url("/v2/enqueue"), **AT_ONCE, **extra}
 
 
 def hook_config(rx: WebhookReceiver, **extra: Any) -> SinkSettings:

@@ -28,7 +28,7 @@ from testkit.waiting import wait_until
 from watcher.errors import RateLimitedError
 from watcher.kubelet.client import PodResourcesClient
 
-__all__ = ["RealNode", "NOT_READY_TAINT"]
+__all__ = ["NOT_READY_TAINT", "RealNode", "held_devices"]
 
 # The kubelet registers its Node with this taint; the node lifecycle controller (not run here)
 # removes it once the Node is Ready. The harness does that controller's part.
@@ -338,3 +338,15 @@ class RealNode:
             return not any((p.namespace, p.name) == (namespace, name) for p in listed.pod_resources)
 
         await wait_until(gone, START_TIMEOUT_S, interval=0.1, what=f"pod {namespace}/{name} gone from List")
+
+
+def held_devices(pod: Mapping[str, Any], resource: str | None = None) -> list[str]:
+    """The device plugin devices (of `resource`, or any) the kubelet says `pod`'s containers hold,
+    from the pod's status as the API server has it."""
+    return [
+        device["resourceID"]
+        for status in pod["status"].get("containerStatuses", [])
+        for entry in status.get("allocatedResourcesStatus", [])
+        if resource is None or entry["name"] == resource
+        for device in entry.get("resources", [])
+    ]

@@ -8,15 +8,14 @@ as they arrive; a step that does not get the event it waits for fails the story.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from testkit.agent import AgentRun
 from testkit.kubelet_lite import DevicePlugin
+from testkit.node_agent import until_node_condition
 from testkit.real_dra import DraSetup, allocated_device, claim_job, claim_of, job_pod, until_status_health
-from testkit.real_node import RealNode
-from testkit.waiting import wait_until
+from testkit.real_node import RealNode, held_devices
 from watcher.model.events import Event
 from watcher.sinks.kubernetes.condition_plan import condition_type
 from watcher.sinks.stdout import format_line
@@ -82,7 +81,7 @@ async def play(stage: Stage, out: TextIO) -> None:
     mark = step(f"A Job asks for one {GPU} (the device plugin's)")
     await node.apply(_gpu_job(node, namespace, "trainer"))
     trainer = await job_pod(node, namespace, "trainer", timeout=STEP_TIMEOUT_S)
-    (held,) = _held(trainer)
+    (held,) = held_devices(trainer, GPU)
     say(f"the scheduler bound {_name(trainer)} to {node.name}; the kubelet gave it {held}")
     await _until_kind(run, mark, "allocation.added")
 
@@ -101,13 +100,13 @@ async def play(stage: Stage, out: TextIO) -> None:
     mark = step(f"GPU {held} fails at its plugin (ListAndWatch says Unhealthy)")
     await stage.plugin.set_healthy(held, False)
     await _until_kind(run, mark, "device.removed")
-    failed = await _until_condition(node, condition, "True")
+    failed = await until_node_condition(node, condition, "True", STEP_TIMEOUT_S)
     say(f"Node {node.name}: {condition}=True, {failed['message']!r}")
 
     mark = step(f"GPU {held} heals")
     await stage.plugin.set_healthy(held, True)
     await _until_kind(run, mark, "device.added")
-    await _until_condition(node, condition, "False")
+    await until_node_condition(node, condition, "False", STEP_TIMEOUT_S)
     say(f"Node {node.name}: {condition}=False")
 
     mark = step(f"DRA device {device} fails at the driver: {XID!r}")
@@ -132,22 +131,6 @@ async def _until_kind(run: AgentRun, mark: int, kind: str) -> None:
     await run.recorder.until(lambda: kind in run.recorder.kinds(mark), STEP_TIMEOUT_S)
 
 
-async def _until_condition(node: RealNode, ctype: str, status: str) -> dict[str, Any]:
-    """Until the agent's Node condition `ctype` reads `status` in the API server (written there by
-    the kubernetes sink, in another process: polled)."""
-    seen: dict[str, Any] = {}
-
-    async def has() -> bool:
-        got = await node.get("node", node.name)
-        found = [c for c in got["status"].get("conditions", []) if c["type"] == ctype]
-        seen["c"] = found[0] if found else None
-        return seen["c"] is not None and seen["c"]["status"] == status
-
-    await wait_until(has, STEP_TIMEOUT_S, interval=0.2, what=f"{ctype}={status} on Node {node.name}")
-    condition: dict[str, Any] = seen["c"]
-    return condition
-
-
 def _gpu_job(node: RealNode, namespace: str, name: str) -> dict[str, Any]:
     """A Job whose one pod asks for a GPU, kept to `node` as the DRA Jobs are (testkit.real_dra)."""
     container = {"name": "main", "image": "registry.test/trainer:1", "resources": {"limits": {GPU: 1}}}
@@ -163,17 +146,6 @@ def _gpu_job(node: RealNode, namespace: str, name: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"team": "research"}}, "spec": spec}},
     }
-
-
-def _held(pod: dict[str, Any]) -> Sequence[str]:
-    """The device plugin devices the kubelet reports the pod's containers hold (its status)."""
-    return [
-        resource["resourceID"]
-        for status in pod["status"].get("containerStatuses", [])
-        for entry in status.get("allocatedResourcesStatus", [])
-        if entry["name"] == GPU
-        for resource in entry.get("resources", [])
-    ]
 
 
 def _name(pod: dict[str, Any]) -> str:

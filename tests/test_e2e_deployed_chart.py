@@ -31,6 +31,7 @@ from testkit.deployed import (
     user_secret,
 )
 from testkit.kubelet_lite import DevicePlugin
+from testkit.real_node import held_devices
 from testkit.receivers import WebhookReceiver
 from testkit.waiting import wait_until
 
@@ -141,12 +142,7 @@ async def _gpu_pod(deployed: Deployed, name: str) -> tuple[str, DevicePlugin, st
     deployed.cleanups.append(undo)
     await node.apply(node.pod(namespace, name, {GPU: 1}))
     pod = await node.wait_pod(namespace, name)
-    (held,) = [
-        r["resourceID"]
-        for s in pod["status"]["containerStatuses"]
-        for a in s.get("allocatedResourcesStatus", [])
-        for r in a["resources"]
-    ]
+    (held,) = held_devices(pod)
     return namespace, plugin, held
 
 

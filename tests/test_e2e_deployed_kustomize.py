@@ -19,6 +19,8 @@ import pytest
 from testkit.container_node import ContainerNode
 from testkit.deployed import NAMESPACE, Release
 from testkit.kube_reporting import POLICY, bearer_request
+from testkit.node_agent import until_node_condition
+from testkit.real_node import held_devices
 from testkit.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420), pytest.mark.asyncio(loop_scope="module")]
@@ -31,23 +33,6 @@ CONDITION = "ExampleGpuDevicesUnavailable"
 CLUSTER_OBJECTS = (
     "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings"
 )
-
-
-async def _condition(node: ContainerNode) -> dict[str, Any] | None:
-    seen = await node.get("node", node.name)
-    found = [c for c in seen["status"].get("conditions", []) if c["type"] == CONDITION]
-    return found[0] if found else None
-
-
-async def _until_condition(node: ContainerNode, status: str) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-
-    async def has() -> bool:
-        seen["c"] = await _condition(node)
-        return seen["c"] is not None and seen["c"]["status"] == status
-
-    await wait_until(has, timeout=60, interval=0.5, what=f"{CONDITION} {status} on {node.name}")
-    return seen["c"]  # type: ignore[no-any-return]
 
 
 async def _pod_event_reasons(node: ContainerNode, namespace: str, pod: str) -> list[str]:
@@ -82,18 +67,13 @@ async def test_the_reporting_overlay_reports_through_its_own_token_and_deletes_c
         namespace = await node.namespace(f"rep-{uuid.uuid4().hex[:6]}")
         await node.apply(node.pod(namespace, "trainer", {GPU: 1}))
         held_pod = await node.wait_pod(namespace, "trainer")
-        (held,) = [
-            r["resourceID"]
-            for s in held_pod["status"]["containerStatuses"]
-            for a in s.get("allocatedResourcesStatus", [])
-            for r in a["resources"]
-        ]
-        await _until_condition(node, "False")
+        (held,) = held_devices(held_pod)
+        await until_node_condition(node, CONDITION, "False", 60)
         await plugin.set_healthy(held, False)
-        failed = await _until_condition(node, "True")
+        failed = await until_node_condition(node, CONDITION, "True", 60)
         assert held in failed["message"] and f"{namespace}/trainer" in failed["message"]
         await plugin.set_healthy(held, True)
-        await _until_condition(node, "False")
+        await until_node_condition(node, CONDITION, "False", 60)
 
         async def both_events() -> bool:
             return await _pod_event_reasons(node, namespace, "trainer") == ["DeviceFailed", "DeviceRecovered"]

@@ -6,23 +6,18 @@ policy in force); the heal's recovery; a flapping GPU paging once; a plugin rest
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testkit.agent import AgentRun, agent_against, make_settings
-from testkit.kube_reporting import agent_identity, install_reporting
+from testkit.http_sinks import pd_table
+from testkit.kube_reporting import install_reporting
 from testkit.kube_testcluster import KubeTestCluster
-from testkit.real_node import RealNode
+from testkit.node_agent import agent_on_node, until_node_condition
+from testkit.real_node import RealNode, held_devices
 from testkit.receivers import PagerDutyReceiver
-from testkit.waiting import wait_until
-from watcher.settings_file import parse_settings
-from watcher.sinks.kubernetes import KubernetesSinkSettings
 
 # A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -30,7 +25,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}
 CONDITION = "ExampleGpuDevicesUnavailable"
-PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 
 
 @pytest.fixture(scope="module")
@@ -40,62 +34,9 @@ def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
     return kube_cluster
 
 
-@asynccontextmanager
-async def _agent(
-    short_tmp: Path,
-    node: RealNode,
-    pager: PagerDutyReceiver,
-    *,
-    kubernetes: bool = True,
-    hold_down: float = 0.0,
-    **watch: Any,
-) -> AsyncIterator[AgentRun]:
-    """The agent on the real kubelet, paging `pager` (resolves held `hold_down` s), and (with
-    `kubernetes`) writing Events and its Node condition as its own service account, bound to its
-    Pod on this node."""
-    parsed = parse_settings(
-        {
-            "sinks": {
-                "pager": {
-                    "type": "pagerduty",
-                    "routing_key": PD_KEY,
-                    "endpoint": pager.url("/v2/enqueue"),
-                    "resolve_hold_down": hold_down,
-                }
-            }
-        }
-    )
-    sinks = list(parsed.sinks)
-    if kubernetes:
-        kubeconfig = await asyncio.to_thread(
-            agent_identity, node.cluster, node.name, f"agent-{uuid.uuid4().hex[:6]}"
-        )
-        sinks.append(KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig, api_rate=50.0))
-    base = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
-    settings = dataclasses.replace(
-        base, sinks=(*base.sinks, *sinks), watch=dataclasses.replace(base.watch, **watch)
-    )
-    async with agent_against(settings) as run:
-        await run.pods_watching(timeout=30)
-        await run.released()
-        yield run
-
-
-async def _condition(node: RealNode) -> dict[str, Any] | None:
-    seen = await node.get("node", node.name)
-    found = [c for c in seen["status"].get("conditions", []) if c["type"] == CONDITION]
-    return found[0] if found else None
-
-
-async def _until_condition(node: RealNode, status: str) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-
-    async def has() -> bool:
-        seen["c"] = await _condition(node)
-        return seen["c"] is not None and seen["c"]["status"] == status
-
-    await wait_until(has, timeout=30, interval=0.2, what=f"{CONDITION} {status} on {node.name}")
-    return seen["c"]  # type: ignore[no-any-return]
+def _paging(pager: PagerDutyReceiver) -> dict[str, Any]:
+    """The agent's config: a PagerDuty sink paging `pager`, its resolves sent at once."""
+    return {"sinks": {"pager": pd_table(pager)}}
 
 
 async def _pod_event_reasons(node: RealNode, namespace: str, pod: str) -> list[str]:
@@ -114,18 +55,16 @@ async def test_a_gpu_failing_at_its_plugin_is_one_page_a_pod_event_and_the_node_
     namespace = await real_node.namespace(f"fail-{uuid.uuid4().hex[:6]}")
     await real_node.apply(real_node.pod(namespace, "trainer", {GPU: 1}))
     pod = await real_node.wait_pod(namespace, "trainer")
-    (held,) = [
-        r["resourceID"]
-        for s in pod["status"]["containerStatuses"]
-        for a in s.get("allocatedResourcesStatus", [])
-        for r in a["resources"]
-    ]
-    async with PagerDutyReceiver() as pager, _agent(short_tmp, real_node, pager) as run:
-        await _until_condition(real_node, "False")
+    (held,) = held_devices(pod)
+    async with (
+        PagerDutyReceiver() as pager,
+        agent_on_node(short_tmp, real_node, _paging(pager), kubernetes=True) as run,
+    ):
+        await until_node_condition(real_node, CONDITION, "False")
         mark = len(run.recorder.events)
         await plugin.set_healthy(held, False)
         await pager.wait_for(1, timeout=15)
-        failed = await _until_condition(real_node, "True")
+        failed = await until_node_condition(real_node, CONDITION, "True")
         assert held in failed["message"] and f"{namespace}/trainer" in failed["message"]
         await run.quiet_cycle()
         critical = [e for e in run.recorder.events[mark:] if e.severity.value == "critical"]
@@ -135,7 +74,7 @@ async def test_a_gpu_failing_at_its_plugin_is_one_page_a_pod_event_and_the_node_
         assert [p["event_action"] for p in pager.events] == ["trigger"]
 
         await plugin.set_healthy(held, True)
-        await _until_condition(real_node, "False")
+        await until_node_condition(real_node, CONDITION, "False")
         await pager.wait_for(2, timeout=15)
         await run.quiet_cycle()
         assert [p["event_action"] for p in pager.events] == ["trigger", "resolve"]
@@ -153,20 +92,21 @@ async def test_a_flapping_gpu_is_one_page(real_node: RealNode, short_tmp: Path) 
     await real_node.apply(real_node.pod(namespace, "trainer", {GPU: 2}))
     await real_node.wait_pod(namespace, "trainer")
     # Short settings standing for the defaults: a 2 s resolve hold-down for 60 s, quiet 1 s for 300 s.
-    flaps: dict[str, Any] = {"flap_limit": 4, "flap_window": 60.0, "flap_quiet": 1.0, "hold_down": 2.0}
-    async with (
-        PagerDutyReceiver() as pager,
-        _agent(short_tmp, real_node, pager, kubernetes=False, **flaps) as run,
-    ):
-        for n in range(1, 11):
-            for healthy, kind in ((False, "device.removed"), (True, "device.added")):
-                await plugin.set_healthy("gpu0", healthy)
-                await run.recorder.until(lambda kind=kind, n=n: run.recorder.kinds().count(kind) >= n, 15)
-        await run.recorder.until(lambda: "device.flap_ended" in run.recorder.kinds(), timeout=15)
-        await pager.wait_for(lambda _: any(e["event_action"] == "resolve" for e in pager.events), timeout=15)
-        await run.quiet_cycle()
-        assert pager.incidents_opened() == 1, [e["event_action"] for e in pager.events]
-        assert run.recorder.kinds().count("device.flapping") == 1
+    flaps = {"flap_limit": 4, "flap_window": 60.0, "flap_quiet": 1.0}
+    async with PagerDutyReceiver() as pager:
+        config = {"sinks": {"pager": pd_table(pager, resolve_hold_down=2.0)}, "watch": flaps}
+        async with agent_on_node(short_tmp, real_node, config) as run:
+            for n in range(1, 11):
+                for healthy, kind in ((False, "device.removed"), (True, "device.added")):
+                    await plugin.set_healthy("gpu0", healthy)
+                    await run.recorder.until(lambda kind=kind, n=n: run.recorder.kinds().count(kind) >= n, 15)
+            await run.recorder.until(lambda: "device.flap_ended" in run.recorder.kinds(), timeout=15)
+            await pager.wait_for(
+                lambda _: any(e["event_action"] == "resolve" for e in pager.events), timeout=15
+            )
+            await run.quiet_cycle()
+            assert pager.incidents_opened() == 1, [e["event_action"] for e in pager.events]
+            assert run.recorder.kinds().count("device.flapping") == 1
 
 
 async def test_a_device_plugin_restart_pages_never(real_node: RealNode, short_tmp: Path) -> None:
@@ -174,7 +114,7 @@ async def test_a_device_plugin_restart_pages_never(real_node: RealNode, short_tm
     namespace = await real_node.namespace(f"plug-{uuid.uuid4().hex[:6]}")
     await real_node.apply(real_node.pod(namespace, "trainer", {GPU: 1}))
     await real_node.wait_pod(namespace, "trainer")
-    async with PagerDutyReceiver() as pager, _agent(short_tmp, real_node, pager, kubernetes=False) as run:
+    async with PagerDutyReceiver() as pager, agent_on_node(short_tmp, real_node, _paging(pager)) as run:
         before = run.agent.inventory
         mark = len(run.recorder.events)
         await plugin.stop()  # the process ends, its socket goes; the kubelet drops its devices

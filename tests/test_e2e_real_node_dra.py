@@ -7,19 +7,19 @@ agent's events and pages. Each scenario counts the agent's events exactly."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import signal
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testkit.agent import AgentRun, agent_against, make_settings
-from testkit.kube_reporting import agent_identity, install_reporting
+from testkit.agent import AgentRun
+from testkit.http_sinks import pd_table
+from testkit.kube_reporting import install_reporting
 from testkit.kube_testcluster import KubeTestCluster
+from testkit.node_agent import agent_on_node
 from testkit.real_dra import (
     add_dra_driver,
     allocated_device,
@@ -31,8 +31,6 @@ from testkit.real_dra import (
 from testkit.real_node import RealNode
 from testkit.receivers import PagerDutyReceiver
 from testkit.waiting import wait_until
-from watcher.settings_file import parse_settings
-from watcher.sinks.kubernetes import KubernetesSinkSettings
 
 # A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -48,47 +46,27 @@ def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}
 XID = "critical XID 79 reported by NVML: GPU has fallen off the bus"
-PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 
 
 def _tag() -> str:
     return f"t{uuid.uuid4().hex[:6]}"
 
 
-@asynccontextmanager
-async def _agent(
+def _agent(
     short_tmp: Path,
     node: RealNode,
     pager: PagerDutyReceiver,
-    extra_sinks: tuple[Any, ...] = (),
+    *,
+    kubernetes: bool = False,
     slices_interval: float = 30.0,
     **pods: Any,
-) -> AsyncIterator[AgentRun]:
-    parsed = parse_settings(
-        {
-            "sinks": {
-                "pager": {
-                    "type": "pagerduty",
-                    "routing_key": PD_KEY,
-                    "endpoint": pager.url("/v2/enqueue"),
-                    "resolve_hold_down": 0,
-                }
-            },
-            "pods": pods,
-            "resource_slices": {"interval": slices_interval},
-        }
-    )
-    base = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
-    settings = dataclasses.replace(
-        base,
-        sinks=(*base.sinks, *parsed.sinks, *extra_sinks),
-        pods=parsed.pods,
-        resource_slices=parsed.resource_slices,
-    )
-    async with agent_against(settings) as run:
-        await run.pods_watching(timeout=30)
-        await run.released()
-        yield run
+) -> AbstractAsyncContextManager[AgentRun]:
+    config = {
+        "sinks": {"pager": pd_table(pager)},
+        "pods": pods,
+        "resource_slices": {"interval": slices_interval},
+    }
+    return agent_on_node(short_tmp, node, config, kubernetes=kubernetes)
 
 
 async def test_a_jobs_pod_scheduled_with_a_plugin_gpu_is_one_allocation_added_naming_uid_and_job(
@@ -315,13 +293,9 @@ async def test_a_resource_slice_taint_and_the_pod_status_saying_the_same_are_one
     pod = await job_pod(node, namespace, "tainted")
     name = pod["metadata"]["name"]
     device = allocated_device(await claim_of(node, pod))
-    kubeconfig = await asyncio.to_thread(
-        agent_identity, node.cluster, node.name, f"agent-{uuid.uuid4().hex[:6]}"
-    )
-    sink = KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig, api_rate=50.0)
     async with (
         PagerDutyReceiver() as pager,
-        _agent(short_tmp, node, pager, extra_sinks=(sink,), slices_interval=1.0) as run,
+        _agent(short_tmp, node, pager, kubernetes=True, slices_interval=1.0) as run,
     ):
         mark = len(run.recorder.events)
 

@@ -9,19 +9,20 @@ taint; the only page is the device's own."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testkit.agent import AgentRun, agent_against, make_settings
+from testkit.agent import AgentRun
+from testkit.http_sinks import pd_table
 from testkit.kube_controllers import KubeControllers, start_kube_controllers
-from testkit.kube_reporting import agent_identity, install_reporting
+from testkit.kube_reporting import install_reporting
 from testkit.kube_testcluster import KubeTestCluster
+from testkit.node_agent import agent_on_node
 from testkit.real_dra import (
     REQUEST,
     DraSetup,
@@ -35,12 +36,9 @@ from testkit.real_node import RealNode
 from testkit.receivers import PagerDutyReceiver
 from testkit.waiting import wait_until
 from watcher.model.devicehealth.affected import owner_text
-from watcher.settings_file import parse_settings
-from watcher.sinks.kubernetes import KubernetesSinkSettings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 TAINT_KEY = "gpu.test.example.com/xid"
 # The pod tolerates the taint this long (its claim's request says so), so the agent reads the
 # slice's taint (every second here) while the pod still holds the device: the device's own page
@@ -107,34 +105,12 @@ async def _tolerating_job(node: RealNode, setup: DraSetup, namespace: str, name:
     )
 
 
-@asynccontextmanager
-async def _agent(short_tmp: Path, node: RealNode, pager: PagerDutyReceiver) -> AsyncIterator[AgentRun]:
-    kubeconfig = await asyncio.to_thread(
-        agent_identity, node.cluster, node.name, f"agent-{uuid.uuid4().hex[:6]}"
-    )
-    parsed = parse_settings(
-        {
-            "sinks": {
-                "pager": {
-                    "type": "pagerduty",
-                    "routing_key": PD_KEY,
-                    "endpoint": pager.url("/v2/enqueue"),
-                    "resolve_hold_down": 0,
-                }
-            },
-            "resource_slices": {"interval": 1.0},
-        }
-    )
+def _agent(
+    short_tmp: Path, node: RealNode, pager: PagerDutyReceiver
+) -> AbstractAsyncContextManager[AgentRun]:
     # The kubernetes sink gives the agent the API server: the ResourceSlices' taints are read.
-    sink = KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig, api_rate=50.0)
-    base = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
-    settings = dataclasses.replace(
-        base, sinks=(*base.sinks, *parsed.sinks, sink), resource_slices=parsed.resource_slices
-    )
-    async with agent_against(settings) as run:
-        await run.pods_watching(timeout=30)
-        await run.released()
-        yield run
+    config = {"sinks": {"pager": pd_table(pager)}, "resource_slices": {"interval": 1.0}}
+    return agent_on_node(short_tmp, node, config, kubernetes=True)
 
 
 async def test_an_evicted_jobs_pod_is_one_pod_evicted_naming_job_device_and_taint_and_no_extra_page(

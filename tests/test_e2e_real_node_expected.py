@@ -9,25 +9,20 @@ restart's warm-up holds: neither is a device.missing."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import signal
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from testkit.agent import AgentRun, agent_against, make_settings
-from testkit.kube_reporting import agent_identity, install_reporting
+from testkit.agent import AgentRun
+from testkit.http_sinks import pd_table
+from testkit.kube_reporting import install_reporting
 from testkit.kube_testcluster import KubeTestCluster
+from testkit.node_agent import agent_on_node, node_condition, until_node_condition
 from testkit.real_node import RealNode
 from testkit.receivers import PagerDutyReceiver
 from testkit.waiting import wait_until
-from watcher.settings_file import parse_settings
-from watcher.sinks.kubernetes import KubernetesSinkSettings
-from watcher.sources.expected_settings import ExpectedSettings
 
 # A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -36,7 +31,6 @@ GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}
 LABEL = "example.com/gpu.count"
 CONDITION = "ExampleGpuDevicesMissing"
-PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 
 
 @pytest.fixture(scope="module")
@@ -46,54 +40,14 @@ def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
     return kube_cluster
 
 
-@asynccontextmanager
-async def _agent(short_tmp: Path, node: RealNode, pager: PagerDutyReceiver) -> AsyncIterator[AgentRun]:
+def _agent(
+    short_tmp: Path, node: RealNode, pager: PagerDutyReceiver
+) -> AbstractAsyncContextManager[AgentRun]:
     """The agent on the real kubelet, expecting the count `LABEL` says, reading its Node and writing
     its conditions as its own service account. The pager gets every page: one vanished GPU must be
     one page (its device.removed), never a second one for the same GPU's device.missing."""
-    parsed = parse_settings(
-        {
-            "sinks": {
-                "pager": {
-                    "type": "pagerduty",
-                    "routing_key": PD_KEY,
-                    "endpoint": pager.url("/v2/enqueue"),
-                    "resolve_hold_down": 0.0,
-                }
-            }
-        }
-    )
-    kubeconfig = await asyncio.to_thread(
-        agent_identity, node.cluster, node.name, f"agent-{uuid.uuid4().hex[:6]}"
-    )
-    kube = KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig, api_rate=50.0)
-    base = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
-    settings = dataclasses.replace(
-        base,
-        sinks=(*base.sinks, *parsed.sinks, kube),
-        expected=ExpectedSettings(labels={GPU: LABEL}, interval=1.0),
-    )
-    async with agent_against(settings) as run:
-        await run.pods_watching(timeout=30)
-        await run.released()
-        yield run
-
-
-async def _condition(node: RealNode) -> dict[str, Any] | None:
-    seen = await node.get("node", node.name)
-    found = [c for c in seen["status"].get("conditions", []) if c["type"] == CONDITION]
-    return found[0] if found else None
-
-
-async def _until_condition(node: RealNode, status: str) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-
-    async def has() -> bool:
-        seen["c"] = await _condition(node)
-        return seen["c"] is not None and seen["c"]["status"] == status
-
-    await wait_until(has, timeout=30, interval=0.2, what=f"{CONDITION} {status} on {node.name}")
-    return seen["c"]  # type: ignore[no-any-return]
+    config = {"sinks": {"pager": pd_table(pager)}, "expected": {"labels": {GPU: LABEL}, "interval": 1.0}}
+    return agent_on_node(short_tmp, node, config, kubernetes=True)
 
 
 async def _capacity(node: RealNode) -> str | None:
@@ -146,7 +100,7 @@ async def test_a_gpu_dropped_from_its_plugins_list_is_one_missing_one_page_and_t
         # Dropped from the plugin's list: the kubelet no longer knows it.
         await plugin.remove_device("gpu1")
         await _until_capacity(real_node, 1)
-        condition = await _until_condition(real_node, "True")
+        condition = await until_node_condition(real_node, CONDITION, "True")
         assert "1 of 2" in condition["message"] and condition["reason"] == "DevicesMissing"
         await run.quiet_cycle()
         (missing,) = [e for e in run.recorder.events[mark:] if e.kind == "device.missing"]
@@ -159,7 +113,7 @@ async def test_a_gpu_dropped_from_its_plugins_list_is_one_missing_one_page_and_t
 
         await plugin.add_device("gpu1", (1,))
         await pager.wait_for(paged + 2, timeout=30)
-        await _until_condition(real_node, "False")
+        await until_node_condition(real_node, CONDITION, "False")
         await run.quiet_cycle()
         kinds = run.recorder.kinds(mark)
         assert kinds.count("device.missing") == 1 and kinds.count("device.missing_resolved") == 1
@@ -195,5 +149,5 @@ async def test_a_kubelet_restart_with_an_expectation_is_no_missing_device(
             await run.quiet_cycle()
         assert "device.missing" not in run.recorder.kinds(mark), run.recorder.kinds(mark)
         assert pager.events == []
-        condition = await _condition(real_node)
+        condition = await node_condition(real_node, CONDITION)
         assert condition is None or condition["status"] == "False"

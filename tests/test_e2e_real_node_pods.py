@@ -7,28 +7,26 @@ once; and `snapshot` showing what the API server shows."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testkit.agent import AgentRun, agent_against, make_settings
-from testkit.kube_reporting import agent_identity, install_reporting
+from testkit.agent import AgentRun
+from testkit.http_sinks import pd_table
+from testkit.kube_reporting import install_reporting
 from testkit.kube_testcluster import KubeTestCluster
+from testkit.node_agent import agent_on_node
 from testkit.real_node import RealNode
 from testkit.receivers import PagerDutyReceiver
 from testkit.waiting import wait_until
-from watcher.settings_file import parse_settings
 from watcher.sim.fake_node import FakeDevice, FakeNode
 from watcher.sim.fake_pod_objects import admission_rejection
-from watcher.sinks.kubernetes import KubernetesSinkSettings
 
 # A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -36,16 +34,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}
 ROOT = Path(__file__).resolve().parent.parent
-PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 
 
-@asynccontextmanager
-async def _agent(short_tmp: Path, node: RealNode) -> AsyncIterator[AgentRun]:
-    settings = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
-    async with agent_against(settings) as run:
-        await run.pods_watching(timeout=30)
-        await run.released()
-        yield run
+def _agent(short_tmp: Path, node: RealNode) -> AbstractAsyncContextManager[AgentRun]:
+    return agent_on_node(short_tmp, node, {})
 
 
 async def test_a_deleted_pod_is_one_allocation_removed(real_node: RealNode, short_tmp: Path) -> None:
@@ -123,41 +115,18 @@ async def _no_healthy_gpu(node: RealNode) -> None:
     await node.wait_allocatable(GPU, set())
 
 
-@asynccontextmanager
-async def _rejecting_agent(
+def _rejecting_agent(
     short_tmp: Path,
     node: RealNode,
     pager: PagerDutyReceiver,
     *,
     window: float = 300.0,
     kubernetes: bool = False,
-) -> AsyncIterator[AgentRun]:
+) -> AbstractAsyncContextManager[AgentRun]:
     """The agent paging `pager`, rejections counted over `window` s, and (with `kubernetes`) its
     Node conditions written as its own service account, bound to its Pod on this node."""
-    parsed = parse_settings(
-        {
-            "sinks": {
-                "pager": {
-                    "type": "pagerduty",
-                    "routing_key": PD_KEY,
-                    "endpoint": pager.url("/v2/enqueue"),
-                    "resolve_hold_down": 0,
-                }
-            },
-            "pods": {"rejections_window": window},
-        }
-    )
-    sinks = list(parsed.sinks)
-    if kubernetes:
-        pod = f"agent-{uuid.uuid4().hex[:6]}"
-        kubeconfig = await asyncio.to_thread(agent_identity, node.cluster, node.name, pod)
-        sinks.append(KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig, api_rate=50.0))
-    base = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
-    settings = dataclasses.replace(base, sinks=(*base.sinks, *sinks), pods=parsed.pods)
-    async with agent_against(settings) as run:
-        await run.pods_watching(timeout=30)
-        await run.released()
-        yield run
+    config = {"sinks": {"pager": pd_table(pager)}, "pods": {"rejections_window": window}}
+    return agent_on_node(short_tmp, node, config, kubernetes=kubernetes)
 
 
 async def _job(node: RealNode, namespace: str, name: str) -> dict[str, str]:

@@ -8,16 +8,16 @@ for a DRA device and a driver restart. Short hold-downs stand for the default 60
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testkit.agent import AgentRun, agent_against, make_settings
+from testkit.agent import AgentRun
+from testkit.http_sinks import pd_table
+from testkit.node_agent import agent_on_node
 from testkit.real_dra import (
     add_dra_driver,
     allocated_device,
@@ -27,47 +27,25 @@ from testkit.real_dra import (
     restart_driver_healthy,
     until_status_health,
 )
-from testkit.real_node import RealNode
+from testkit.real_node import RealNode, held_devices
 from testkit.receivers import PagerDutyReceiver
-from watcher.settings_file import parse_settings
 
 # A whole node starts here: the default 60 s is too short on a loaded 2-core machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}
-PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 XID = "critical XID 79 reported by NVML: GPU has fallen off the bus"
 HOLD = 10.0  # the reset hold-down: stands for the default 600 s, long enough to see no resolve in it
 
 
-@asynccontextmanager
-async def _agent(short_tmp: Path, node: RealNode, pager: PagerDutyReceiver) -> AsyncIterator[AgentRun]:
+def _agent(
+    short_tmp: Path, node: RealNode, pager: PagerDutyReceiver
+) -> AbstractAsyncContextManager[AgentRun]:
     """The agent on the real kubelet, paging `pager` (resolves at once: only the reset's own
     hold-down delays them)."""
-    parsed = parse_settings(
-        {
-            "sinks": {
-                "pager": {
-                    "type": "pagerduty",
-                    "routing_key": PD_KEY,
-                    "endpoint": pager.url("/v2/enqueue"),
-                    "resolve_hold_down": 0,
-                }
-            },
-            "watch": {"reset_hold_down": HOLD},
-        }
-    )
-    base = make_settings(short_tmp, kubelet_root=node.root, node=node.name)
-    settings = dataclasses.replace(
-        base,
-        sinks=(*base.sinks, *parsed.sinks),
-        watch=dataclasses.replace(base.watch, reset_hold_down=parsed.watch.reset_hold_down),
-    )
-    async with agent_against(settings) as run:
-        await run.pods_watching(timeout=30)
-        await run.released()
-        yield run
+    config = {"sinks": {"pager": pd_table(pager)}, "watch": {"reset_hold_down": HOLD}}
+    return agent_on_node(short_tmp, node, config)
 
 
 def _actions(pager: PagerDutyReceiver) -> list[str]:
@@ -96,12 +74,7 @@ async def test_a_plugin_restart_healing_a_gpu_is_a_reset_resolved_only_after_the
     namespace = await real_node.namespace(f"reset-{uuid.uuid4().hex[:6]}")
     await real_node.apply(real_node.pod(namespace, "trainer", {GPU: 1}))
     pod = await real_node.wait_pod(namespace, "trainer")
-    (held,) = [
-        r["resourceID"]
-        for s in pod["status"]["containerStatuses"]
-        for a in s.get("allocatedResourcesStatus", [])
-        for r in a["resources"]
-    ]
+    (held,) = held_devices(pod)
     async with PagerDutyReceiver() as pager, _agent(short_tmp, real_node, pager) as run:
         mark = len(run.recorder.events)
         await plugin.set_healthy(held, False)

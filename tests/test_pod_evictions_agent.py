@@ -7,19 +7,18 @@ device and the taint; no page beyond the device's own; never told again after a 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from testkit.agent import Running, make_settings, running_agent
+from testkit.agent import Running, make_settings, running_agent, with_config
+from testkit.http_sinks import pd_table
 from testkit.inventories import DRIVER, dra_job_pod
 from testkit.receivers import PagerDutyReceiver
 from watcher.model.devicehealth.affected import owner_text
 from watcher.model.devicehealth.taints import DeviceTaint
 from watcher.model.inventory import Inventory
-from watcher.settings_file import parse_settings
 from watcher.sim.fake_evictions import evict_for_device_taint
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sources.base import Evidence
@@ -27,7 +26,6 @@ from watcher.sources.base import Evidence
 POOL, DEVICE = "node-a", "gpu-3"
 POD = "llm-pretrain-0-abcde"
 XID = DeviceTaint(DRIVER, POOL, DEVICE, "gpu.example.com/xid", "79", "NoExecute")
-PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 
 
 class Taints:
@@ -55,19 +53,7 @@ class Taints:
 
 @asynccontextmanager
 async def _agent(root: Path, fake: FakeKubelet, pager: PagerDutyReceiver) -> AsyncIterator[Running]:
-    parsed = parse_settings(
-        {
-            "sinks": {
-                "pager": {
-                    "type": "pagerduty",
-                    "routing_key": PD_KEY,
-                    "endpoint": pager.url("/v2/enqueue"),
-                    "resolve_hold_down": 0,
-                }
-            }
-        }
-    )
-    settings = dataclasses.replace(make_settings(root), sinks=parsed.sinks)
+    settings = with_config(make_settings(root), {"sinks": {"pager": pd_table(pager)}})
     source = Taints((XID,))
     try:
         async with running_agent(settings, fake, sources=[source]) as run:

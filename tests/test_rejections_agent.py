@@ -6,7 +6,6 @@ window passes quiet. The same against the upstream kubelet: tests/test_e2e_real_
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,17 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from testkit.agent import Running, make_settings, running_agent
+from testkit.agent import Running, make_settings, running_agent, with_config
+from testkit.http_sinks import pd_table
 from testkit.receivers import PagerDutyReceiver
 from testkit.waiting import wait_until
-from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeOwner, FakePod
 from watcher.sim.fake_pod_objects import rejected
 from watcher.sim.fake_script import ScriptError, parse_script, play
 
 GPU = "nvidia.com/gpu"
-PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 WINDOW = 1.5  # seconds: the incident's end is awaited, so short enough to wait for
 
 
@@ -36,21 +34,9 @@ def _pod(name: str) -> FakePod:
 async def _agent(
     root: Path, fake: FakeKubelet, pager: PagerDutyReceiver, threshold: int = 3
 ) -> AsyncIterator[Running]:
-    parsed = parse_settings(
-        {
-            "sinks": {
-                "pager": {
-                    "type": "pagerduty",
-                    "routing_key": PD_KEY,
-                    "endpoint": pager.url("/v2/enqueue"),
-                    "resolve_hold_down": 0,
-                }
-            },
-            "pods": {"rejections_threshold": threshold, "rejections_window": WINDOW},
-        }
-    )
-    base = make_settings(root)  # its audit log too: what was stored across restarts
-    settings = dataclasses.replace(base, sinks=base.sinks + parsed.sinks, pods=parsed.pods)
+    rejections = {"rejections_threshold": threshold, "rejections_window": WINDOW}
+    # make_settings' audit log too: what was stored across restarts.
+    settings = with_config(make_settings(root), {"sinks": {"pager": pd_table(pager)}, "pods": rejections})
     async with running_agent(settings, fake) as run:
         await run.pods_watching()
         yield run

@@ -8,12 +8,12 @@ can restart forgetting its devices' health as NVIDIA's does, to a PagerDuty rece
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
-from testkit.agent import Running, make_settings, running_agent
+from testkit.agent import Running, make_settings, running_agent, with_config
 from testkit.fake_kubelets import StartKubelet
+from testkit.http_sinks import pd_table
 from testkit.inventories import dra_job_pod
 from testkit.receivers import PagerDutyReceiver
 from watcher.model.changes import Change, Kind, Severity
@@ -21,14 +21,12 @@ from watcher.model.events import envelope
 from watcher.model.incidents import Incidents
 from watcher.model.resets import RESET_WINDOW_S, Resets
 from watcher.settings import Settings
-from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sinks.kubernetes.planner import plan
 
 GPU = "nvidia.com/gpu"
 FUSE = "smarter-devices/fuse"
 DRIVER, POOL, DEVICE = "gpu.nvidia.com", "node-a", "gpu-3"
-PD_KEY = "R0UT1NGKEY0123456789ABCDEFGHIJKL"
 HOLD = 600.0
 
 
@@ -205,22 +203,10 @@ def test_the_kubernetes_sink_says_a_reset_on_the_node_and_keeps_the_condition_un
 
 
 def _settings(root: Path, pager: PagerDutyReceiver, reset_hold_down: float) -> Settings:
-    parsed = parse_settings(
-        {
-            "sinks": {
-                "pager": {
-                    "type": "pagerduty",
-                    "routing_key": PD_KEY,
-                    "endpoint": pager.url("/v2/enqueue"),
-                    "rate": 100.0,
-                    "resolve_hold_down": 0.0,
-                }
-            }
-        }
+    pager_table = pd_table(pager, rate=100.0)
+    return with_config(
+        make_settings(root), {"sinks": {"pager": pager_table}, "watch": {"reset_hold_down": reset_hold_down}}
     )
-    base = make_settings(root)
-    watch = dataclasses.replace(base.watch, reset_hold_down=reset_hold_down)
-    return dataclasses.replace(base, watch=watch, sinks=(*base.sinks, *parsed.sinks))
 
 
 def _actions(pager: PagerDutyReceiver) -> list[str]:
