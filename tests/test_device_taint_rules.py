@@ -19,10 +19,8 @@ import pytest
 import structlog.testing
 from lightkube.core.exceptions import ApiError
 
-from testkit.admission_policy import review
 from testkit.agent import Running, make_settings, running_agent
-from testkit.kube_rbac import rules_from_manifests
-from testkit.kube_schemas import strict_schemas
+from testkit.fake_api import AGENT, agent_api_server, serving, shipped_rules
 from testkit.receivers import PagerDutyReceiver
 from testkit.taint_rules import (
     DRIVER,
@@ -39,42 +37,18 @@ from testkit.taint_rules import (
 from watcher.kubeapi.api import KubeApi
 from watcher.kubeapi.settings import KubernetesApiSettings
 from watcher.kubelet.triggers import Trigger
-from watcher.sim.apiserver import ADMIN, FakeApiServer, pod_bound_user
+from watcher.sim.apiserver import ADMIN, FakeApiServer
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sources.device_taint_rules import REASON, DeviceTaintRules
 
-ROOT = Path(__file__).resolve().parent.parent
-RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
 NODE = "node-a"
-AGENT = "agent"
 TIMEOUT = 10.0
-SA = pod_bound_user(
-    "system:serviceaccount:pod-resources-watcher:pod-resources-watcher", node=NODE, pod="prw-x7k2p"
-)
-
-
-def _server(tmp: Path, *, grant: bool = True) -> FakeApiServer:
-    rules = [
-        r
-        for r in rules_from_manifests(
-            [RBAC], service_account="pod-resources-watcher", namespace="pod-resources-watcher"
-        )
-        if grant or "devicetaintrules" not in str(r)
-    ]
-    return FakeApiServer(
-        tmp / "api", users={AGENT: SA}, rules={AGENT: rules}, admission=review, schema=strict_schemas()
-    )
 
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[FakeApiServer]:
-    server = _server(tmp_path)
-    await server.start()
-    server.add_node(NODE)
-    try:
+    async with serving(agent_api_server(tmp_path / "api", node=NODE), NODE) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 @asynccontextmanager
@@ -227,7 +201,9 @@ def _source(server: FakeApiServer, tmp: Path) -> tuple[DeviceTaintRules, Trigger
 
 
 async def test_without_the_rbac_it_says_so_once_and_knows_no_rules(tmp_path: Path) -> None:
-    server = _server(tmp_path, grant=False)
+    server = agent_api_server(
+        tmp_path / "api", node=NODE, rules=shipped_rules(lambda r: "devicetaintrules" not in str(r))
+    )
     await server.start()
     source, _ = _source(server, tmp_path)
     try:

@@ -11,45 +11,27 @@ from typing import Any
 
 import pytest
 
-from testkit.admission_policy import review
+from testkit.fake_api import AGENT, agent_api_server, serving
 from testkit.inventories import inventory_of
-from testkit.kube_rbac import rules_from_manifests
-from testkit.kube_schemas import strict_schemas
 from watcher.model import lifecycle
 from watcher.model.changes import Change, Kind, Severity
 from watcher.model.events import Event, envelope
-from watcher.sim.apiserver import FakeApiServer, pod_bound_user
+from watcher.sim.apiserver import FakeApiServer
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
 from watcher.sinks.kubernetes.condition_plan import OWNER_MARK, is_owned
 from watcher.sinks.kubernetes.rejecting import rejecting_after, rejecting_conditions, rejecting_type
 
-ROOT = Path(__file__).resolve().parent.parent
-RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
 NODE = "node-a"
 GPU = "nvidia.com/gpu"
-AGENT = "agent"
-SA = pod_bound_user(
-    "system:serviceaccount:pod-resources-watcher:pod-resources-watcher", node=NODE, pod="prw-x7k2p"
-)
 OPENED = "node keeps rejecting nvidia.com/gpu pods: 12 in 5 min (latest: Allocate failed ...)"
 ENDED = "node no longer rejecting nvidia.com/gpu pods: none in 5 min (12 rejected while it lasted)"
 
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[FakeApiServer]:
-    rules = rules_from_manifests(
-        [RBAC], service_account="pod-resources-watcher", namespace="pod-resources-watcher"
-    )
-    server = FakeApiServer(
-        tmp_path / "api", users={AGENT: SA}, rules={AGENT: rules}, admission=review, schema=strict_schemas()
-    )
-    await server.start()
-    server.add_node(NODE)
-    try:
+    async with serving(agent_api_server(tmp_path / "api", node=NODE), NODE) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 _seq = 0

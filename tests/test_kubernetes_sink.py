@@ -23,11 +23,10 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from testkit.admission_policy import review
 from testkit.agent import make_settings, running_agent
+from testkit.fake_api import AGENT, SERVICE_ACCOUNT, agent_api_server, serving
 from testkit.fake_kubelets import StartKubelet
 from testkit.inventories import inventory_of
-from testkit.kube_rbac import rules_from_manifests
 from testkit.kube_schemas import strict_schemas
 from testkit.ports import free_port
 from watcher.cli import main
@@ -41,7 +40,7 @@ from watcher.model.diff import diff
 from watcher.model.events import Event, envelope
 from watcher.model.inventory import Inventory
 from watcher.settings_file import config_warnings, parse_settings
-from watcher.sim.apiserver import FakeApiServer, kubectl, pod_bound_user
+from watcher.sim.apiserver import FakeApiServer, kubectl
 from watcher.sim.demo_kubernetes import run_kubernetes_demo
 from watcher.sim.fake_node import FakeContainer, FakeDevice, FakeNode, FakePod, default_node
 from watcher.sim.send_test import MemoryStore
@@ -56,14 +55,8 @@ RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
 NODE = "node-a"
 GPU = "nvidia.com/gpu"
 CONDITION = "NvidiaGpuDevicesUnavailable"
-AGENT = "agent"
 RATE = 20  # the mass failure's API rate: 64 pods' Events take ~6.5 s at it (~26 s at the default 5)
-# As a pod-bound token authenticates on the real server: the node and pod names and uids as extra.
-SA = pod_bound_user(
-    "system:serviceaccount:pod-resources-watcher:pod-resources-watcher",
-    node=NODE,
-    pod="pod-resources-watcher-x7k2p",
-)
+POD = "pod-resources-watcher-x7k2p"  # the agent's, its token bound to it (testkit.fake_api)
 
 
 def _agent_rules(drop: tuple[int, str] | None = None) -> list[dict[str, Any]]:
@@ -80,23 +73,8 @@ def _agent_rules(drop: tuple[int, str] | None = None) -> list[dict[str, Any]]:
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer(
-        tmp_path / "api",
-        users={AGENT: SA},
-        rules={
-            AGENT: rules_from_manifests(
-                [RBAC], service_account="pod-resources-watcher", namespace="pod-resources-watcher"
-            )
-        },
-        admission=review,
-        schema=strict_schemas(),
-    )
-    await server.start()
-    server.add_node(NODE)
-    try:
+    async with serving(agent_api_server(tmp_path / "api", node=NODE, pod=POD), NODE) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 def _sink_settings(api: FakeApiServer, tmp: Path, **overrides: Any) -> KubernetesSinkSettings:
@@ -310,7 +288,7 @@ async def test_a_mass_failure_of_64_gpus_is_one_event_per_pod_and_one_condition_
     assert node_events == ["DeviceIncident"]  # the 64 are named once, by the incident
     assert "64 nvidia.com/gpu device(s)" in (_condition(api) or {})["message"]
     # Bounded load: never more than api_rate requests in any one second at the API server.
-    arrivals = [r.at for r in api.requests if r.user == SA["username"]]
+    arrivals = [r.at for r in api.requests if r.user == SERVICE_ACCOUNT]
     assert len(arrivals) > 2 * RATE  # enough to be bounded by the rate at all
     busiest = max(sum(1 for b in arrivals if a <= b < a + 1.0) for a in arrivals)
     assert busiest <= RATE
@@ -444,9 +422,7 @@ async def test_a_refused_batch_leaves_the_state_as_the_node_says(tmp_path: Path)
     # written. The saved state must still say GPU-0 is missing, or a later change of another device
     # would clear the condition while GPU-0 is still failed.
     rules = _agent_rules(drop=(0, "create"))
-    server = FakeApiServer(
-        tmp_path / "api", users={AGENT: SA}, rules={AGENT: rules}, admission=review, schema=strict_schemas()
-    )
+    server = agent_api_server(tmp_path / "api", node=NODE, rules=rules, pod=POD)
     await server.start()
     server.add_node(NODE)
     try:
@@ -798,13 +774,7 @@ async def _story(api: FakeApiServer, tmp: Path) -> list[bool]:
 
 @pytest.mark.parametrize("drop", _role_verbs(), ids=lambda d: f"rule{d[0]}-{d[1]}")
 async def test_every_verb_of_the_cluster_role_is_needed(tmp_path: Path, drop: tuple[int, str]) -> None:
-    server = FakeApiServer(
-        tmp_path / "api",
-        users={AGENT: SA},
-        rules={AGENT: _agent_rules(drop)},
-        admission=review,
-        schema=strict_schemas(),
-    )
+    server = agent_api_server(tmp_path / "api", node=NODE, rules=_agent_rules(drop), pod=POD)
     await server.start()
     server.add_node(NODE)
     try:

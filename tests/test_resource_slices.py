@@ -16,31 +16,23 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from testkit.admission_policy import review
 from testkit.agent import make_settings, running_agent
-from testkit.kube_rbac import rules_from_manifests
-from testkit.kube_schemas import strict_schemas
+from testkit.fake_api import AGENT, agent_api_server, serving, shipped_rules
 from watcher.kubeapi.api import KubeApi
 from watcher.kubeapi.settings import KubernetesApiSettings
 from watcher.kubelet.triggers import Trigger
 from watcher.model.devicehealth.taints import DeviceTaint
 from watcher.settings import PodsSettings, ResourceSlicesSettings
-from watcher.sim.apiserver import FakeApiServer, pod_bound_user
+from watcher.sim.apiserver import FakeApiServer
 from watcher.sim.fake_kubelet import FakeKubelet
 from watcher.sim.fake_node import FakeClaim, FakeClaimDevice, FakeContainer, FakePod
 from watcher.sinks.kubernetes import KubernetesSinkSettings
 from watcher.sources.resource_slices import REASON, ResourceSliceTaints
 from watcher.sources.taint_rule_settings import DeviceTaintRulesSettings
 
-ROOT = Path(__file__).resolve().parent.parent
-RBAC = ROOT / "deploy" / "kubernetes" / "reporting" / "rbac.yaml"
 NODE = "node-a"
-AGENT = "agent"
 DRIVER, POOL, DEVICE = "gpu.nvidia.com", "node-a", "gpu-3"
 XID = "critical XID 79 reported by NVML"
-SA = pod_bound_user(
-    "system:serviceaccount:pod-resources-watcher:pod-resources-watcher", node=NODE, pod="prw-x7k2p"
-)
 XID_TAINT = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"}
 
 
@@ -61,27 +53,10 @@ def _slice(name: str, node: str, taints: dict[str, list[dict[str, str]]]) -> dic
     }
 
 
-def _server(tmp: Path, rules: list[Any] | None = None) -> FakeApiServer:
-    if rules is None:
-        rules = list(
-            rules_from_manifests(
-                [RBAC], service_account="pod-resources-watcher", namespace="pod-resources-watcher"
-            )
-        )
-    return FakeApiServer(
-        tmp / "api", users={AGENT: SA}, rules={AGENT: rules}, admission=review, schema=strict_schemas()
-    )
-
-
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[FakeApiServer]:
-    server = _server(tmp_path)
-    await server.start()
-    server.add_node(NODE)
-    try:
+    async with serving(agent_api_server(tmp_path / "api", node=NODE), NODE) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 def _reader(api: FakeApiServer, tmp: Path) -> tuple[ResourceSliceTaints, Trigger]:
@@ -122,14 +97,8 @@ async def test_the_nodes_taints_are_listed_and_a_change_fires_the_trigger(
 
 
 async def test_without_the_rbac_it_says_so_once_and_knows_no_taints(tmp_path: Path) -> None:
-    rules = [
-        r
-        for r in rules_from_manifests(
-            [RBAC], service_account="pod-resources-watcher", namespace="pod-resources-watcher"
-        )
-        if "resourceslices" not in str(r)
-    ]
-    server = _server(tmp_path, rules)
+    rules = shipped_rules(lambda r: "resourceslices" not in str(r))
+    server = agent_api_server(tmp_path / "api", node=NODE, rules=rules)
     await server.start()
     reader, _ = _reader(server, tmp_path)
     try:
@@ -146,7 +115,7 @@ async def test_without_the_rbac_it_says_so_once_and_knows_no_taints(tmp_path: Pa
 
 
 async def test_an_outage_keeps_the_taints_last_read(tmp_path: Path) -> None:
-    server = _server(tmp_path)
+    server = agent_api_server(tmp_path / "api", node=NODE)
     await server.start()
     server.put_resource_slice(_slice("node-a-gpus", NODE, {DEVICE: [XID_TAINT]}))
     reader, trigger = _reader(server, tmp_path)
@@ -230,15 +199,9 @@ async def test_without_a_kubernetes_sink_a_role_that_only_lists_slices_is_enough
     """[kubernetes] api = "on" and no kubernetes sink: the agent reads its node's slices with a role
     that may list them and nothing else (no Event, node or pod verb), and a taint on a held device
     is a device.unhealthy; nothing else is asked of the API server."""
-    rules = [
-        r
-        for r in rules_from_manifests(
-            [RBAC], service_account="pod-resources-watcher", namespace="pod-resources-watcher"
-        )
-        if "resourceslices" in str(r)
-    ]
+    rules = shipped_rules(lambda r: "resourceslices" in str(r))
     assert len(rules) == 1
-    server = _server(short_tmp, rules)
+    server = agent_api_server(short_tmp / "api", node=NODE, rules=rules)
     await server.start()
     fake = FakeKubelet(short_tmp / "kubelet", seed=21)
     fake.node.add_pod(_dra_pod())
