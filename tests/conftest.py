@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import shutil
 import tempfile
 import uuid
@@ -29,6 +30,7 @@ from testkit.fake_kubelets import StartKubelet
 from testkit.http_sinks import NODE as SINK_NODE
 from testkit.http_sinks import PD_KEY, SIGNING_SECRET
 from testkit.kube_controllers import KubeControllers, start_kube_controllers
+from testkit.kube_reporting import Placement, install_reporting, place_agent
 from testkit.kube_testcluster import KubeTestCluster, start_kube_testcluster
 from testkit.kubelet_lite import KubeletLite
 from testkit.peers import peer
@@ -184,6 +186,22 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeTestC
     `viewer` (group `viewers`) is granted nothing."""
     with start_kube_testcluster(tmp_path_factory.mktemp("kube"), {"viewer": ["viewers"]}) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
+    """The session's cluster with the shipped RBAC and admission policy in force
+    (deploy/kubernetes/reporting), installed again by each module that asks."""
+    asyncio.run(install_reporting(kube_cluster))
+    return kube_cluster
+
+
+@pytest.fixture
+def placed(reporting: KubeTestCluster, request: pytest.FixtureRequest) -> Placement:
+    """The agent's Pod on a Node of its own in `reporting`, named after the test (shortened to a
+    DNS label: no brackets or underscores)."""
+    tag = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:20].strip("-")
+    return place_agent(reporting, tag)
 
 
 # --- the upstream kubelet (the Go peers kubelet and fake-cri) ---

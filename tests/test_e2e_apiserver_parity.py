@@ -24,7 +24,6 @@ from testkit.kube_reporting import (
     AGENT_NAMESPACE,
     AGENT_SERVICE_ACCOUNT,
     READY,
-    install_reporting,
 )
 from testkit.kube_testcluster import KubeTestCluster
 from watcher.sinks.kubernetes.condition_plan import OWNER_MARK, NodeCondition
@@ -355,10 +354,8 @@ TABLE = [
 
 
 @pytest.fixture(scope="module")
-def cluster(kube_cluster: KubeTestCluster) -> KubeTestCluster:
-    """The session's cluster with the shipped RBAC and admission policy in force."""
-    asyncio.run(install_reporting(kube_cluster))
-    return kube_cluster
+def cluster(reporting: KubeTestCluster) -> KubeTestCluster:
+    return reporting
 
 
 @pytest.fixture(scope="module")

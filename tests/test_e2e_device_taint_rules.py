@@ -10,9 +10,7 @@ not know is refused (as the fake refuses it), and an effect None pages nothing.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +20,7 @@ from lightkube.core.exceptions import ApiError
 
 from testkit.agent import Running, make_settings, running_agent
 from testkit.fake_kubelets import StartKubelet
-from testkit.kube_reporting import Placement, install_reporting, place_agent
+from testkit.kube_reporting import Placement
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.receivers import PagerDutyReceiver
 from testkit.taint_rules import (
@@ -45,16 +43,8 @@ TIMEOUT = 20.0  # the real server and the agent share two cores with the rest of
 
 
 @pytest.fixture(scope="module")
-def cluster(kube_cluster: KubeTestCluster) -> KubeTestCluster:
-    """The session's cluster with the shipped RBAC (list devicetaintrules) and policy in force."""
-    asyncio.run(install_reporting(kube_cluster))
-    return kube_cluster
-
-
-@pytest.fixture
-def placed(cluster: KubeTestCluster, request: pytest.FixtureRequest) -> Placement:
-    tag = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:20].strip("-")
-    return place_agent(cluster, tag)
+def cluster(reporting: KubeTestCluster) -> KubeTestCluster:
+    return reporting
 
 
 def _settings(placed: Placement, root: Path, pager: PagerDutyReceiver) -> Settings:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,6 @@ from testkit.kube_reporting import (
     Answer,
     Placement,
     api_request,
-    install_reporting,
     place_agent,
     pod_manifest,
 )
@@ -54,17 +52,8 @@ STRATEGIC = "application/strategic-merge-patch+json"
 
 
 @pytest.fixture(scope="module")
-def cluster(kube_cluster: KubeTestCluster) -> KubeTestCluster:
-    """The session's cluster with the shipped RBAC and admission policy in force."""
-    asyncio.run(install_reporting(kube_cluster))
-    return kube_cluster
-
-
-@pytest.fixture
-def placed(cluster: KubeTestCluster, request: pytest.FixtureRequest) -> Placement:
-    # Object names must be DNS labels: the test's name, shortened, without brackets or underscores.
-    tag = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:20].strip("-")
-    return place_agent(cluster, tag)
+def cluster(reporting: KubeTestCluster) -> KubeTestCluster:
+    return reporting
 
 
 def _workload_node(placement: Placement, uid: str = "") -> FakeNode:

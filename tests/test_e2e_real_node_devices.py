@@ -5,7 +5,6 @@ policy in force); the heal's recovery; a flapping GPU paging once; a plugin rest
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ from typing import Any
 import pytest
 
 from testkit.http_sinks import pd_table
-from testkit.kube_reporting import install_reporting
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.node_agent import agent_on_node, until_node_condition
 from testkit.real_node import RealNode, held_devices
@@ -25,13 +23,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}
 CONDITION = "ExampleGpuDevicesUnavailable"
-
-
-@pytest.fixture(scope="module")
-def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
-    """The session's cluster with the shipped RBAC and admission policy in force."""
-    asyncio.run(install_reporting(kube_cluster))
-    return kube_cluster
 
 
 def _paging(pager: PagerDutyReceiver) -> dict[str, Any]:

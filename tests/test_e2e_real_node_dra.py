@@ -17,7 +17,6 @@ import pytest
 
 from testkit.agent import AgentRun
 from testkit.http_sinks import pd_table
-from testkit.kube_reporting import install_reporting
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.node_agent import agent_on_node
 from testkit.real_dra import (
@@ -34,13 +33,6 @@ from testkit.waiting import wait_until
 
 # A whole node starts and restarts here: the default 60 s is too short on a loaded 2-core machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
-
-
-@pytest.fixture(scope="module")
-def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
-    """The session's cluster with the shipped RBAC and admission policy in force."""
-    asyncio.run(install_reporting(kube_cluster))
-    return kube_cluster
 
 
 GPU = "example.com/gpu"

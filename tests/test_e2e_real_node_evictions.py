@@ -8,7 +8,6 @@ taint; the only page is the device's own."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
@@ -20,7 +19,6 @@ import pytest
 from testkit.agent import AgentRun
 from testkit.http_sinks import pd_table
 from testkit.kube_controllers import KubeControllers, start_kube_controllers
-from testkit.kube_reporting import install_reporting
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.node_agent import agent_on_node
 from testkit.real_dra import (
@@ -44,13 +42,6 @@ TAINT_KEY = "gpu.test.example.com/xid"
 # slice's taint (every second here) while the pod still holds the device: the device's own page
 # comes first, deterministically, and the eviction after it.
 TOLERATION_S = 8
-
-
-@pytest.fixture(scope="module")
-def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
-    """The session's cluster with the shipped RBAC and admission policy in force."""
-    asyncio.run(install_reporting(kube_cluster))
-    return kube_cluster
 
 
 @pytest.fixture

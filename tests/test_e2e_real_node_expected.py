@@ -8,7 +8,6 @@ restart's warm-up holds: neither is a device.missing."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 
 from testkit.agent import AgentRun
 from testkit.http_sinks import pd_table
-from testkit.kube_reporting import install_reporting
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.node_agent import agent_on_node, node_condition, until_node_condition
 from testkit.real_node import RealNode
@@ -31,13 +29,6 @@ GPU = "example.com/gpu"
 GPUS = {"gpu0": (0,), "gpu1": (1,)}
 LABEL = "example.com/gpu.count"
 CONDITION = "ExampleGpuDevicesMissing"
-
-
-@pytest.fixture(scope="module")
-def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
-    """The session's cluster with the shipped RBAC and admission policy in force."""
-    asyncio.run(install_reporting(kube_cluster))
-    return kube_cluster
 
 
 def _agent(

@@ -19,7 +19,6 @@ import pytest
 
 from testkit.agent import AgentRun
 from testkit.http_sinks import pd_table
-from testkit.kube_reporting import install_reporting
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.node_agent import agent_on_node
 from testkit.real_node import RealNode
@@ -97,13 +96,6 @@ async def test_a_pod_name_reused_with_a_new_uid_is_one_removal_and_one_addition(
         assert added.details["pod_uid"] == new["metadata"]["uid"]
         (removed,) = [e for e in events if e.kind == "allocation.removed"]
         assert removed.details.get("pod_uid") in (None, old["metadata"]["uid"])
-
-
-@pytest.fixture(scope="module")
-def reporting(kube_cluster: KubeTestCluster) -> KubeTestCluster:
-    """The session's cluster with the shipped RBAC and admission policy in force."""
-    asyncio.run(install_reporting(kube_cluster))
-    return kube_cluster
 
 
 async def _no_healthy_gpu(node: RealNode) -> None:
