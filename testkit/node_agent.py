@@ -16,7 +16,6 @@ from testkit.agent import AgentRun, agent_against, make_settings, with_config
 from testkit.kube_reporting import agent_identity
 from testkit.real_node import RealNode
 from testkit.waiting import wait_until
-from watcher.sinks.kubernetes import KubernetesSinkSettings
 
 __all__ = ["agent_on_node", "node_condition", "until_node_condition"]
 
@@ -29,13 +28,13 @@ async def agent_on_node(
     (testkit.agent.with_config); with `kubernetes`, a kubernetes sink `k8s` writing Events and Node
     conditions as the agent's own service account. Yields once its Pods API watch is live and its
     warm-up holds are over: from there on, each event is the test's doing."""
-    sinks: list[KubernetesSinkSettings] = []
-    if kubernetes:
+    if kubernetes:  # in the config itself: what needs the API server ([expected]) is checked with it
         pod = f"agent-{uuid.uuid4().hex[:6]}"
         kubeconfig = await asyncio.to_thread(agent_identity, node.cluster, node.name, pod)
-        sinks.append(KubernetesSinkSettings(name="k8s", kubeconfig=kubeconfig, api_rate=50.0))
+        k8s = {"type": "kubernetes", "kubeconfig": str(kubeconfig), "api_rate": 50.0}
+        config = {**config, "sinks": {**config.get("sinks", {}), "k8s": k8s}}
     base = make_settings(root, kubelet_root=node.root, node=node.name)
-    async with agent_against(with_config(base, config, *sinks)) as run:
+    async with agent_against(with_config(base, config)) as run:
         await run.pods_watching(timeout=30)
         await run.released()
         yield run

@@ -5,14 +5,17 @@ a pod-bound token under the shipped RBAC. Exact event counts and the pages a Pag
 (a) one rule tainting eight held devices of one driver: eight device.unhealthy naming the rule and
 one page; (b) a NoExecute rule with an empty selector: one critical device.taint_rule_evicts_all
 paged under a dedup key from its uid, and its deletion resolves it; (c) an effect the server does
-not know is refused (as the fake refuses it), and an effect None pages nothing.
+not know is refused (as the fake refuses it), and an effect None pages nothing; (d) the same
+evict-all rule seen by two nodes' agents paging one PagerDuty service: one incident, as the rule's
+uid is both pages' dedup key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ from lightkube.core.exceptions import ApiError
 
 from testkit.agent import Running, make_settings, running_agent
 from testkit.fake_kubelets import StartKubelet
-from testkit.kube_reporting import Placement
+from testkit.kube_reporting import Placement, place_agent
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.receivers import PagerDutyReceiver
 from testkit.taint_rules import (
@@ -100,3 +103,50 @@ async def test_an_unknown_effect_is_refused_and_effect_none_pages_nothing(
             await run.quiet_cycle()
         assert device_kinds(run, mark) == []
     assert pager.events == []
+
+
+async def test_an_empty_noexecute_rule_seen_by_two_nodes_is_one_incident(
+    cluster: KubeTestCluster, short_tmp: Path, start_kubelet: StartKubelet
+) -> None:
+    """Every node's agent sees the evict-all rule and pages it, each under the rule's uid: one
+    PagerDuty incident for the cluster, not one a node. Lifted, each node resolves it; the second
+    resolve finds it resolved (PagerDuty answers it and changes nothing; the receiver notes it)."""
+    tag = uuid.uuid4().hex[:6]
+    nodes = [place_agent(cluster, f"two-{i}-{tag}") for i in range(2)]
+    name = f"evict-all-two-{tag}"
+    async with (
+        PagerDutyReceiver() as pager,
+        rule_writer(cluster.admin_kubeconfig) as admin,
+        AsyncExitStack() as stack,
+    ):
+        runs: list[Running] = []
+        for i, placed in enumerate(nodes):
+            root = short_tmp / f"n{i}"
+            fake = await start_kubelet(eight_gpu_node(placed.namespace, placed.node), root=root / "kubelet")
+            runs.append(await stack.enter_async_context(running_agent(_settings(placed, root, pager), fake)))
+        for run in runs:
+            await watching(run, TIMEOUT)
+        marks = [len(run.recorder.events) for run in runs]
+        uid = (await admin.create(rule_body(name, {})))["metadata"]["uid"]
+        for run, mark in zip(runs, marks, strict=True):
+            await run.recorder.until(lambda run=run, mark=mark: device_kinds(run, mark) != [], TIMEOUT)
+        await pager.wait_accepted(2)
+        await admin.delete(name)
+        for run, mark in zip(runs, marks, strict=True):
+            await run.recorder.until(lambda run=run, mark=mark: len(device_kinds(run, mark)) >= 2, TIMEOUT)
+            await run.quiet_cycle()
+            assert device_kinds(run, mark) == ["device.taint_rule_evicts_all", "device.taint_rule_lifted"]
+        await pager.wait_for(4)
+    key = f"pod-resources-watcher/device-taint-rule/{uid}"
+    sent = [r.parsed for r in pager.requests]
+    assert sorted((e["event_action"], e["dedup_key"]) for e in sent) == [
+        ("resolve", key),
+        ("resolve", key),
+        ("trigger", key),
+        ("trigger", key),
+    ]
+    assert pager.incidents_opened() == 1
+    triggers = [e for e in sent if e["event_action"] == "trigger"]
+    assert [e["payload"]["severity"] for e in triggers] == ["critical"] * 2
+    (noted,) = pager.violations  # "#<index> ...": the second resolve, a no-op at PagerDuty
+    assert noted.endswith(f"resolve of dedup_key {key!r} never triggered with this routing_key"), noted

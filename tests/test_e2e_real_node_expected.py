@@ -98,6 +98,9 @@ async def test_a_gpu_dropped_from_its_plugins_list_is_one_missing_one_page_and_t
         assert missing.details["expected"] == 2 and missing.details["known"] == 1
         assert missing.details["devices"] == ["gpu1"] and missing.details["pages"] is False
         # One page for the vanished GPU: its device.removed's, none for the same GPU's shortfall.
+        # (Delivered after the cycle that told it: awaited, then one more cycle for a second.)
+        await pager.wait_for(paged + 1, timeout=30)
+        await run.quiet_cycle()
         new = pager.events[paged:]
         assert [p["event_action"] for p in new] == ["trigger"], new
         assert "gpu1" in new[0]["dedup_key"]

@@ -13,14 +13,13 @@ import sys
 import uuid
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from testkit.agent import AgentRun
 from testkit.http_sinks import pd_table
 from testkit.kube_testcluster import KubeTestCluster
-from testkit.node_agent import agent_on_node
+from testkit.node_agent import agent_on_node, until_node_condition
 from testkit.real_node import RealNode
 from testkit.receivers import PagerDutyReceiver
 from testkit.waiting import wait_until
@@ -212,14 +211,14 @@ async def test_twelve_pods_refused_at_admission_are_one_page_and_a_node_conditio
         assert trigger["event_action"] == "trigger"
         assert trigger["payload"]["summary"].startswith("Job " + namespace + "/llm-pretrain")
         assert f"node keeps rejecting {GPU} pods" in trigger["payload"]["summary"]
-        condition = await _until_rejecting(real_node, "True")
+        condition = await until_node_condition(real_node, "ExampleGpuPodsRejected", "True")
         assert condition["reason"] == "PodsRejected" and condition["message"].startswith(
             "pod-resources-watcher: "
         )
         await run.recorder.until(
             lambda: "node.rejecting_pods_ended" in run.recorder.kinds(mark), timeout=WINDOW + 45
         )
-        await _until_rejecting(real_node, "False")
+        await until_node_condition(real_node, "ExampleGpuPodsRejected", "False")
         await pager.wait_for(2, timeout=15)
         await run.quiet_cycle()
         kinds = run.recorder.kinds(mark)
@@ -259,17 +258,33 @@ async def test_pods_refused_before_a_kubelet_restart_are_not_told_again_after_it
         assert [e["event_action"] for e in pager.events] == ["trigger"]
 
 
-async def _until_rejecting(node: RealNode, status: str) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-
-    async def has() -> bool:
-        got = await node.get("node", node.name)
-        found = [c for c in got["status"].get("conditions", []) if c["type"] == "ExampleGpuPodsRejected"]
-        seen["c"] = found[0] if found else None
-        return seen["c"] is not None and seen["c"]["status"] == status
-
-    await wait_until(has, timeout=30, interval=0.2, what=f"ExampleGpuPodsRejected {status} on {node.name}")
-    return seen["c"]  # type: ignore[no-any-return]
+async def test_a_first_agent_started_in_a_kubelet_warm_up_tells_no_old_rejection(
+    real_node: RealNode, short_tmp: Path
+) -> None:
+    """Four pods refused while no agent ran; the kubelet restarts and an agent that never ran
+    before (no saved state) starts with it, while the kubelet has not read its failed pods back
+    yet. They come back after the agent's first look: old news all the same, never told, never
+    counted, no page."""
+    await _no_healthy_gpu(real_node)
+    namespace = await real_node.namespace(f"first-{uuid.uuid4().hex[:6]}")
+    owner = await _job(real_node, namespace, "llm-pretrain")
+    await real_node.apply(*[real_node.pod(namespace, f"w-{i}", {GPU: 1}, owner=owner) for i in range(4)])
+    uids = {
+        (await real_node.wait_pod(namespace, f"w-{i}", phase="Failed"))["metadata"]["uid"] for i in range(4)
+    }
+    # The kubelet stops; the agent starts as it starts again, so its first look is the kubelet's
+    # first answers (its failed pods not read back from the API server yet, where it is quick).
+    await real_node.stop()
+    starting = asyncio.create_task(real_node.start())
+    async with PagerDutyReceiver() as pager, _rejecting_agent(short_tmp, real_node, pager) as run:
+        await starting
+        watch = run.agent.pods_watch
+        assert watch is not None
+        await run.recorder.until(lambda: uids <= watch.index.uids(), timeout=60)
+        await run.quiet_cycle()
+        kinds = run.recorder.kinds()
+        assert not {"pod.rejected", "node.rejecting_pods"} & set(kinds), kinds
+    assert pager.events == []
 
 
 def _snapshot(node: RealNode, output: str) -> str:
