@@ -320,19 +320,19 @@ async def test_an_agent_restart_neither_pages_it_again_nor_loses_its_resolve(sho
 
 def test_the_node_condition_is_true_while_missing_and_false_when_back() -> None:
     from watcher.sinks.kubernetes.condition_plan import OWNER_MARK, is_owned
-    from watcher.sinks.kubernetes.missing_devices import missing_type, short_after, short_conditions
+    from watcher.sinks.kubernetes.episodes import MISSING
 
-    assert missing_type("nvidia.com/gpu") == "NvidiaGpuDevicesMissing"
+    assert MISSING.type_of("nvidia.com/gpu") == "NvidiaGpuDevicesMissing"
     state, (missing,) = _look(Expected(), IDS - {"gpu0"}, 3)
     _, (resolved,) = _look(state, IDS, 4)
-    opened = short_after([_event(missing)], {})
-    (cond,) = short_conditions(opened)
+    opened = MISSING.after([_event(missing)], {})
+    (cond,) = MISSING.conditions(opened)
     assert (cond.type, cond.status, cond.reason) == ("NvidiaGpuDevicesMissing", "True", "DevicesMissing")
     assert cond.message.startswith(OWNER_MARK) and "3 of 4" in cond.message
     assert is_owned(cond.type, cond.message) and not is_owned(cond.type, "another writer's")
     # A restart: the state saved by the sink carries it, so a start's prune keeps it True.
-    assert short_conditions(short_after([], opened)) == [cond]
-    (back,) = short_conditions(short_after([_event(resolved)], opened))
+    assert MISSING.conditions(MISSING.after([], opened)) == [cond]
+    (back,) = MISSING.conditions(MISSING.after([_event(resolved)], opened))
     assert (back.type, back.status, back.reason) == ("NvidiaGpuDevicesMissing", "False", "DevicesAsExpected")
 
 

@@ -20,7 +20,7 @@ from watcher.sim.apiserver import FakeApiServer
 from watcher.sim.send_test import MemoryStore
 from watcher.sinks.kubernetes import KubernetesSink, KubernetesSinkSettings
 from watcher.sinks.kubernetes.condition_plan import OWNER_MARK, is_owned
-from watcher.sinks.kubernetes.rejecting import rejecting_after, rejecting_conditions, rejecting_type
+from watcher.sinks.kubernetes.episodes import REJECTING
 
 NODE = "node-a"
 GPU = "nvidia.com/gpu"
@@ -60,9 +60,9 @@ def _condition(api: FakeApiServer, ctype: str) -> dict[str, Any] | None:
 
 
 def test_the_type_is_derived_like_the_device_condition_and_owned() -> None:
-    assert rejecting_type(GPU) == "NvidiaGpuPodsRejected"
-    assert rejecting_type("example.com/sriov-nic") == "ExampleSriovNicPodsRejected"
-    (cond,) = rejecting_conditions(rejecting_after(_events(_opened()), {}))
+    assert REJECTING.type_of(GPU) == "NvidiaGpuPodsRejected"
+    assert REJECTING.type_of("example.com/sriov-nic") == "ExampleSriovNicPodsRejected"
+    (cond,) = REJECTING.conditions(REJECTING.after(_events(_opened()), {}))
     assert (cond.type, cond.status, cond.reason) == ("NvidiaGpuPodsRejected", "True", "PodsRejected")
     assert cond.message == OWNER_MARK + OPENED and is_owned(cond.type, cond.message)
     assert not is_owned("NvidiaGpuPodsRejected", "another writer's")

@@ -46,8 +46,6 @@ PURE = [
     "sinks/kubernetes/condition_plan.py",
     "sinks/kubernetes/notes.py",
     "sinks/kubernetes/episodes.py",
-    "sinks/kubernetes/missing_devices.py",
-    "sinks/kubernetes/rejecting.py",
 ]
 IO_LIBRARIES = {
     "asyncio",

@@ -37,8 +37,7 @@ from watcher.sinks.kubernetes.condition_plan import (
     check_condition_type,
     condition_type,
 )
-from watcher.sinks.kubernetes.missing_devices import missing_type
-from watcher.sinks.kubernetes.rejecting import rejecting_type
+from watcher.sinks.kubernetes.episodes import MISSING, REJECTING
 from watcher.sources.expected_settings import ExpectedSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +67,7 @@ def _load(path: Path) -> dict[str, Any]:
 def agent_types(resource: str) -> set[str]:
     """The condition types the agent writes for `resource`, as the sink's code derives them (so a
     rename in the code changes these)."""
-    return {condition_type(resource), missing_type(resource), rejecting_type(resource)}
+    return {condition_type(resource), MISSING.type_of(resource), REJECTING.type_of(resource)}
 
 
 def _suffix_constants() -> set[str]:

@@ -1,8 +1,17 @@
 """A Node condition that follows one episode per resource: an event kind opens it (True), another
 ends it (False), and the sink keeps its state with the other conditions' so every write of the
 agent's conditions (and the prune at a start) carries it: a restart neither drops a True condition
-nor leaves a stale one. Missing devices (missing_devices.py) and rejected pods (rejecting.py) are
-two such episodes; each is one `EpisodeCondition` value. Pure.
+nor leaves a stale one. Two episodes, each one `EpisodeCondition` value:
+
+- MISSING: `<Vendor><Resource>DevicesMissing` (nvidia.com/gpu -> NvidiaGpuDevicesMissing), True while
+  `device.missing` is open for the resource, False once `device.missing_resolved` says the count is
+  back (watcher.model.expected). An expectation withdrawn (the count no longer configured or
+  labelled) removes nothing: the condition says False with the words why.
+- REJECTING: `<Vendor><Resource>PodsRejected`, True while `node.rejecting_pods` is open for the
+  resource, False once `node.rejecting_pods_ended` says the window passed quiet
+  (watcher.model.rejections).
+
+Pure.
 
 The type derives from the device condition's (nvidia.com/gpu -> NvidiaGpu...) with the episode's own
 suffix, which the admission policy allows; the message starts with OWNER_MARK like every condition
@@ -21,13 +30,15 @@ from watcher.model.wording import printable
 from watcher.sinks.kubernetes.condition_plan import (
     CONDITION_SUFFIX,
     MAX_MESSAGE_BYTES,
+    MISSING_SUFFIX,
     OWNER_MARK,
+    REJECTING_SUFFIX,
     NodeCondition,
     condition_type,
 )
 from watcher.sinks.kubernetes.notes import fit
 
-__all__ = ["EpisodeCondition", "EpisodeState"]
+__all__ = ["MISSING", "REJECTING", "EpisodeCondition", "EpisodeState"]
 
 # resource -> {"open": bool, "text": the event's summary when the episode opened or ended}
 EpisodeState = dict[str, dict[str, Any]]
@@ -72,3 +83,11 @@ class EpisodeCondition:
             else:
                 out.append(NodeCondition(self.type_of(resource), "False", self.ended_reason, message))
         return out
+
+
+MISSING = EpisodeCondition(
+    MISSING_SUFFIX, Kind.DEVICE_MISSING, Kind.DEVICE_MISSING_RESOLVED, "DevicesMissing", "DevicesAsExpected"
+)
+REJECTING = EpisodeCondition(
+    REJECTING_SUFFIX, Kind.NODE_REJECTING_PODS, Kind.NODE_REJECTING_PODS_ENDED, "PodsRejected", "PodsAdmitted"
+)

@@ -18,11 +18,10 @@ from watcher.model.events import Event
 from watcher.sinks.base import Capabilities, KeyValue, Outcome, SinkContext
 from watcher.sinks.kubernetes.condition_plan import NodeCondition, conditions_for, shared_types
 from watcher.sinks.kubernetes.conditions import condition_patch, taken_types, write_conditions
+from watcher.sinks.kubernetes.episodes import MISSING, REJECTING
 from watcher.sinks.kubernetes.events import EventWriter, fresh_records
-from watcher.sinks.kubernetes.missing_devices import short_after, short_conditions
 from watcher.sinks.kubernetes.planner import Missing, plan
 from watcher.sinks.kubernetes.refusals import refused_outcome
-from watcher.sinks.kubernetes.rejecting import rejecting_after, rejecting_conditions
 from watcher.sinks.kubernetes.settings import KubernetesSinkSettings, check_settings
 from watcher.sinks.registry import SinkType, register
 
@@ -88,11 +87,11 @@ class KubernetesSink:
             report = plan(fresh, base)
             # Fewer devices than expected: its own condition, kept beside the missing devices so
             # that every write (and a start's prune) carries it.
-            short = short_after(fresh, state.get("short") or {})
+            short = MISSING.after(fresh, state.get("short") or {})
             short_moved = short != (state.get("short") or {})
             # A node that keeps rejecting a resource's pods: its own condition, kept beside the
             # missing devices so that every write (and a start's prune) carries it.
-            rejecting = rejecting_after(fresh, state.get("rejecting") or {})
+            rejecting = REJECTING.after(fresh, state.get("rejecting") or {})
             rejecting_moved = rejecting != (state.get("rejecting") or {})
             records: dict[str, Any] = fresh_records(state.get("events") or {}, self.settings.series_window)
 
@@ -128,8 +127,8 @@ class KubernetesSink:
                             shared=shared,
                         )
                     wanted = conditions_for(report.missing, report.resources, overrides)
-                    wanted += short_conditions(short)
-                    wanted += rejecting_conditions(rejecting)
+                    wanted += MISSING.conditions(short)
+                    wanted += REJECTING.conditions(rejecting)
                     await self._apply(wanted, prune=report.started)
                 await save()
                 if self.settings.events:
