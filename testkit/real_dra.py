@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,10 +85,20 @@ async def add_dra_driver(
     return DraSetup(driver, tag)
 
 
-async def claim_job(node: RealNode, setup: DraSetup, namespace: str, name: str) -> None:
-    """A ResourceClaimTemplate asking for one device of the class, and a Job whose one pod (kept
-    to `node` by a node selector) takes a claim from it."""
+async def claim_job(
+    node: RealNode,
+    setup: DraSetup,
+    namespace: str,
+    name: str,
+    tolerations: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    """A ResourceClaimTemplate asking for one device of the class (its request tolerating the
+    device taints `tolerations` says), and a Job whose one pod (kept to `node` by a node selector)
+    takes a claim from it."""
     template = f"{name}-gpu"
+    exactly: dict[str, Any] = {"deviceClassName": setup.device_class}
+    if tolerations:
+        exactly["tolerations"] = [dict(t) for t in tolerations]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
@@ -102,13 +113,7 @@ async def claim_job(node: RealNode, setup: DraSetup, namespace: str, name: str) 
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
             "metadata": {"name": template, "namespace": namespace},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": REQUEST, "exactly": {"deviceClassName": setup.device_class}}]
-                    }
-                }
-            },
+            "spec": {"spec": {"devices": {"requests": [{"name": REQUEST, "exactly": exactly}]}}},
         },
         {
             "apiVersion": "batch/v1",

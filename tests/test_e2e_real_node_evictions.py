@@ -22,8 +22,6 @@ from testkit.kube_controllers import KubeControllers, start_kube_controllers
 from testkit.kube_testcluster import KubeTestCluster
 from testkit.node_agent import agent_on_node
 from testkit.real_dra import (
-    REQUEST,
-    DraSetup,
     add_dra_driver,
     allocated_device,
     claim_job,
@@ -42,6 +40,12 @@ TAINT_KEY = "gpu.test.example.com/xid"
 # slice's taint (every second here) while the pod still holds the device: the device's own page
 # comes first, deterministically, and the eviction after it.
 TOLERATION_S = 8
+TOLERATION = {
+    "key": TAINT_KEY,
+    "operator": "Exists",
+    "effect": "NoExecute",
+    "tolerationSeconds": TOLERATION_S,
+}
 
 
 @pytest.fixture
@@ -52,48 +56,6 @@ def eviction_controller(kube_cluster: KubeTestCluster, tmp_path: Path) -> Iterat
         kube_cluster, tmp_path / "eviction", ["device-taint-eviction-controller"], scheduler=False
     ) as running:
         yield running
-
-
-async def _tolerating_job(node: RealNode, setup: DraSetup, namespace: str, name: str) -> None:
-    """testkit.real_dra.claim_job's Job, its claim's request tolerating TAINT_KEY's NoExecute for
-    TOLERATION_S seconds (the controller evicts at the taint's timeAdded plus that)."""
-    template = f"{name}-gpu"
-    toleration = {
-        "key": TAINT_KEY,
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": TOLERATION_S,
-    }
-    request = {
-        "name": REQUEST,
-        "exactly": {"deviceClassName": setup.device_class, "tolerations": [toleration]},
-    }
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 0,
-        "nodeSelector": {"kubernetes.io/hostname": node.name},
-        "resourceClaims": [{"name": REQUEST, "resourceClaimTemplateName": template}],
-        "containers": [
-            {"name": "main", "image": "registry.test/trainer:1", "resources": {"claims": [{"name": REQUEST}]}}
-        ],
-    }
-    await node.apply(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": template, "namespace": namespace},
-            "spec": {"spec": {"devices": {"requests": [request]}}},
-        },
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "backoffLimit": 0,
-                "template": {"metadata": {"labels": {"team": "research"}}, "spec": pod_spec},
-            },
-        },
-    )
 
 
 def _agent(
@@ -113,7 +75,7 @@ async def test_an_evicted_jobs_pod_is_one_pod_evicted_naming_job_device_and_tain
     node = scheduled_node
     dra = await add_dra_driver(node, f"t{uuid.uuid4().hex[:6]}")
     namespace = await node.namespace(f"evict-{uuid.uuid4().hex[:6]}")
-    await _tolerating_job(node, dra, namespace, "evicted")
+    await claim_job(node, dra, namespace, "evicted", tolerations=[TOLERATION])
     pod = await job_pod(node, namespace, "evicted")
     name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
     claim = await claim_of(node, pod)
