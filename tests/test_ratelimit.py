@@ -38,6 +38,27 @@ async def test_answered_calls_count_from_their_answer_so_the_servers_window_hold
     assert limiter.delay() == 0.0
 
 
+async def test_a_slow_call_among_others_in_flight_counts_from_its_own_answer() -> None:
+    # Two calls in flight together: the first (taken at 100.0) is answered last, at 100.5. Its slot
+    # must move to 100.5, not the second's: the server may have seen it then, so the window that
+    # lets a third call go ends at 101.5 for it. `answered(1)` would have moved the newest slot.
+    clock = _Clock()
+    limiter = RateLimiter(2, clock=clock)
+    slow = await limiter.acquire()
+    clock.now += 0.1
+    fast = await limiter.acquire()
+    clock.now += 0.1
+    limiter.answered_slot(fast)  # 100.2
+    clock.now += 0.3
+    limiter.answered_slot(slow)  # 100.5
+    clock.now = 101.25  # the fast one's window is over, the slow one's is not
+    assert limiter.delay() == 0.0
+    await limiter.acquire()
+    assert abs(limiter.delay() - 0.25) < 1e-9  # until 101.5, the slow call's answer plus 1 s
+    limiter.answered_slot(slow)  # answered again (or already gone): moves nothing
+    assert abs(limiter.delay() - 0.25) < 1e-9
+
+
 async def test_refunded_calls_free_their_slots_and_answered_counts_only_what_is_held() -> None:
     clock = _Clock()
     limiter = RateLimiter(2, clock=clock)

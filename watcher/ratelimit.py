@@ -90,8 +90,23 @@ class RateLimiter:
             self._recent.pop()
         self._recent.extend([now] * count)
 
-    async def acquire(self) -> None:
+    def answered_slot(self, slot: float) -> None:
+        """The call that took `slot` (what `acquire` returned) was answered just now: that slot, and
+        no other, counts from now. For callers with calls in flight together, where `answered`
+        would move the newest slot, not the answered call's, and leave a slow call's slot at its
+        send time (22e5d77 made slots count from answers; this keeps that true under concurrency).
+        A slot already gone (its window passed, refunded, forgotten) moves nothing."""
+        try:
+            self._recent.remove(slot)
+        except ValueError:
+            return
+        self._recent.append(self._clock())  # no slot is later than now: the deque stays in order
+
+    async def acquire(self) -> float:
+        """Wait for a slot and take it; the slot's time, for `answered_slot`."""
         async with self._lock:
             while (wait := self.delay()) > 0:  # noqa: ASYNC110 - waiting on time, not on an event
                 await asyncio.sleep(wait)
-            self._recent.append(self._clock())
+            slot = self._clock()
+            self._recent.append(slot)
+            return slot

@@ -64,7 +64,7 @@ async def call(limiter: RateLimiter, request: Awaitable[Any]) -> Any:
     import httpx2
     from lightkube import ApiError
 
-    await limiter.acquire()
+    slot = await limiter.acquire()
     try:
         return await request
     except ApiError as err:
@@ -80,5 +80,6 @@ async def call(limiter: RateLimiter, request: Awaitable[Any]) -> Any:
         raise RefusedError(None, f"{type(err).__name__}: {err}") from err
     finally:
         # The slot counts from the answer: the server saw the request somewhere between the slot
-        # and now, and only now keeps every one-second window at the server within the rate.
-        limiter.answered(1)
+        # and now, and only now keeps every one-second window at the server within the rate. This
+        # call's own slot: the sink's writes and the sources' lists share the limiter in flight.
+        limiter.answered_slot(slot)

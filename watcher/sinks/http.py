@@ -134,14 +134,14 @@ class HttpSink:
         limiter = self.limiter
         if limiter is None:
             return await self.http.post(url, body, headers)
-        await limiter.acquire()
+        slot = await limiter.acquire()
         try:
             return await self.http.post(url, body, headers)
         finally:
             # The slot counts from the answer: the receiver saw the request somewhere between the
             # slot and now (later on a busy machine), and only the later time keeps every second
             # at the receiver within the rate (Slack: one message a second to a channel).
-            limiter.answered(1)
+            limiter.answered_slot(slot)
 
     def background(self) -> Callable[[], Awaitable[None]] | None:
         return None
