@@ -197,15 +197,17 @@ def make_settings(root: Path, *, kubelet_root: Path | None = None, **overrides: 
 def with_config(base: Settings, config: Mapping[str, Any], *sinks: BaseSinkSettings) -> Settings:
     """`base` with what `config` (a config.toml's tables, as TOML gives them) sets, checked as the
     agent's own config is: its sinks, then `sinks`, after base's; of its other tables only the keys
-    it names, so a test's short intervals in `base` stay."""
+    it names, so a test's short intervals in `base` stay. A config with no [sinks] adds none (the
+    parser's default stdout sink is not one the test asked for)."""
     parsed = parse_settings(dict(config))
-    changes: dict[str, Any] = {"sinks": (*base.sinks, *parsed.sinks, *sinks)}
+    named = parsed.sinks if "sinks" in config else ()
+    changes: dict[str, Any] = {"sinks": (*base.sinks, *named, *sinks)}
     for section, table in config.items():
         if section == "sinks":
             continue
         if isinstance(table, Mapping):
-            named = {key: getattr(getattr(parsed, section), key) for key in table}
-            changes[section] = dataclasses.replace(getattr(base, section), **named)
+            keys = {key: getattr(getattr(parsed, section), key) for key in table}
+            changes[section] = dataclasses.replace(getattr(base, section), **keys)
         else:
             changes[section] = getattr(parsed, section)
     return dataclasses.replace(base, **changes)

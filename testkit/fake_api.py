@@ -5,9 +5,10 @@ shipped admission policy in force and every object checked against the strict sc
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from testkit.admission_policy import review
 from testkit.kube_rbac import SHIPPED_MANIFEST, rules_from_manifests
@@ -30,7 +31,11 @@ def shipped_rules(keep: Callable[[Grant], bool] | None = None) -> list[Grant]:
 
 
 def agent_api_server(
-    directory: Path, *, node: str, rules: Sequence[Grant] | None = None, pod: str = "prw-x7k2p"
+    directory: Path,
+    *,
+    node: str,
+    rules: Sequence[Grant | Mapping[str, Any]] | None = None,
+    pod: str = "prw-x7k2p",
 ) -> FakeApiServer:
     """The server (not started), its state under `directory`; `AGENT` bound to Pod `pod` on `node`
     and granted `rules` (default: the shipped ones)."""

@@ -35,7 +35,7 @@ async def agent_on_node(
         config = {**config, "sinks": {**config.get("sinks", {}), "k8s": k8s}}
     base = make_settings(root, kubelet_root=node.root, node=node.name)
     async with agent_against(with_config(base, config)) as run:
-        await run.pods_watching(timeout=30)
+        await run.pods_watching(timeout=60)  # a kubelet starting beside it may take its 60 s
         await run.released()
         yield run
 

@@ -432,7 +432,7 @@ def test_kubelet_directories_read_only_and_state_directory(
     # The DRA drivers' registrations (a driver restart is a reset, not a heal): only listed.
     assert _volume(daemonset, "plugins-registry")["hostPath"] == {
         "path": PLUGINS_REGISTRY,
-        "type": "DirectoryOrCreate",
+        "type": "Directory",
     }
     assert _mount(container, "plugins-registry") == {
         "name": "plugins-registry",

@@ -35,7 +35,7 @@ from testkit.receivers import PagerDutyReceiver, WebhookReceiver
 
 # The node and its cluster are the module's (tests/conftest.py: container_node). A first image build
 # (make image) takes minutes: CI's make e2e builds it first.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420), pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module")]
 
 # The driver's words, as in the host-process test: the event must carry them.
 XID = "critical XID 79 reported by NVML: GPU has fallen off the bus"

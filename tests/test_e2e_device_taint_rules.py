@@ -130,13 +130,13 @@ async def test_an_empty_noexecute_rule_seen_by_two_nodes_is_one_incident(
         uid = (await admin.create(rule_body(name, {})))["metadata"]["uid"]
         for run, mark in zip(runs, marks, strict=True):
             await run.recorder.until(lambda run=run, mark=mark: device_kinds(run, mark) != [], TIMEOUT)
-        await pager.wait_accepted(2)
+        await pager.wait_accepted(2, TIMEOUT)
         await admin.delete(name)
         for run, mark in zip(runs, marks, strict=True):
             await run.recorder.until(lambda run=run, mark=mark: len(device_kinds(run, mark)) >= 2, TIMEOUT)
             await run.quiet_cycle()
             assert device_kinds(run, mark) == ["device.taint_rule_evicts_all", "device.taint_rule_lifted"]
-        await pager.wait_for(4)
+        await pager.wait_for(4, TIMEOUT)
     key = f"pod-resources-watcher/device-taint-rule/{uid}"
     sent = [r.parsed for r in pager.requests]
     assert sorted((e["event_action"], e["dedup_key"]) for e in sent) == [
@@ -148,5 +148,6 @@ async def test_an_empty_noexecute_rule_seen_by_two_nodes_is_one_incident(
     assert pager.incidents_opened() == 1
     triggers = [e for e in sent if e["event_action"] == "trigger"]
     assert [e["payload"]["severity"] for e in triggers] == ["critical"] * 2
+    assert sorted(e["payload"]["source"] for e in triggers) == sorted(p.node for p in nodes)  # one each
     (noted,) = pager.violations  # "#<index> ...": the second resolve, a no-op at PagerDuty
     assert noted.endswith(f"resolve of dedup_key {key!r} never triggered with this routing_key"), noted

@@ -262,9 +262,10 @@ async def test_a_first_agent_started_in_a_kubelet_warm_up_tells_no_old_rejection
     real_node: RealNode, short_tmp: Path
 ) -> None:
     """Four pods refused while no agent ran; the kubelet restarts and an agent that never ran
-    before (no saved state) starts with it, while the kubelet has not read its failed pods back
-    yet. They come back after the agent's first look: old news all the same, never told, never
-    counted, no page."""
+    before (no saved state) starts with it, so its first look is the kubelet's first answers. Old
+    news all the same: never told, never counted, no page. (The kubelet answers "initializing"
+    until its pod sources are ready, and here its first Pods API snapshot has always held the
+    failed pods already; this guards the agent's side should a kubelet ever list them later.)"""
     await _no_healthy_gpu(real_node)
     namespace = await real_node.namespace(f"first-{uuid.uuid4().hex[:6]}")
     owner = await _job(real_node, namespace, "llm-pretrain")
@@ -272,19 +273,21 @@ async def test_a_first_agent_started_in_a_kubelet_warm_up_tells_no_old_rejection
     uids = {
         (await real_node.wait_pod(namespace, f"w-{i}", phase="Failed"))["metadata"]["uid"] for i in range(4)
     }
-    # The kubelet stops; the agent starts as it starts again, so its first look is the kubelet's
-    # first answers (its failed pods not read back from the API server yet, where it is quick).
+    # The kubelet stops; the agent starts as it starts again.
     await real_node.stop()
     starting = asyncio.create_task(real_node.start())
-    async with PagerDutyReceiver() as pager, _rejecting_agent(short_tmp, real_node, pager) as run:
-        await starting
-        watch = run.agent.pods_watch
-        assert watch is not None
-        await run.recorder.until(lambda: uids <= watch.index.uids(), timeout=60)
-        await run.quiet_cycle()
-        kinds = run.recorder.kinds()
-        assert not {"pod.rejected", "node.rejecting_pods"} & set(kinds), kinds
-    assert pager.events == []
+    try:
+        async with PagerDutyReceiver() as pager, _rejecting_agent(short_tmp, real_node, pager) as run:
+            await starting
+            watch = run.agent.pods_watch
+            assert watch is not None
+            await run.recorder.until(lambda: uids <= watch.index.uids(), timeout=60)
+            await run.quiet_cycle()
+            kinds = run.recorder.kinds()
+            assert not {"pod.rejected", "node.rejecting_pods"} & set(kinds), kinds
+        assert pager.events == []
+    finally:
+        await starting  # never left running half-started, whatever failed first
 
 
 def _snapshot(node: RealNode, output: str) -> str:

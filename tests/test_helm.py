@@ -348,7 +348,7 @@ def test_host_paths_move_only_the_host_side(tmp_path: Path) -> None:
     assert volumes["device-plugins"]["hostPath"] == {"path": f"{root}/device-plugins", "type": "Directory"}
     assert volumes["plugins-registry"]["hostPath"] == {
         "path": f"{root}/plugins_registry",
-        "type": "DirectoryOrCreate",
+        "type": "Directory",
     }
     mounts = {m["name"]: m["mountPath"] for m in pod(objs)["containers"][0]["volumeMounts"]}
     assert mounts["pod-resources"] == "/var/lib/kubelet/pod-resources"  # the config's path, unchanged

@@ -36,10 +36,10 @@ CONDITION_SUFFIX = "DevicesUnavailable"
 # without it is another writer's, never changed or removed, whatever its type. The admission policy
 # (deploy/kubernetes/reporting/admissionpolicy.yaml) holds the agent to the same rule.
 OWNER_MARK = "pod-resources-watcher: "
-# A resource with fewer devices than expected has a condition of its own (missing_devices.py), owned
+# A resource with fewer devices than expected has a condition of its own (episodes.MISSING), owned
 # likewise: this suffix (NvidiaGpuDevicesMissing) and our mark.
 MISSING_SUFFIX = "DevicesMissing"
-# A node that keeps rejecting a resource's pods has a condition of its own (rejecting.py), owned
+# A node that keeps rejecting a resource's pods has a condition of its own (episodes.REJECTING), owned
 # likewise: this suffix (NvidiaGpuPodsRejected) and our mark.
 REJECTING_SUFFIX = "PodsRejected"
 # A condition's message is not capped by the API, but `kubectl describe node` prints it on one line.
