@@ -19,7 +19,6 @@ from watcher.model.events import Event, event_schema
 from watcher.settings import HttpSettings, KubeletSettings, PodsSettings, Settings, WatchSettings
 from watcher.settings_file import parse_settings
 from watcher.sim.fake_kubelet import FakeKubelet
-from watcher.sinks.base import BaseSinkSettings
 from watcher.sinks.file import FileSinkSettings
 from watcher.sources.base import Source
 from watcher.sources.pods_api.watch import PodChange
@@ -194,14 +193,14 @@ def make_settings(root: Path, *, kubelet_root: Path | None = None, **overrides: 
     )
 
 
-def with_config(base: Settings, config: Mapping[str, Any], *sinks: BaseSinkSettings) -> Settings:
+def with_config(base: Settings, config: Mapping[str, Any]) -> Settings:
     """`base` with what `config` (a config.toml's tables, as TOML gives them) sets, checked as the
-    agent's own config is: its sinks, then `sinks`, after base's; of its other tables only the keys
+    agent's own config is: its sinks after base's; of its other tables only the keys
     it names, so a test's short intervals in `base` stay. A config with no [sinks] adds none (the
     parser's default stdout sink is not one the test asked for)."""
     parsed = parse_settings(dict(config))
     named = parsed.sinks if "sinks" in config else ()
-    changes: dict[str, Any] = {"sinks": (*base.sinks, *named, *sinks)}
+    changes: dict[str, Any] = {"sinks": (*base.sinks, *named)}
     for section, table in config.items():
         if section == "sinks":
             continue

@@ -11,11 +11,9 @@ nor leaves a stale one. Two episodes, each one `EpisodeCondition` value:
   resource, False once `node.rejecting_pods_ended` says the window passed quiet
   (watcher.model.rejections).
 
-Pure.
-
 The type derives from the device condition's (nvidia.com/gpu -> NvidiaGpu...) with the episode's own
 suffix, which the admission policy allows; the message starts with OWNER_MARK like every condition
-the agent writes.
+the agent writes. Pure.
 """
 
 from __future__ import annotations
